@@ -1,0 +1,169 @@
+"""Spans, metrics and the sinks they flow into (DESIGN §6).
+
+Every phase of a run is a ``Span`` with monotonic times in seconds from run start. Worker
+processes stamp spans with ``time.monotonic()`` (system-wide on Linux), so spans from the
+learner and the rollout fleet share one clock. Metrics are derived from spans only, so a
+number the app shows is always backed by what actually ran.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Iterable, Protocol
+
+SPAN_KINDS: tuple[str, ...] = (
+    "rollout.generate", "rollout.tool", "rollout.verify", "teacher.score",
+    "learner.backward", "learner.group_close", "learner.optimizer", "learner.publish",
+)
+LEARNER_KINDS = tuple(k for k in SPAN_KINDS if k.startswith("learner."))
+ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.verify", "teacher.score")
+
+
+@dataclass
+class Span:
+    step: int
+    kind: str
+    t0: float
+    t1: float
+    lane: str
+    traj: int | None = None
+    group: int | None = None
+    turn: int | None = None
+    policy_version: int | None = None
+    tokens: int = 0
+    seq: int = -1  # assigned by the driver's sequencer, dense from 0
+
+    def to_event(self) -> dict[str, Any]:
+        return {"type": "span", **asdict(self)}
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+
+    def to_event(self) -> dict[str, Any]:
+        return {"type": "metrics", "step": self.step, "values": self.values}
+
+
+class EventSink(Protocol):
+    """Where a run reports: ``emit`` takes a ``Span``, ``StepMetrics`` or a plain dict event."""
+
+    def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def as_event(event: Span | StepMetrics | dict[str, Any]) -> dict[str, Any]:
+    return event if isinstance(event, dict) else event.to_event()
+
+
+class JsonlSink:
+    """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that)."""
+
+    def __init__(self, path: str):
+        self._own = path != "-"
+        self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+
+    def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None:
+        self._fh.write(json.dumps(as_event(event), separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._own:
+            self._fh.close()
+
+
+class MemorySink:
+    """Keeps every event; used by tests, the bench and the CLI's summaries."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None:
+        self.events.append(as_event(event))
+
+    def close(self) -> None:
+        pass
+
+    def spans(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == "span"]
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == "metrics"]
+
+
+class FanoutSink:
+    def __init__(self, *sinks: EventSink):
+        self.sinks = sinks
+
+    def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.emit(event)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    """Total length of the union of ``intervals`` clipped to [lo, hi]."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def _get(span: Span | dict, name: str):
+    return span[name] if isinstance(span, dict) else getattr(span, name)
+
+
+def window_metrics(spans: Iterable[Span | dict], t_start: float, t_end: float) -> dict[str, float]:
+    """Idle ratios over the wall-clock window [t_start, t_end] of one step.
+
+    trainer/idle_ratio: share of the window in which no learner span was running.
+    rollouter/idle_ratio: share of the window in which no rollout span (generate, tool,
+    verify, teacher) was running anywhere in the fleet.
+    """
+    spans = list(spans)
+    width = max(t_end - t_start, 1e-12)
+    learner = [(_get(s, "t0"), _get(s, "t1")) for s in spans if _get(s, "kind") in LEARNER_KINDS]
+    rollout = [(_get(s, "t0"), _get(s, "t1")) for s in spans if _get(s, "kind") in ROLLOUT_KINDS]
+    return {
+        "trainer/idle_ratio": 1.0 - union_length(learner, t_start, t_end) / width,
+        "rollouter/idle_ratio": 1.0 - union_length(rollout, t_start, t_end) / width,
+    }
+
+
+def chrome_trace(spans: Iterable[Span | dict], run_name: str = "run") -> dict[str, Any]:
+    """Chrome Trace Event JSON (opens in Perfetto): pid 1 = learner, pid 2 = rollout fleet."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"{run_name}: learner"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": f"{run_name}: rollout fleet"}},
+    ]
+    tids: dict[str, tuple[int, int]] = {}
+    for s in spans:
+        lane = _get(s, "lane")
+        if lane not in tids:
+            pid = 1 if lane.startswith("learner") else 2
+            tid = 1 + sum(1 for p, _ in tids.values() if p == pid)
+            tids[lane] = (pid, tid)
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": lane}})
+        pid, tid = tids[lane]
+        t0, t1 = _get(s, "t0"), _get(s, "t1")
+        events.append({
+            "ph": "X", "pid": pid, "tid": tid, "name": _get(s, "kind"), "cat": _get(s, "kind").split(".")[0],
+            "ts": round(t0 * 1e6, 3), "dur": round(max(t1 - t0, 0.0) * 1e6, 3),
+            "args": {k: _get(s, k) for k in ("seq", "step", "traj", "group", "turn", "policy_version", "tokens")},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
