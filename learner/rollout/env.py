@@ -1,0 +1,206 @@
+"""Agent tasks: the ``Environment`` protocol and the built-in ``arith-tool`` task.
+
+Text format of one ``arith-tool`` episode (every tag is one special token)::
+
+    <bos>Q:12+3*4=?\\n                  prompt (not scored)
+    <call>3*4</call>                     policy turn, ends at the stop token </call>
+    <obs>12</obs>                        environment observation (not scored, loss_mask 0)
+    <call>12+12</call>                   policy turn
+    <obs>24</obs>
+    <ans>24</ans><eos>                   final policy turn, ends at the stop token <eos>
+
+The calculator evaluates exactly one binary operation on integers, so an expression with
+n operators needs n tool calls: episodes are multi-turn with varied turn counts.
+
+Episode rules the agent loop applies (this module stays stateless):
+- a turn is counted each time the policy generates one (tool calls and the final answer);
+  a trajectory that has not answered after ``task.max_turns`` turns gets reward 0;
+- an ``invalid`` turn (neither a well-formed call nor an answer) ends the episode, reward 0.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import Callable, Literal, Protocol
+
+from learner.config import TaskConfig, ToolLatency
+from learner.rollout.tokenizer import ANS, ANS_END, BOS, CALL, CALL_END, EOS, OBS, OBS_END
+
+STOP_TOKENS: tuple[str, ...] = (CALL_END, EOS)
+
+_INT = r"-?\d{1,12}"
+_BINARY_OP = re.compile(rf"^\s*({_INT})\s*([+\-*])\s*({_INT})\s*$")
+_CALL_TURN = re.compile(rf"^{re.escape(CALL)}(.*?){re.escape(CALL_END)}$", re.DOTALL)
+_ANS_TURN = re.compile(rf"^{re.escape(ANS)}(.*?){re.escape(ANS_END)}(?:{re.escape(EOS)})?$", re.DOTALL)
+_ANSWER_INT = re.compile(rf"^\s*({_INT})\s*$")
+_PRECEDENCE = {"+": 0, "-": 0, "*": 1}
+
+
+@dataclass
+class Task:
+    prompt_text: str  # e.g. "<bos>Q:12+3*4=?\n"
+    answer: int
+    expression: str  # e.g. "12+3*4"
+    max_turns: int = 4  # policy turns allowed, the final answer included
+
+
+@dataclass
+class TurnResult:
+    kind: Literal["tool", "final", "invalid"]
+    payload: str  # the call text ("3*4") or the answer text ("24"); the raw turn if invalid
+
+
+class Environment(Protocol):
+    """What the agent loop needs from a task. Implement it for your own task and
+    ``register_env`` a factory taking the ``TaskConfig``."""
+
+    name: str
+
+    def sample_task(self, rng: random.Random) -> Task: ...
+
+    def parse_turn(self, task: Task, turn_text: str) -> TurnResult: ...
+
+    def run_tool(self, call: str) -> str:
+        """Do the tool's real work and return its output text (no modelled waiting)."""
+        ...
+
+    def observation_text(self, tool_output: str) -> str: ...
+
+    def reward(self, task: Task, final_text: str) -> float: ...
+
+    def tool_latency_s(self, rng: random.Random) -> float:
+        """Seconds the caller should wait after ``run_tool``: a latency MODEL (see
+        ``draw_tool_latency``), not a measurement."""
+        ...
+
+
+def calculator(call: str) -> str:
+    """Evaluate exactly one binary operation ``a+b``, ``a-b`` or ``a*b`` on integers.
+
+    Parsed with a regular expression, never ``eval``; anything else returns ``"error"``.
+    """
+    m = _BINARY_OP.match(call)
+    if m is None:
+        return "error"
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return str(a + b if op == "+" else a - b if op == "-" else a * b)
+
+
+def draw_tool_latency(latency: ToolLatency, rng: random.Random) -> float:
+    """A labelled MODEL of real agent tool time (the calculator itself answers in µs).
+
+    lognormal: median_s · exp(sigma · z), z ~ N(0, 1) (so median_s is the median);
+    constant: median_s; none: 0. Every draw is multiplied by ``scale``.
+    """
+    if latency.distribution == "none":
+        return 0.0
+    if latency.distribution == "constant":
+        return latency.median_s * latency.scale
+    return latency.median_s * math.exp(latency.sigma * rng.gauss(0.0, 1.0)) * latency.scale
+
+
+def _tokens(expression: str) -> list[str]:
+    """'12+3*4' -> ['12', '+', '3', '*', '4'] (operands are positive literals)."""
+    return re.findall(r"\d+|[+\-*]", expression)
+
+
+def _reduce_once(tokens: list[str]) -> tuple[str, list[str]]:
+    """Pick the leftmost operator of highest precedence, return its single-op call and the
+    token list with that operation replaced by its result (standard left-to-right order)."""
+    ops = range(1, len(tokens), 2)
+    i = max(ops, key=lambda j: (_PRECEDENCE[tokens[j]], -j))
+    call = f"{tokens[i - 1]}{tokens[i]}{tokens[i + 1]}"
+    return call, tokens[: i - 1] + [calculator(call)] + tokens[i + 2 :]
+
+
+def evaluate(expression: str) -> int:
+    """The true value with standard precedence, by repeated single-operation reduction."""
+    tokens = _tokens(expression)
+    while len(tokens) > 1:
+        _, tokens = _reduce_once(tokens)
+    return int(tokens[0])
+
+
+class ArithToolEnv:
+    """``arith-tool``: integer expressions solved through a one-operation calculator."""
+
+    name = "arith-tool"
+
+    def __init__(self, config: TaskConfig):
+        self.config = config
+
+    def sample_task(self, rng: random.Random) -> Task:
+        n_ops = rng.randint(self.config.min_ops, self.config.max_ops)
+        parts = [str(rng.randint(1, self.config.max_operand))]
+        for _ in range(n_ops):
+            parts += [rng.choice("+-*"), str(rng.randint(1, self.config.max_operand))]
+        expression = "".join(parts)
+        return Task(
+            prompt_text=f"{BOS}Q:{expression}=?\n",
+            answer=evaluate(expression),
+            expression=expression,
+            max_turns=self.config.max_turns,
+        )
+
+    def parse_turn(self, task: Task, turn_text: str) -> TurnResult:
+        if m := _CALL_TURN.match(turn_text):
+            return TurnResult("tool", m.group(1))
+        if m := _ANS_TURN.match(turn_text):
+            return TurnResult("final", m.group(1))
+        return TurnResult("invalid", turn_text)
+
+    def run_tool(self, call: str) -> str:
+        return calculator(call)
+
+    def observation_text(self, tool_output: str) -> str:
+        return f"{OBS}{tool_output}{OBS_END}"
+
+    def reward(self, task: Task, final_text: str) -> float:
+        """1.0 iff ``final_text`` (a whole answer turn or just its payload) is an integer
+        equal to the true value; malformed answers get 0.0."""
+        parsed = self.parse_turn(task, final_text)
+        payload = parsed.payload if parsed.kind == "final" else final_text
+        m = _ANSWER_INT.match(payload)
+        return 1.0 if m is not None and int(m.group(1)) == task.answer else 0.0
+
+    def tool_latency_s(self, rng: random.Random) -> float:
+        return draw_tool_latency(self.config.tool_latency, rng)
+
+
+def canonical_turns(task: Task) -> list[tuple[str, str | None]]:
+    """The reference solution used for SFT: one single-operation call per operator in
+    precedence order, each followed by its observation, then the answer turn.
+
+    Returns ``[(assistant_turn_text, observation_text_or_None), ...]``.
+    """
+    turns: list[tuple[str, str | None]] = []
+    tokens = _tokens(task.expression)
+    while len(tokens) > 1:
+        call, tokens = _reduce_once(tokens)
+        turns.append((f"{CALL}{call}{CALL_END}", f"{OBS}{calculator(call)}{OBS_END}"))
+    turns.append((f"{ANS}{tokens[0]}{ANS_END}{EOS}", None))
+    return turns
+
+
+EnvFactory = Callable[[TaskConfig], Environment]
+_REGISTRY: dict[str, EnvFactory] = {}
+
+
+def register_env(name: str, factory: EnvFactory) -> None:
+    """Make ``make_env`` build ``factory(config)`` for tasks named ``name``."""
+    _REGISTRY[name] = factory
+
+
+def make_env(config: TaskConfig) -> Environment:
+    try:
+        factory = _REGISTRY[config.name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"task.name: unknown environment {config.name!r} (registered: {known})") from None
+    return factory(config)
+
+
+register_env(ArithToolEnv.name, ArithToolEnv)
