@@ -1,0 +1,101 @@
+"""The rollout fleet as the driver sees it: worker processes, their queues, weight acks."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+import torch.multiprocessing as tmp
+
+from learner.config import RunConfig
+from learner.rollout.weights import WeightStore
+from learner.rollout.worker import worker_main
+
+
+class RolloutError(RuntimeError):
+    """A rollout worker failed; the message carries its error text."""
+
+
+class Fleet:
+    def __init__(self, cfg: RunConfig, policy_dir: str, teacher_dir: str | None, store: WeightStore,
+                 origin: float, cores: list[int | None]):
+        ctx = tmp.get_context("spawn")
+        self.out_q = ctx.Queue()
+        self.cmd_qs = [ctx.Queue() for _ in cores]
+        self.load = [0] * len(cores)  # trajectories in flight per worker (least-loaded dispatch)
+        self._owner: dict[int, int] = {}  # traj -> worker
+        self.procs = [
+            ctx.Process(target=worker_main, daemon=True, name=f"rollout-{w}", args=(
+                w, cfg.model_dump_json(), policy_dir, teacher_dir, store, self.cmd_qs[w], self.out_q, origin, core))
+            for w, core in enumerate(cores)
+        ]
+        for p in self.procs:
+            p.start()
+        self._early: list[tuple] = []
+        waiting = set(range(len(cores)))
+        while waiting:
+            msg = self._get_raw(timeout=600)
+            if msg[0] == "ready":
+                waiting.discard(msg[1])
+            else:
+                self._early.append(msg)
+
+    def _get_raw(self, timeout: float | None) -> tuple:
+        while True:
+            try:
+                msg = self.out_q.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
+            except queue.Empty:
+                dead = [p.name for p in self.procs if not p.is_alive()]
+                if dead:
+                    raise RolloutError(f"rollout worker(s) {', '.join(dead)} died")
+                if timeout is not None:
+                    timeout -= 1.0
+                    if timeout <= 0:
+                        raise TimeoutError("no message from the rollout fleet")
+                continue
+            if msg[0] == "error":
+                raise RolloutError(f"rollout worker {msg[1]}: {msg[2]}")
+            return msg
+
+    def get(self, timeout: float | None = None) -> tuple:
+        if self._early:
+            return self._early.pop(0)
+        msg = self._get_raw(timeout)
+        if msg[0] == "traj":
+            self.load[self._owner.pop(msg[1].id)] -= 1
+        return msg
+
+    def dispatch(self, step: int, items: list[tuple[int, int, Any, int]]) -> None:
+        """Spread (traj, group, task, seed) items over the workers, least-loaded first."""
+        per_worker: dict[int, list] = {}
+        for item in items:
+            w = min(range(len(self.load)), key=lambda i: self.load[i])
+            self.load[w] += 1
+            self._owner[item[0]] = w
+            per_worker.setdefault(w, []).append(item)
+        for w, chunk in per_worker.items():
+            self.cmd_qs[w].put(("work", step, chunk))
+
+    def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
+        """Every replica loads ``version``; returns (worker, t0, t1) per ack. Other messages
+        that arrive meanwhile go to ``on_other``."""
+        for q in self.cmd_qs:
+            q.put(("load", version))
+        acks = []
+        while len(acks) < len(self.cmd_qs):
+            msg = self.get()
+            if msg[0] == "ack":
+                if msg[2] != version:
+                    raise RolloutError(f"replica {msg[1]} acknowledged version {msg[2]}, expected {version}")
+                acks.append((msg[1], msg[3], msg[4]))
+            else:
+                on_other(msg)
+        return acks
+
+    def close(self) -> None:
+        for q in self.cmd_qs:
+            q.put(("stop",))
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()

@@ -1,0 +1,232 @@
+"""Rollout worker processes: concurrent multi-turn agent loops over one engine.
+
+Each worker owns an engine (pinned to its own core, one torch thread) and runs every
+trajectory it was handed as an agent loop: generate a turn -> (OPD: teacher scores it and
+the scored turn goes to the learner at once) -> the tool runs while the other loops keep
+generating -> observation -> next turn ... -> final answer -> verifier -> the finished
+trajectory goes to the learner. Turns of all loops that are ready are batched into one
+engine call. Every phase is reported as a span on the trajectory's slot lane.
+
+Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn),
+("traj", Trajectory), ("ack", worker, version, t0, t1), ("ready", worker), ("error", worker, text).
+Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from learner.config import RunConfig
+from learner.rollout.engine import SamplingParams
+from learner.rollout.env import Task, make_env
+from learner.rollout.models import stop_token_ids
+from learner.timeline import Span
+from learner.trajectory import ScoredTurn, Trajectory
+
+
+@dataclass
+class LoopState:
+    """One agent loop in flight."""
+
+    traj: int
+    group: int
+    step: int
+    task: Task
+    seed: int
+    slot: int
+    ids: list[int]
+    mask: list[int]
+    blogp: list[float]
+    turn_versions: list[int] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    teacher: list[float | None] | None = None
+    ready_at: float = 0.0  # run clock; the modelled tool latency ends here
+    tool_t0: float = 0.0
+
+
+def pin_to_core(core: int | None) -> None:
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {core % os.cpu_count()})
+        except OSError:
+            pass  # containers may forbid it; the run still works, only less isolated
+    torch.set_num_threads(1)
+
+
+class AgentWorker:
+    def __init__(self, wid: int, cfg: RunConfig, engine, tokenizer, teacher, store, out_q, origin: float):
+        self.wid, self.cfg, self.engine, self.tok = wid, cfg, engine, tokenizer
+        self.teacher, self.store, self.out_q, self.origin = teacher, store, out_q, origin
+        self.env = make_env(cfg.task)
+        self.loops: dict[int, LoopState] = {}
+        self.spans: list[dict] = []
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.max_len = getattr(getattr(engine, "model", None), "config", None)
+        self.max_len = getattr(self.max_len, "max_position_embeddings", 10**9)
+        self.follow_latest = cfg.train.schedule == "fully-async"
+
+    def now(self) -> float:
+        return time.monotonic() - self.origin
+
+    # -- spans ---------------------------------------------------------------------
+    def span(self, kind: str, t0: float, t1: float, loop: LoopState | None, turn=None, tokens=0, lane=None):
+        self.spans.append(asdict(Span(
+            step=loop.step if loop else -1, kind=kind, t0=t0, t1=t1,
+            lane=lane or f"rollout/{self.wid}/{loop.slot}", traj=loop.traj if loop else None,
+            group=loop.group if loop else None, turn=turn, policy_version=self.engine.version, tokens=tokens,
+        )))
+
+    def flush_spans(self) -> None:
+        if self.spans:
+            self.out_q.put(("spans", self.spans))
+            self.spans = []
+
+    # -- weights -------------------------------------------------------------------
+    def load(self, want: int | None) -> tuple[float, float]:
+        t0 = self.now()
+        self.store.read_into(self.engine.load_weights, want=want)
+        return t0, self.now()
+
+    def maybe_follow_latest(self) -> None:
+        """fully-async: pick up newly published weights between turns."""
+        if self.follow_latest and self.store.version > self.engine.version:
+            t0, t1 = self.load(None)
+            self.span("learner.publish", t0, t1, None, lane=f"replica/{self.wid}")
+
+    # -- commands ------------------------------------------------------------------
+    def handle(self, cmd) -> bool:
+        if cmd[0] == "stop":
+            return False
+        if cmd[0] == "load":
+            t0, t1 = self.load(cmd[1])
+            self.out_q.put(("ack", self.wid, self.engine.version, t0, t1))
+        elif cmd[0] == "work":
+            _, step, items = cmd
+            for traj, group, task, seed in items:
+                ids = self.tok.encode(task.prompt_text, add_special_tokens=False)
+                slot = min(set(range(len(self.loops) + 1)) - {lp.slot for lp in self.loops.values()})
+                self.loops[traj] = LoopState(
+                    traj, group, step, task, seed, slot, ids, [0] * len(ids), [0.0] * len(ids),
+                    teacher=[None] * len(ids) if self.teacher is not None else None, ready_at=self.now(),
+                )
+        return True
+
+    # -- the agent loop ------------------------------------------------------------
+    def step_loops(self) -> None:
+        now = self.now()
+        ready = [lp for lp in self.loops.values() if lp.ready_at <= now]
+        if not ready:
+            return
+        self.maybe_follow_latest()
+        ro = self.cfg.rollout
+        params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
+        seeds = [lp.seed * 1000 + len(lp.turn_spans) for lp in ready]
+        t0 = self.now()
+        outs = self.engine.generate([lp.ids for lp in ready], params, seeds=seeds)
+        t1 = self.now()
+        for lp, out in zip(ready, outs):
+            turn = len(lp.turn_spans)
+            self.span("rollout.generate", t0, t1, lp, turn=turn, tokens=len(out.token_ids))
+            start = len(lp.ids)
+            lp.ids += out.token_ids
+            lp.mask += [1] * len(out.token_ids)
+            lp.blogp += out.logprobs
+            lp.turn_spans.append((start, len(lp.ids)))
+            lp.turn_versions.append(self.engine.version)
+            if self.teacher is not None:
+                self.score_turn(lp, turn)
+            self.advance(lp, out)
+        self.flush_spans()
+
+    def score_turn(self, lp: LoopState, turn: int) -> None:
+        """OPD: the teacher scores the turn now; the learner can run its backward while the
+        turn's tool call is still running."""
+        start, end = lp.turn_spans[turn]
+        t0 = self.now()
+        with torch.no_grad():
+            ids = torch.tensor([lp.ids[:end]])
+            logits = self.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
+            tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
+        lp.teacher[start:end] = tlp
+        t1 = self.now()
+        self.span("teacher.score", t0, t1, lp, turn=turn, tokens=end - start)
+        self.flush_spans()
+        self.out_q.put(("turn", ScoredTurn(
+            traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
+            turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
+            policy_version=self.engine.version, t_scored=t1,
+        )))
+
+    def advance(self, lp: LoopState, out) -> None:
+        start, end = lp.turn_spans[-1]
+        text = self.tok.decode(lp.ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        result = self.env.parse_turn(lp.task, text) if out.stopped else None
+        out_of_room = len(lp.ids) + self.cfg.rollout.max_new_tokens + 16 > self.max_len
+        if result is not None and result.kind == "tool" and len(lp.turn_spans) < lp.task.max_turns and not out_of_room:
+            t0 = self.now()
+            obs = self.env.observation_text(self.env.run_tool(result.payload))  # the tool's real work
+            latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
+            obs_ids = self.tok.encode(obs, add_special_tokens=False)
+            lp.ids += obs_ids
+            lp.mask += [0] * len(obs_ids)
+            lp.blogp += [0.0] * len(obs_ids)
+            if lp.teacher is not None:
+                lp.teacher += [None] * len(obs_ids)
+            lp.ready_at = t0 + latency  # modelled tool latency (TaskConfig.tool_latency)
+            self.span("rollout.tool", t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
+            return
+        t0 = self.now()
+        reward = self.env.reward(lp.task, text) if result is not None and result.kind == "final" else 0.0
+        t1 = self.now()
+        self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
+        self.flush_spans()
+        self.out_q.put(("traj", Trajectory(
+            id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
+            behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
+            turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1,
+        )))
+        del self.loops[lp.traj]
+
+    def serve(self, cmd_q) -> None:
+        self.out_q.put(("ready", self.wid))
+        while True:
+            if self.loops:
+                wait = max(0.0, min(lp.ready_at for lp in self.loops.values()) - self.now())
+            else:
+                wait = None  # idle: block until the driver says something
+            try:
+                cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
+                if not self.handle(cmd):
+                    return
+                while True:  # drain everything already queued before generating
+                    if not self.handle(cmd_q.get_nowait()):
+                        return
+            except queue.Empty:
+                pass
+            self.step_loops()
+
+
+def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | None, store, cmd_q, out_q,
+                origin: float, core: int | None) -> None:
+    """Entry point of a rollout worker process (spawned)."""
+    try:
+        pin_to_core(core)
+        from learner.rollout.engine_factory import make_engine
+        from learner.rollout.models import load_model, load_tokenizer
+
+        cfg = RunConfig.model_validate_json(cfg_json)
+        tok = load_tokenizer(policy_dir)
+        engine = make_engine(cfg, policy_dir, tok, wid)
+        teacher = load_model(teacher_dir) if teacher_dir else None
+        store.read_into(engine.load_weights, want=0)
+        AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin).serve(cmd_q)
+        engine.close()
+    except Exception as exc:  # the driver turns this into a failed run with this text
+        out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))

@@ -1,0 +1,341 @@
+"""The training driver: one loop, four schedules (DESIGN §4).
+
+    sync        dispatch batch s -> wait for its last reward -> learn -> step -> publish
+    streaming   dispatch batch s -> learn each trajectory (GRPO) / turn (OPD) as it arrives
+                -> barrier -> step -> publish                              (staleness 0)
+    async       batch s+1 rolls out with weights s while the learner trains batch s (staleness 1)
+    fully-async rollout never waits: workers pick up new weights between turns; the learner
+                steps whenever a batch of groups is complete (staleness <= max_staleness)
+
+The learner runs in this process (pinned to core 0, one torch thread); rollout workers run
+in their own processes on the other cores. Everything that happens is a span; per-step
+metrics are derived from the spans of the step's wall-clock window.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from learner.config import RunConfig
+from learner.learner import OffPolicyLearner, StreamingLearner
+from learner.rollout.env import make_env
+from learner.rollout.fleet import Fleet
+from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.weights import WeightStore
+from learner.rollout.worker import pin_to_core
+from learner.timeline import EventSink, Span, StepMetrics, window_metrics
+from learner.trajectory import ScoredTurn, Trajectory
+
+LEARNER_LANE = "learner/0"
+
+
+@dataclass
+class StepRecord:
+    """What one optimizer step consumed, for its metrics."""
+
+    step: int
+    t_start: float
+    trajs: list[Trajectory] = field(default_factory=list)
+    trained_version: int = 0
+    first_backward: float | None = None
+    learner_stats: dict = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, sink: EventSink, dump_dir: str | None = None,
+                 on_step: Callable[[dict], None] | None = None):
+        self.cfg, self.sink, self.dump_dir, self.on_step = cfg, sink, dump_dir, on_step
+        self.origin = time.monotonic()
+        self.seq = 0
+        self.recent: list[Span | dict] = []  # spans of the current and previous step (metrics)
+        self.version = 0
+        self.next_traj = 0
+        self.next_group = 0
+        self.rewards: list[float] = []
+
+    # -- clock and spans -----------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self.origin
+
+    def emit_span(self, span: Span | dict) -> None:
+        if isinstance(span, dict):
+            span = Span(**{k: v for k, v in span.items() if k != "seq"})
+        span.seq = self.seq
+        self.seq += 1
+        self.sink.emit(span)
+        self.recent.append(span)
+
+    def learner_span(self, kind: str, t0: float, t1: float, traj=None, group=None, tokens=0) -> None:
+        self.emit_span(Span(step=self.rec.step, kind=kind, t0=t0, t1=t1, lane=LEARNER_LANE, traj=traj,
+                            group=group, policy_version=self.version, tokens=tokens))
+
+    def on_phase(self, kind: str, t0: float, t1: float, traj, group) -> None:
+        """Learner phase callback; stamps are raw time.monotonic()."""
+        t0, t1 = t0 - self.origin, t1 - self.origin
+        if kind == "learner.backward" and self.rec.first_backward is None:
+            self.rec.first_backward = t0
+        self.learner_span(kind, t0, t1, traj, group)
+
+    # -- set-up --------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        cores = _available_cores()
+        n_cpu = len(cores)
+        pin = cfg.rollout.pin_cores and n_cpu > 1
+        if pin:
+            pin_to_core(cores[0])
+        torch.set_num_threads(1)
+        self.policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
+        teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
+                       if cfg.algorithm.objective == "opd" else None)
+        dtype = getattr(torch, cfg.model.dtype)
+        self.model = load_model(self.policy_dir, dtype).train()
+        self.tokenizer = load_tokenizer(self.policy_dir)
+        ref = None
+        if cfg.algorithm.kl_coef > 0:
+            ref = load_model(self.policy_dir, dtype)
+            ref.requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        on_policy = cfg.train.schedule in ("sync", "streaming")
+        self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
+        self.env = make_env(cfg.task)
+        self.store = WeightStore(dict(self.model.named_parameters()))
+        worker_cores = [cores[1 + w % (n_cpu - 1)] if pin else None for w in range(cfg.rollout.workers)]
+        self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
+                           self.store, self.origin, worker_cores)
+        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
+                        "policy_dir": str(self.policy_dir), "workers": cfg.rollout.workers})
+
+    # -- rollout side --------------------------------------------------------------
+    def new_groups(self, n: int, step: int) -> list[int]:
+        """Dispatch ``n`` groups of ``group_size`` trajectories on one prompt each."""
+        G, items, groups = self.cfg.train.group_size, [], []
+        for _ in range(n):
+            g = self.next_group
+            self.next_group += 1
+            task = self.env.sample_task(random.Random(self.cfg.seed * 1_000_003 + g))
+            for _ in range(G):
+                items.append((self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
+                self.next_traj += 1
+            groups.append(g)
+        self.fleet.dispatch(step, items)
+        return groups
+
+    def receive(self, timeout: float | None = None):
+        """Next trajectory or scored turn from the fleet; spans are emitted on the way."""
+        while True:
+            msg = self.fleet.get(timeout)
+            if msg[0] == "spans":
+                for s in msg[1]:
+                    self.emit_span(s)
+            elif msg[0] in ("traj", "turn"):
+                return msg[1]
+            elif msg[0] == "ack":
+                raise RuntimeError(f"unexpected weight ack from replica {msg[1]}")
+
+    # -- learner side --------------------------------------------------------------
+    def learn(self, item: Trajectory | ScoredTurn) -> None:
+        if isinstance(item, ScoredTurn):
+            self.learner.on_turn(item, on_phase=self.on_phase)
+        else:
+            self.learner.on_trajectory(item, on_phase=self.on_phase)
+
+    def optimizer_step(self, wait_for_replicas: bool) -> None:
+        """Barrier: (dump), clip the final gradient, one optimizer step, publish."""
+        rec = self.rec
+        if self.dump_dir and rec.step == 0:
+            from learner.audit import write_dump
+
+            grads = {n: p.grad.detach().float().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+            write_dump(self.dump_dir, self.model, self.tokenizer, rec.trajs, self.cfg.algorithm, grads)
+        t0 = self.now()
+        clip = self.cfg.train.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.learner_span("learner.optimizer", t0, self.now())
+        rec.learner_stats["grad_norm"] = float(norm)
+        rec.trained_version = self.version
+        self.version += 1
+        t0 = self.now()
+        self.store.publish(dict(self.model.named_parameters()), self.version)
+        if wait_for_replicas:
+            self.ensure_fleet_version()
+        self.learner_span("learner.publish", t0, self.now())
+
+    def ensure_fleet_version(self) -> None:
+        """Every replica loads the current version and acknowledges it (one span each)."""
+        for w, t0, t1 in self.fleet.load_all(self.version, on_other=self._unexpected):
+            self.emit_span(Span(step=self.rec.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",
+                                policy_version=self.version))
+
+    def _unexpected(self, msg) -> None:
+        if msg[0] == "spans":
+            for s in msg[1]:
+                self.emit_span(s)
+        else:
+            raise RuntimeError(f"rollout message {msg[0]} while replicas load weights")
+
+    # -- metrics -------------------------------------------------------------------
+    def finish_step(self) -> dict:
+        rec, t_end = self.rec, self.now()
+        window = [s for s in self.recent if s.t1 > rec.t_start]
+        values = window_metrics(window, rec.t_start, t_end)
+        staleness = [rec.trained_version - v for t in rec.trajs for v in t.turn_versions]
+        rewards = [t.reward for t in rec.trajs]
+        last_reward = max(t.t_reward for t in rec.trajs)
+        learner_busy = 1.0 - values["trainer/idle_ratio"]
+        gen_busy = 1.0 - values["rollouter/idle_ratio"]
+        values.update({
+            "timing_s/step": t_end - rec.t_start,
+            "timing_s/learner": learner_busy * (t_end - rec.t_start),
+            "timing_s/gen": gen_busy * (t_end - rec.t_start),
+            "timing_s/tail": t_end - last_reward,
+            "step/t_start": rec.t_start,
+            "step/t_end": t_end,
+            "step/last_reward_t": last_reward,
+            "step/first_backward_t": rec.first_backward if rec.first_backward is not None else float("nan"),
+            "staleness/mean": sum(staleness) / max(len(staleness), 1),
+            "staleness/max": float(max(staleness, default=0)),
+            "reward/mean": sum(rewards) / len(rewards),
+            "response/turns_mean": sum(len(t.turn_versions) for t in rec.trajs) / len(rec.trajs),
+            "response/tokens": float(sum(t.n_scored for t in rec.trajs)),
+            "actor/grad_norm": rec.learner_stats.get("grad_norm", 0.0),
+            "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "policy/version": float(self.version),
+        })
+        for k in ("clip_frac", "peak_buffers"):
+            if k in rec.learner_stats:
+                values[f"actor/{k}"] = float(rec.learner_stats[k])
+        self.sink.emit(StepMetrics(rec.step, values))
+        self.recent = [s for s in self.recent if s.t1 > t_end]
+        self.rewards.append(values["reward/mean"])
+        if self.on_step:
+            self.on_step({"step": rec.step, **values})
+        return values
+
+    # -- schedules -----------------------------------------------------------------
+    def run_on_policy(self, streaming: bool) -> None:
+        """sync and streaming: identical except *when* each trajectory's backward runs."""
+        P, G = self.cfg.train.prompts_per_step, self.cfg.train.group_size
+        opd = self.cfg.algorithm.objective == "opd"
+        for step in range(self.cfg.train.steps):
+            self.rec = StepRecord(step, self.now())
+            groups = self.new_groups(P, step)
+            self.learner.begin_batch({g: G for g in groups})
+            held: list = []
+            while len(self.rec.trajs) < P * G:
+                item = self.receive()
+                if isinstance(item, Trajectory):
+                    self.rec.trajs.append(item)
+                if opd and isinstance(item, Trajectory):
+                    held.append(item)  # closes the trajectory's turn accounting
+                elif streaming:
+                    self.learn(item)
+                else:
+                    held.append(item)
+            if not streaming:
+                # sync: the learner starts only after the last reward of the batch
+                for item in sorted(held, key=lambda x: isinstance(x, Trajectory)):
+                    self.learn(item)
+            else:
+                for item in held:
+                    self.learn(item)
+            self.rec.learner_stats = self.learner.finish_batch()
+            self.optimizer_step(wait_for_replicas=True)
+            self.finish_step()
+
+    def train_off_policy(self) -> None:
+        self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
+        self.optimizer_step(wait_for_replicas=False)
+        self.finish_step()
+
+    def run_async(self) -> None:
+        """One-step off-policy: batch s+1 rolls out with weights s while batch s trains."""
+        P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
+        self.new_groups(P, 0)
+        for step in range(steps):
+            self.rec = StepRecord(step, self.now())
+            while len(self.rec.trajs) < P * G:
+                item = self.receive()
+                if isinstance(item, Trajectory):
+                    self.rec.trajs.append(item)
+            if step + 1 < steps:
+                self.ensure_fleet_version()  # replicas are idle now: they take the newest weights
+                self.new_groups(P, step + 1)
+            self.train_off_policy()
+
+    def run_fully_async(self) -> None:
+        """No batch barrier for rollout: keep the fleet fed within the staleness bound."""
+        P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
+        bound = self.cfg.train.max_staleness
+        members: dict[int, list[Trajectory]] = {}
+        complete: list[int] = []
+        dispatched, dropped = 0, 0
+        t_prev = self.now()
+        for step in range(steps):
+            self.rec = StepRecord(step, t_prev)
+            while len(complete) < P:
+                # a group dispatched now is trained at version >= dispatched // P
+                while dispatched < min((self.version + bound + 1) * P, steps * P + dropped):
+                    self.new_groups(1, -1)
+                    dispatched += 1
+                item = self.receive()
+                if not isinstance(item, Trajectory):
+                    continue
+                members.setdefault(item.group, []).append(item)
+                if len(members[item.group]) == G:
+                    if self.version - min(t.min_version() for t in members[item.group]) > bound:
+                        del members[item.group]  # too stale: measured and dropped, never trained
+                        dropped += 1
+                    else:
+                        complete.append(item.group)
+            batch, complete = complete[:P], complete[P:]
+            for g in batch:
+                for t in members.pop(g):
+                    t.step = step
+                    self.rec.trajs.append(t)
+            self.train_off_policy()
+            t_prev = self.now()
+        self.dropped_groups = dropped
+
+    def run(self) -> dict:
+        schedule = self.cfg.train.schedule
+        try:
+            if schedule in ("sync", "streaming"):
+                self.run_on_policy(streaming=schedule == "streaming")
+            elif schedule == "async":
+                self.run_async()
+            else:
+                self.run_fully_async()
+        finally:
+            self.fleet.close()
+        summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,
+                   "final_version": self.version, "spans": self.seq, "wall_s": self.now()}
+        self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
+        return summary
+
+
+def _available_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
+          on_step: Callable[[dict], None] | None = None) -> tuple[Trainer, dict]:
+    """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary."""
+    trainer = Trainer(cfg, sink, str(dump_dir) if dump_dir else None, on_step)
+    trainer.setup()
+    return trainer, trainer.run()
