@@ -1,0 +1,199 @@
+"""Randomised check that the streaming learner reproduces the batch-synchronous gradient (DESIGN §3).
+
+For every objective × loss_agg_mode × advantage.std × dtype, seeded random batches (groups of
+size 1..5, all-equal / binary / continuous / offset-100 rewards, multi-turn masks with
+unscored observation tokens, random KL and entropy coefficients) are fed to
+``StreamingLearner`` in a random arrival order that interleaves groups (GRPO) or turns (OPD),
+and compared with ``reference_gradient``:
+
+    rel_error = ‖g_stream − g_ref‖ / ‖g_ref‖ ≤ 1e-6 (float32), 1e-12 (float64).
+
+The model is a tiny random LlamaForCausalLM built from a LlamaConfig: nothing is downloaded.
+Run: ``python -m learner.exactness [--json]`` (the CLI wires ``thundersync check-exactness``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from collections import Counter
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
+from learner.learner import StreamingLearner, reference_gradient
+from learner.objectives import OPD_LOSS_AGG_MODES, compute_dtype
+from learner.trajectory import ScoredTurn, Trajectory
+
+TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
+VOCAB = 32
+REWARD_KINDS = ("binary", "continuous", "offset", "equal")
+
+
+class WideRMSNorm(LlamaRMSNorm):
+    """LlamaRMSNorm computed in float64 for float64 inputs.
+
+    HF's version always computes in float32, so a "float64" Llama carries float32 rounding
+    (~1e-7) that would make the float64 tolerance unreachable whatever the learner does.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        h = hidden_states.to(compute_dtype(hidden_states.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(hidden_states.dtype)
+
+
+def tiny_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
+    """A random 2-layer Llama (vocab 32, hidden 16) in ``dtype``, truly float64 when asked, in eval mode."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    for module in model.modules():
+        if isinstance(module, LlamaRMSNorm):
+            module.__class__ = WideRMSNorm
+    return model
+
+
+def random_rewards(rng: random.Random, size: int, kind: str) -> list[float]:
+    if kind == "binary":
+        return [float(rng.random() < 0.5) for _ in range(size)]
+    if kind == "continuous":
+        return [rng.gauss(0.0, 1.0) for _ in range(size)]
+    if kind == "offset":  # a large common offset: the cancellation the shifted T'_k avoids
+        return [100.0 + rng.gauss(0.0, 0.05) for _ in range(size)]
+    value = rng.choice([0.1, 1.0, 100.3])  # 0.1·3 is not 0.3 in floats: μ must still equal 0.1
+    return [value] * size
+
+
+def random_trajectory(rng: random.Random, traj_id: int, group: int, reward: float) -> Trajectory:
+    """Prompt, then 1–3 generated turns separated by unscored observation tokens."""
+    draw = lambda n: [rng.randrange(VOCAB) for _ in range(n)]  # noqa: E731
+    ids = draw(rng.randint(2, 5))
+    mask = [0] * len(ids)
+    spans = []
+    for turn in range(rng.randint(1, 3)):
+        if turn:
+            obs = rng.randint(1, 3)
+            ids, mask = ids + draw(obs), mask + [0] * obs
+        n = rng.randint(1, 6)
+        spans.append((len(ids), len(ids) + n))
+        ids, mask = ids + draw(n), mask + [1] * n
+    teacher = [-(0.05 + 3 * rng.random()) if m else None for m in mask]
+    return Trajectory(
+        id=traj_id, group=group, step=0, input_ids=ids, loss_mask=mask, behavior_logprobs=[0.0] * len(ids),
+        reward=reward, turn_versions=[0] * len(spans), turn_spans=spans, teacher_logprobs=teacher,
+    )
+
+
+def random_batch(rng: random.Random) -> list[Trajectory]:
+    """2–4 groups of size 1–5; group 0 has ≥ 2 distinct-ish rewards so the gradient is not all aux."""
+    trajs = []
+    for group in range(rng.randint(2, 4)):
+        size = rng.randint(2, 5) if group == 0 else rng.randint(1, 5)
+        kind = rng.choice(("continuous", "offset")) if group == 0 else rng.choice(REWARD_KINDS)
+        for reward in random_rewards(rng, size, kind):
+            trajs.append(random_trajectory(rng, len(trajs), group, reward))
+    return trajs
+
+
+def scored_turns(traj: Trajectory) -> list[ScoredTurn]:
+    return [
+        ScoredTurn(
+            traj=traj.id, group=traj.group, step=traj.step, turn=k, input_ids=traj.input_ids[:end],
+            turn_span=(start, end), teacher_logprobs=traj.teacher_logprobs[start:end],
+            behavior_logprobs=traj.behavior_logprobs[start:end], policy_version=0,
+        )
+        for k, (start, end) in enumerate(traj.turn_spans)
+    ]
+
+
+def streamed_gradient(
+    model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory], rng: random.Random
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Feed the batch in a random order; returns (p.grad by name, most groups open at once)."""
+    learner = StreamingLearner(model, algo, ref_model)
+    learner.begin_batch(dict(Counter(t.group for t in trajs)))
+    max_open = 0
+    if algo.objective == "grpo":
+        for traj in rng.sample(trajs, len(trajs)):
+            learner.on_trajectory(traj)
+            max_open = max(max_open, len(learner.acc.open_groups) + 1)  # +1: a group may close on arrival
+    else:
+        turns = [turn for traj in trajs for turn in scored_turns(traj)]
+        for turn in rng.sample(turns, len(turns)):
+            learner.on_turn(turn)
+        for traj in trajs:
+            learner.on_trajectory(traj)
+    learner.finish_batch()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, max_open
+
+
+def relative_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    diff = math.sqrt(sum(float((got[n].double() - ref[n].double()).square().sum()) for n in ref))
+    norm = math.sqrt(sum(float(ref[n].double().square().sum()) for n in ref))
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def run_case(objective: str, mode: str, std: str, dtype: torch.dtype, rng: random.Random) -> dict:
+    aux_coef = lambda: rng.choice((0.0, 0.0, rng.uniform(0.01, 0.5)))  # noqa: E731
+    algo = AlgorithmConfig(
+        objective=objective, advantage=AdvantageConfig(std="none" if std == "n/a" else std, eps=1e-6),
+        loss_agg_mode=mode, loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=aux_coef(), entropy_coef=aux_coef(),
+    )
+    model = tiny_llama(dtype, rng.randrange(2**31))
+    ref_model = tiny_llama(dtype, rng.randrange(2**31))
+    trajs = random_batch(rng)
+    g_stream, max_open = streamed_gradient(model, ref_model, algo, trajs, rng)
+    g_ref = reference_gradient(model, trajs, algo, ref_model)
+    rel = relative_error(g_stream, g_ref)
+    tol = TOLERANCE[dtype]
+    return {
+        "objective": objective, "loss_agg_mode": mode, "std": std, "dtype": str(dtype).removeprefix("torch."),
+        "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
+        "max_open_groups": max_open, "kl_coef": algo.kl_coef, "entropy_coef": algo.entropy_coef,
+    }
+
+
+def run_cases(seed: int = 0, cases_per_combo: int = 2) -> list[dict]:
+    """Every objective × loss_agg_mode × std (GRPO) × dtype combination, ``cases_per_combo`` batches each."""
+    combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
+    combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
+    cases = []
+    for dtype in (torch.float32, torch.float64):
+        for objective, mode, std in combos:
+            for k in range(cases_per_combo):
+                rng = random.Random(f"{seed}/{objective}/{mode}/{std}/{dtype}/{k}")
+                cases.append(run_case(objective, mode, std, dtype, rng))
+    return cases
+
+
+def main(json_out: bool = False) -> int:
+    """Print the cases (JSON ``{"cases": [...]}`` or a table); 0 only if every case passes."""
+    cases = run_cases()
+    if json_out:
+        print(json.dumps({"cases": cases}))
+    else:
+        print(f"{'objective':9} {'loss_agg_mode':24} {'std':10} {'dtype':8} {'rel_error':>10} {'tol':>7}  ok")
+        for c in cases:
+            print(
+                f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} "
+                f"{c['rel_error']:10.2e} {c['tol']:7.0e}  {'yes' if c['passed'] else 'NO'}"
+            )
+        for dtype in sorted({c["dtype"] for c in cases}):
+            worst = max(c["rel_error"] for c in cases if c["dtype"] == dtype)
+            print(f"max rel_error {dtype}: {worst:.2e}")
+        print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
+    return 0 if all(c["passed"] for c in cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(json_out="--json" in sys.argv[1:]))
