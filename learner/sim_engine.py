@@ -1,0 +1,299 @@
+"""Discrete-event simulation of the four schedules (DESIGN §4) on a ``Workload``.
+
+Resources: ``rollout_slots`` slots (a trajectory holds one for its rollout duration;
+dispatch is FIFO onto the lowest free slot) and ``learner_ranks`` ranks (each runs its
+backward passes one after another; a group closes on the rank that finished its last
+member, right after it; at the barrier one reduction, the optimizer step and the weight
+publish run on every rank). Policy version v = number of published optimizer steps; a
+trajectory samples with the newest version at its start and is trained at step j, so its
+staleness is j - v (per-turn version updates inside a trajectory are not modelled).
+
+What differs between schedules (``k``: how many versions the rollout may run ahead):
+- sync, streaming: dispatch batch d starts once version d is published (k = 0).
+  sync trains the batch after its last reward; streaming runs each trajectory's backward
+  as soon as its reward arrives (and a rank is free).
+- async: batch d starts once version d-1 is published and batch d-1's rollout has
+  finished (one generate call per batch), so it overlaps training of batch d-1 (k = 1).
+- fully-async: no batch barrier. A group may start only while the untrained groups ahead
+  of it, itself included, fit in the batches trained up to version ``now + max_staleness``;
+  the learner takes the ``prompts`` completed groups sampled longest ago whenever the rest
+  can still meet their deadlines (earliest-deadline-first), else it waits for stragglers.
+  This bounds every trajectory's staleness by ``max_staleness`` (measured, not assumed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from learner.sim_workload import BatchWork, TrajWork, Workload
+from learner.timeline import Span
+
+ASSIGN_POLICIES = ("least-loaded", "round-robin")
+
+
+@dataclass
+class SimTraj:
+    traj: int  # global id in the simulated run
+    group: int  # global group id
+    dispatch: int  # dispatch batch (index into the workload's batches)
+    work: TrajWork
+    slot: int = -1
+    start: float = math.nan
+    end: float = math.nan  # reward time
+    version: int = -1  # policy version it sampled with
+    step: int = -1  # learner step that trained it
+
+
+@dataclass
+class StepRecord:
+    step: int
+    t_start: float  # previous publish end (0 for the first step)
+    t_end: float  # this step's publish end
+    last_reward: float
+    grad_ready: float  # all backward + closes + reduction done
+    trajs: list[SimTraj]
+
+    @property
+    def staleness(self) -> list[int]:
+        return [self.step - t.version for t in self.trajs]
+
+
+@dataclass
+class SimRun:
+    schedule: str
+    steps: list[StepRecord]
+    spans: list[Span] = field(default_factory=list)
+    unfinished: list[SimTraj] = field(default_factory=list)  # started, never trained
+
+
+@dataclass
+class LearnerPass:
+    grad_ready: float
+    publish_end: float
+    spans: list[Span]
+
+
+def train_batch(
+    members: list[SimTraj], ready: list[float], start: float, batch: BatchWork,
+    workload: Workload, step: int, assign: str,
+) -> LearnerPass:
+    """One learner step: backward passes from ``ready`` times on, closes, then the barrier.
+
+    ``members`` are in dispatch order; round-robin shards them by that index (static
+    data-parallel sharding), least-loaded hands each ready trajectory to the rank free
+    first. A group closes on the rank that finished its last backward, right after it.
+    """
+    ranks = workload.learner_ranks
+    free = [start] * ranks
+    spans: list[Span] = []
+    left: dict[int, int] = {}
+    for m in members:
+        left[m.group] = left.get(m.group, 0) + 1
+    last: dict[int, tuple[float, int]] = {}  # group -> (latest backward end, its rank)
+    for i in sorted(range(len(members)), key=lambda i: (ready[i], i)):
+        m = members[i]
+        r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
+        t0 = max(ready[i], free[r])
+        free[r] = t0 + m.work.backward_s
+        spans.append(Span(step, "learner.backward", t0, free[r], f"learner/{r}", m.traj, m.group,
+                          policy_version=step))
+        if free[r] >= last.get(m.group, (-math.inf, 0))[0]:
+            last[m.group] = (free[r], r)
+        left[m.group] -= 1
+        if left[m.group] == 0:  # all rewards in and every member's backward assigned
+            # the rank that finished the group's last backward is free exactly then
+            done_at, rc = last[m.group]
+            c0 = max(free[rc], done_at)
+            free[rc] = c0 + batch.group_close_s[m.work.group]
+            spans.append(Span(step, "learner.group_close", c0, free[rc], f"learner/{rc}", group=m.group,
+                              policy_version=step))
+    barrier = max(free)
+    grad_ready = barrier + workload.reduce_s
+    opt_end = grad_ready + batch.optimizer_s
+    publish_end = opt_end + batch.publish_s
+    for r in range(ranks):  # the reduction is drawn inside the optimizer span, as recorded runs do
+        spans.append(Span(step, "learner.optimizer", barrier, opt_end, f"learner/{r}", policy_version=step))
+        spans.append(Span(step, "learner.publish", opt_end, publish_end, f"learner/{r}", policy_version=step + 1))
+    return LearnerPass(grad_ready, publish_end, spans)
+
+
+def rollout_alone_s(workload: Workload, batch: BatchWork) -> float:
+    """R: makespan of one batch on the slots with nothing else running."""
+    free = [0.0] * min(workload.rollout_slots, len(batch.trajs))
+    for t in batch.trajs:
+        heapq.heapreplace(free, free[0] + t.rollout_s)
+    return max(free, default=0.0)
+
+
+def learner_alone_s(workload: Workload, batch: BatchWork, assign: str) -> float:
+    """L: the learner's wall time for one batch with every reward in hand at time 0."""
+    members = [SimTraj(i, t.group, 0, t) for i, t in enumerate(batch.trajs)]
+    return train_batch(members, [0.0] * len(members), 0.0, batch, workload, 0, assign).publish_end
+
+
+@dataclass
+class _Group:
+    version: int  # policy version when its first member started; deadline = version + k
+    size: int
+    done: int = 0
+    completed_at: float = math.nan
+    members: list[SimTraj] = field(default_factory=list)
+
+
+class _Run:
+    """Mutable state of one simulation; ``run()`` is the event loop."""
+
+    def __init__(self, workload: Workload, schedule: str, steps: int, max_staleness: int, assign: str):
+        self.w, self.schedule, self.n_steps, self.assign = workload, schedule, steps, assign
+        self.k = {"sync": 0, "streaming": 0, "async": 1, "fully-async": max_staleness}[schedule]
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, object]] = []  # (time, priority, seq, payload)
+        self.seq = 0
+        self.free_slots = list(range(workload.rollout_slots))
+        self.queue: list[SimTraj] = []  # waiting for a slot, FIFO (head at index qhead)
+        self.qhead = 0
+        self.next_dispatch = 0  # next dispatch batch to enqueue
+        self.n_traj = self.n_group = 0
+        self.batches: list[list[SimTraj]] = []  # by dispatch batch
+        self.done_count: list[int] = []
+        self.publish: list[float] = []  # publish end of step j
+        self.formed = 0  # learner steps formed (fully-async) / started
+        self.records: list[StepRecord] = []
+        self.spans: list[Span] = []
+        self.groups: dict[int, _Group] = {}  # fully-async: admitted groups
+        self.untrained: list[int] = []  # admitted gids not yet taken by the learner, in admission order
+
+    # -- events
+    def push(self, t: float, priority: int, payload: object) -> None:
+        heapq.heappush(self.events, (t, priority, self.seq, payload))
+        self.seq += 1
+
+    def run(self) -> SimRun:
+        self.dispatch()
+        while len(self.publish) < self.n_steps:
+            if not self.events:
+                raise RuntimeError(f"{self.schedule}: simulation stalled at t={self.now}")
+            self.now, priority, _, payload = heapq.heappop(self.events)
+            if priority == 0:
+                self.publish.append(self.now)
+            else:
+                self.on_reward(payload)
+            self.try_train()
+            self.dispatch()
+        unfinished = [t for b in self.batches for t in b if t.step < 0 and not math.isnan(t.start)]
+        return SimRun(self.schedule, self.records, self.spans, unfinished)
+
+    # -- rollout side
+    def enqueue_batch(self) -> None:
+        d = self.next_dispatch
+        batch = self.w.batch(d)
+        gids = {}
+        trajs = []
+        for work in batch.trajs:
+            if work.group not in gids:
+                gids[work.group] = self.n_group
+                self.n_group += 1
+            trajs.append(SimTraj(self.n_traj, gids[work.group], d, work))
+            self.n_traj += 1
+        self.batches.append(trajs)
+        self.done_count.append(0)
+        self.queue.extend(trajs)
+        self.next_dispatch += 1
+
+    def batch_gate_open(self, d: int) -> bool:
+        """sync/streaming/async: may dispatch batch ``d`` start now?"""
+        if len(self.publish) < d - self.k:
+            return False
+        if self.schedule == "async" and d > 0:
+            return self.done_count[d - 1] == len(self.batches[d - 1])
+        return True
+
+    def group_admissible(self) -> bool:
+        """fully-async: would one more group still be trained within max_staleness?"""
+        last_version_allowed = len(self.publish) + self.k
+        capacity = sum(self.w.batch(j).n_groups for j in range(self.formed, last_version_allowed + 1))
+        return len(self.untrained) + 1 <= capacity
+
+    def dispatch(self) -> None:
+        while self.free_slots:
+            if self.qhead == len(self.queue):
+                if self.schedule != "fully-async" and self.next_dispatch >= self.n_steps:
+                    return
+                self.enqueue_batch()
+            t = self.queue[self.qhead]
+            if self.schedule == "fully-async":
+                if t.group not in self.groups:
+                    if not self.group_admissible():
+                        return
+                    size = sum(1 for w in self.w.batch(t.dispatch).trajs if w.group == t.work.group)
+                    self.groups[t.group] = _Group(len(self.publish), size)
+                    self.untrained.append(t.group)
+                self.groups[t.group].members.append(t)
+            elif not self.batch_gate_open(t.dispatch):
+                return
+            self.qhead += 1
+            t.slot = heapq.heappop(self.free_slots)
+            t.start, t.end, t.version = self.now, self.now + t.work.rollout_s, len(self.publish)
+            self.push(t.end, 1, t)
+
+    def on_reward(self, t: SimTraj) -> None:
+        heapq.heappush(self.free_slots, t.slot)
+        self.done_count[t.dispatch] += 1
+        group = self.groups.get(t.group)
+        if group is not None:
+            group.done += 1
+            if group.done == group.size:
+                group.completed_at = self.now
+
+    # -- learner side
+    def try_train(self) -> None:
+        j = self.formed
+        if j >= self.n_steps or len(self.publish) < j:
+            return  # learner still busy with step j-1, or all steps trained
+        if self.schedule == "fully-async":
+            members = self.take_groups(j)
+            if members is None:
+                return
+            ready = [self.now] * len(members)
+        else:
+            if j >= len(self.batches) or self.done_count[j] < len(self.batches[j]):
+                return
+            members = self.batches[j]
+            last = max(t.end for t in members)
+            ready = [t.end for t in members] if self.schedule == "streaming" else [last] * len(members)
+        self.formed += 1
+        start = self.publish[j - 1] if j else 0.0
+        p = train_batch(members, ready, start, self.w.batch(j), self.w, j, self.assign)
+        for t in members:
+            t.step = j
+        self.records.append(StepRecord(j, start, p.publish_end, max(t.end for t in members), p.grad_ready, members))
+        self.spans.extend(p.spans)
+        self.push(p.publish_end, 0, None)
+
+    def take_groups(self, j: int) -> list[SimTraj] | None:
+        """Earliest-deadline-first batch of completed groups, or None to wait."""
+        want = self.w.batch(j).n_groups
+        done = [g for g in self.untrained if self.groups[g].done == self.groups[g].size]
+        if len(done) < want:
+            return None
+        chosen = set(done[:want])  # untrained is in admission order = deadline order
+        rest = [self.groups[g].version + self.k for g in self.untrained if g not in chosen]
+        # every remaining deadline D must fit in the steps j+1..D
+        capacity, step = 0, j
+        for deadline in sorted(rest):
+            while step < deadline:
+                step += 1
+                capacity += self.w.batch(step).n_groups
+            capacity -= 1
+            if capacity < 0:
+                return None
+        self.untrained = [g for g in self.untrained if g not in chosen]
+        return [t for g in sorted(chosen, key=lambda g: self.groups[g].completed_at) for t in self.groups[g].members]
+
+
+def run_schedule(workload: Workload, schedule: str, steps: int, max_staleness: int = 2,
+                 assign: str = "least-loaded") -> SimRun:
+    """Simulate ``steps`` optimizer steps of ``schedule``; deterministic for a given workload."""
+    return _Run(workload, schedule, steps, max_staleness, assign).run()

@@ -1,0 +1,327 @@
+"""What one training step costs, as input to the schedule simulator (learner/simulate.py).
+
+A ``Workload`` is a list of ``BatchWork`` (one per recorded or drawn step; the simulator
+cycles through them) plus the machine shape: rollout slots, learner ranks, reduction cost.
+Two sources:
+
+- ``workload_from_spans(events)`` replays a recorded run (JSONL events, docs/architecture.md).
+  A trajectory's rollout duration is its *envelope*, first t0 to last t1 of its rollout
+  spans (generate, tool, verify, teacher.score), not the sum of those spans: the trajectory
+  holds its slot (KV cache, sandbox) for the whole envelope, gaps between turns included,
+  and OPD's teacher.score runs concurrently with the tool call, so a sum would count that
+  time twice. Its backward duration is the sum of its learner.backward spans (OPD streams
+  one per turn). Group close, optimizer and publish costs are per group / per step, the
+  largest per-lane total (all ranks run them together). The reduction is inside the
+  recorded optimizer span, so ``reduce_s`` is 0. Slots = distinct ``rollout/...`` lanes,
+  ranks = distinct ``learner/...`` lanes; dispatch order = recorded start order.
+- ``synthetic_workload(spec, steps, seed)`` draws per-trajectory rollout durations from a
+  distribution rescaled so the slowest trajectory of every batch takes exactly
+  ``rollout_makespan_s`` (the number users read off ``timing_s/gen``), and splits the
+  learner's measured per-step wall time into a constant barrier (reduction + optimizer +
+  publish + group closes) and per-trajectory backward work:
+  b = (learner_total_s - barrier) * ranks / (prompts * group_size)          (seconds on one rank)
+  so the batch trained alone on balanced ranks takes ``learner_total_s`` again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from learner.timeline import ROLLOUT_KINDS
+
+ROLLOUT_DISTS = ("lognormal", "uniform", "constant")
+
+
+class SimInputError(ValueError):
+    """Bad simulator input; ``str()`` names the flag or field and the reason, on one line."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A recorded rollout sub-span, in seconds relative to its trajectory's start."""
+
+    kind: str
+    t0: float
+    t1: float
+    turn: int | None = None
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TrajWork:
+    traj: int  # id in the source (recorded traj id, or index within the drawn batch)
+    group: int  # group id in the source
+    rollout_s: float  # slot occupancy: dispatch to reward
+    backward_s: float  # learner work on one rank
+    segments: tuple[Segment, ...] = ()  # recorded sub-spans (empty: one rollout.generate)
+
+
+@dataclass
+class BatchWork:
+    trajs: list[TrajWork]  # in dispatch order
+    group_close_s: dict[int, float]  # source group id -> close cost
+    optimizer_s: float
+    publish_s: float
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.group_close_s)
+
+
+@dataclass
+class Workload:
+    batches: list[BatchWork]
+    rollout_slots: int
+    learner_ranks: int
+    reduce_s: float = 0.0
+    inputs: dict[str, Any] = field(default_factory=dict)  # echoed into the JSON report
+
+    def batch(self, step: int) -> BatchWork:
+        return self.batches[step % len(self.batches)]
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    prompts: int = 32
+    group_size: int = 8
+    rollout_makespan_s: float = 650.0
+    rollout_dist: str = "lognormal"
+    rollout_sigma: float = 1.0
+    rollout_slots: int | None = None  # None: one slot per trajectory, all start at once
+    learner_total_s: float = 646.4
+    learner_ranks: int = 8
+    backward_sigma: float = 0.0  # lognormal spread of backward work, mean preserved
+    optimizer_s: float = 5.0
+    publish_s: float = 12.2
+    reduce_s: float = 0.86
+    group_close_s: float = 0.01
+
+    def barrier_s(self) -> float:
+        """Learner time per step that is not backward, on the busiest rank.
+
+        Counts all ``prompts`` group closes on one rank: a group closes on the rank that ran
+        its last backward, and with a whole batch in hand that is the same rank for every
+        group when the group size is a multiple of the ranks (the conservative case).
+        """
+        return self.reduce_s + self.optimizer_s + self.publish_s + self.prompts * self.group_close_s
+
+    def backward_s(self) -> float:
+        n = self.prompts * self.group_size
+        return (self.learner_total_s - self.barrier_s()) * self.learner_ranks / n
+
+    def validate(self) -> None:
+        if self.rollout_dist not in ROLLOUT_DISTS:
+            raise SimInputError(f"--rollout-dist: expected one of {', '.join(ROLLOUT_DISTS)}, got {self.rollout_dist!r}")
+        if self.backward_s() <= 0:
+            raise SimInputError(
+                f"--learner-total: {self.learner_total_s:g} s leaves no backward work after the fixed "
+                f"per-step costs of {self.barrier_s():g} s (--reduce-s + --optimizer-s + --publish-s + group closes)"
+            )
+
+
+# ThunderSyncRL paper (DESIGN §1): Qwen 27B, 32 prompts x 8 trajectories, 8xB200.
+# Measured: rollout+verify makespan 650.0 s, learner 646.4 s; sync 1,296-1,314 s,
+# streaming 687.7 s, async 695.0 s, fully-async 690.0 s, 20.5 s of learner work after the
+# last reward. Assumptions that make the simulation reproduce them (the outputs are not
+# set anywhere, they come out of the event simulation):
+# - optimizer 5.0 s + publish 12.2 s = 17.2 s = 687.7 - 650.0 - 20.5: the per-step cost
+#   after the gradient is complete, which streaming cannot hide;
+# - reduction 0.86 s + one group close 0.01 s (two fp32 axpys over a rank's gradient shard)
+#   + one backward (19.63 s on a rank) = 20.5 s, the tail: the last reward's own backward,
+#   its group's close and the all-reduce;
+# - lognormal rollout durations, sigma 1.0 (slowest ~16x the median, as multi-turn agents
+#   with tools show): most rewards arrive early, so 8 ranks with 32 backward passes each
+#   are busy from the first seconds and have drained their queue when the last reward lands;
+# - one rollout slot per trajectory: the 256 rollouts of a batch start together.
+PAPER_PRESET = SyntheticSpec()
+PAPER_REFERENCE = {
+    "step_s": {"sync": 1296.0, "streaming": 687.7, "async": 695.0, "fully-async": 690.0},
+    "sync_step_range_s": [1296.0, 1314.0],
+    "rollout_s": 650.0,
+    "learner_s": 646.4,
+    "tail_s": 20.5,
+}
+
+
+def _draw_rollouts(spec: SyntheticSpec, rng: random.Random, n: int) -> list[float]:
+    if spec.rollout_dist == "constant":
+        return [spec.rollout_makespan_s] * n
+    if spec.rollout_dist == "uniform":
+        draws = [rng.random() for _ in range(n)]
+    else:
+        draws = [rng.lognormvariate(0.0, spec.rollout_sigma) for _ in range(n)]
+    top = max(draws)
+    return [spec.rollout_makespan_s * d / top for d in draws]
+
+
+def synthetic_workload(spec: SyntheticSpec, steps: int, seed: int) -> Workload:
+    """One independently drawn batch per step; ``seed`` and ``step`` fix every draw."""
+    spec.validate()
+    n = spec.prompts * spec.group_size
+    b_mean = spec.backward_s()
+    batches = []
+    for step in range(steps):
+        rng = random.Random(seed * 1_000_003 + step)
+        rollouts = _draw_rollouts(spec, rng, n)
+        # lognormal with mu = -sigma^2/2 has mean 1, so the learner total is kept on average
+        s = spec.backward_sigma
+        backwards = [b_mean * (rng.lognormvariate(-s * s / 2, s) if s > 0 else 1.0) for _ in range(n)]
+        trajs = [TrajWork(i, i // spec.group_size, rollouts[i], backwards[i]) for i in range(n)]
+        batches.append(BatchWork(trajs, {g: spec.group_close_s for g in range(spec.prompts)},
+                                 spec.optimizer_s, spec.publish_s))
+    return Workload(
+        batches, spec.rollout_slots or n, spec.learner_ranks, spec.reduce_s,
+        inputs={"source": "distributions", **asdict(spec), "backward_per_traj_s": b_mean, "seed": seed},
+    )
+
+
+def with_overrides(spec: SyntheticSpec, **values: Any) -> SyntheticSpec:
+    return replace(spec, **{k: v for k, v in values.items() if v is not None})
+
+
+# ---------------------------------------------------------------- replay of a recording
+
+
+def load_events(path: str | Path) -> list[dict[str, Any]]:
+    """Read a JSONL event file; errors name the flag, the file and the line."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise SimInputError(f"--spans: cannot read {path}: {err.strerror}") from None
+    events = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SimInputError(f"--spans: {path} line {no} is not JSON: {err.msg}") from None
+        if not isinstance(event, dict):
+            raise SimInputError(f"--spans: {path} line {no} is not a JSON object")
+        events.append(event)
+    return events
+
+
+def _span_list(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Span dicts from a stream that may also hold run/metrics events (or only bare spans)."""
+    spans = []
+    for e in events:
+        if e.get("type", "span") != "span":
+            continue
+        for key in ("step", "kind", "t0", "t1", "lane"):
+            if key not in e:
+                raise SimInputError(f"spans: span seq={e.get('seq')} has no '{key}'")
+        if e["t1"] < e["t0"]:
+            raise SimInputError(f"spans: span seq={e.get('seq')} ends before it starts")
+        spans.append(e)
+    return spans
+
+
+def _max_lane_total(spans: list[dict[str, Any]]) -> float:
+    per_lane: dict[str, float] = {}
+    for s in spans:
+        per_lane[s["lane"]] = per_lane.get(s["lane"], 0.0) + s["t1"] - s["t0"]
+    return max(per_lane.values(), default=0.0)
+
+
+def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
+    rollout: dict[int, list[dict]] = {}
+    backward: dict[int, float] = {}
+    group_of: dict[int, int] = {}
+    closes: dict[int, list[dict]] = {}
+    for s in spans:
+        if s["kind"] in ROLLOUT_KINDS and s.get("traj") is not None:
+            rollout.setdefault(s["traj"], []).append(s)
+        elif s["kind"] == "learner.backward":
+            if s.get("traj") is None or s.get("group") is None:
+                raise SimInputError(f"spans: learner.backward seq={s.get('seq')} of step {step} has no traj/group")
+            backward[s["traj"]] = backward.get(s["traj"], 0.0) + s["t1"] - s["t0"]
+            group_of[s["traj"]] = s["group"]
+        elif s["kind"] == "learner.group_close" and s.get("group") is not None:
+            closes.setdefault(s["group"], []).append(s)
+    trajs = []
+    for traj, bw in backward.items():
+        parts = rollout.get(traj)
+        if not parts:
+            raise SimInputError(f"spans: trajectory {traj} of step {step} has learner.backward but no rollout spans")
+        start = min(p["t0"] for p in parts)
+        segments = tuple(
+            Segment(p["kind"], p["t0"] - start, p["t1"] - start, p.get("turn"), int(p.get("tokens") or 0))
+            for p in sorted(parts, key=lambda p: (p["t0"], p["t1"]))
+        )
+        trajs.append((start, traj, TrajWork(traj, group_of[traj], max(p["t1"] for p in parts) - start, bw, segments)))
+    trajs.sort(key=lambda x: (x[0], x[1]))
+    groups = dict.fromkeys(t.group for _, _, t in trajs)
+    return BatchWork(
+        [t for _, _, t in trajs],
+        {g: _max_lane_total(closes.get(g, [])) for g in groups},
+        _max_lane_total([s for s in spans if s["kind"] == "learner.optimizer"]),
+        _max_lane_total([s for s in spans if s["kind"] == "learner.publish"]),
+    )
+
+
+def _measured_steps(events: list[dict[str, Any]], spans: list[dict[str, Any]]) -> dict[int, float]:
+    """Recorded step times: the ``timing_s/step`` metric, else publish end to publish end."""
+    measured = {
+        e["step"]: float(e["values"]["timing_s/step"])
+        for e in events
+        if e.get("type") == "metrics" and "timing_s/step" in e.get("values", {})
+    }
+    if measured:
+        return measured
+    ends = {}
+    for s in spans:
+        if s["kind"] == "learner.publish":
+            ends[s["step"]] = max(ends.get(s["step"], 0.0), s["t1"])
+    prev, out = 0.0, {}
+    for step in sorted(ends):
+        out[step], prev = ends[step] - prev, ends[step]
+    return out
+
+
+def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
+    """Replay a recording: events as in docs/architecture.md (or bare span dicts)."""
+    events = list(events)
+    spans = _span_list(events)
+    trained_steps = sorted({s["step"] for s in spans if s["kind"] == "learner.backward"})
+    if not trained_steps:
+        raise SimInputError("spans: no learner.backward spans, so no trained step to replay")
+    # A trajectory belongs to the step that trained it (fully-async records rollout spans
+    # before the trajectory is assigned to a batch), so rollout spans are matched by traj id.
+    rollout_by_traj: dict[int, list[dict]] = {}
+    for s in spans:
+        if s["kind"] in ROLLOUT_KINDS and s.get("traj") is not None:
+            rollout_by_traj.setdefault(s["traj"], []).append(s)
+    batches = []
+    for step in trained_steps:
+        learner = [s for s in spans if s["step"] == step and s["kind"].startswith("learner.")]
+        trajs = {s["traj"] for s in learner if s["kind"] == "learner.backward"}
+        batches.append(_recorded_batch(step, learner + [r for t in trajs for r in rollout_by_traj.get(t, [])]))
+    slots = {s["lane"] for s in spans if s["kind"] in ROLLOUT_KINDS and s["lane"].startswith("rollout/")}
+    ranks = {s["lane"] for s in spans if s["kind"].startswith("learner.") and s["lane"].startswith("learner/")}
+    if not slots:
+        raise SimInputError("spans: no rollout/... lanes, cannot tell how many rollout slots ran")
+    measured = _measured_steps(events, spans)
+    schedule = next(
+        (e.get("config", {}).get("train", {}).get("schedule") for e in events
+         if e.get("type") == "run" and e.get("status") == "started"),
+        None,
+    )
+    return Workload(
+        batches, len(slots), max(len(ranks), 1), 0.0,
+        inputs={
+            "source": "spans",
+            "steps_recorded": trained_steps,
+            "prompts_per_step": [b.n_groups for b in batches],
+            "trajectories_per_step": [len(b.trajs) for b in batches],
+            "rollout_slots": len(slots),
+            "learner_ranks": max(len(ranks), 1),
+            "rollout_duration": "envelope: first t0 to last t1 of the trajectory's rollout spans",
+            "recorded_schedule": schedule,
+            "measured_step_s": {str(k): v for k, v in sorted(measured.items())},
+        },
+    )
