@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from .models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "created"]
+    list_filter = ["owner"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "owner", "knobs"]
+    list_filter = ["kind"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "name", "experiment", "schedule", "status", "created", "finished"]
+    list_filter = ["status", "schedule__kind"]
+    search_fields = ["name", "experiment__name", "celery_task_id"]
+    readonly_fields = ["celery_task_id", "pids", "started", "finished"]
+
+
+@admin.register(StepMetric)
+class StepMetricAdmin(admin.ModelAdmin):
+    list_display = ["run", "step"]
+    list_filter = ["run"]
+
+
+@admin.register(Span)
+class SpanAdmin(admin.ModelAdmin):
+    list_display = ["run", "seq", "step", "kind", "lane", "t0", "t1", "traj", "policy_version"]
+    list_filter = ["kind"]
+    list_select_related = ["run"]
+    show_full_result_count = False  # counting millions of spans on every page is slow
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(admin.ModelAdmin):
+    list_display = ["run", "step", "path", "created"]

@@ -1,0 +1,146 @@
+"""The JSON API (docs/controller.md, schema at /api/openapi.json). Session auth + CSRF.
+
+A user reaches only their own experiments and runs (others' ids answer 404) and the
+global schedule presets plus their own.
+"""
+
+import csv
+import io
+
+from django.http import HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
+
+from learner.config import ConfigError
+from learner.timeline import chrome_trace
+
+from .api_errors import ApiError, form_errors
+from .decorators import api_view, int_param, read_json
+from .forms import ExperimentForm, RunCreateForm, ScheduleForm
+from .launching import launch_run, request_cancel
+from .models import Experiment, Run, Schedule, Span, StepMetric
+from .openapi import schema
+from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
+
+MAX_SPANS_PAGE = 10_000
+INT32_MAX = 2**31 - 1
+
+
+def owned_run(user, run_id: int) -> Run:
+    return get_object_or_404(Run.objects.select_related("experiment", "schedule"), pk=run_id, experiment__owner=user)
+
+
+def validated(form):
+    if not form.is_valid():
+        raise ApiError(400, form_errors(form))
+    return form
+
+
+@api_view("GET", "POST")
+def experiments(request):
+    if request.method == "GET":
+        return JsonResponse({"experiments": [experiment_json(e) for e in Experiment.objects.filter(owner=request.user)]})
+    form = ExperimentForm(read_json(request, ExperimentForm.base_fields), instance=Experiment(owner=request.user))
+    return JsonResponse(experiment_json(validated(form).save()), status=201)
+
+
+@api_view("GET")
+def experiment_detail(request, experiment_id: int):
+    experiment = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
+    runs = [run_json(r) for r in experiment.runs.select_related("experiment", "schedule")]
+    return JsonResponse({**experiment_json(experiment), "runs": runs})
+
+
+@api_view("GET", "POST")
+def schedules(request):
+    if request.method == "GET":
+        return JsonResponse({"schedules": [schedule_json(s) for s in Schedule.objects.visible_to(request.user)]})
+    form = ScheduleForm(read_json(request, ScheduleForm.base_fields), user=request.user)
+    return JsonResponse(schedule_json(validated(form).save()), status=201)
+
+
+@api_view("GET", "POST")
+def runs(request):
+    if request.method == "GET":
+        owned = Run.objects.filter(experiment__owner=request.user).select_related("experiment", "schedule")
+        experiment_id = int_param(request, "experiment", None, 1, INT32_MAX)
+        if experiment_id is not None:
+            owned = owned.filter(experiment_id=experiment_id)
+        return JsonResponse({"runs": [run_json(r) for r in owned]})
+    form = validated(RunCreateForm(read_json(request, RunCreateForm.base_fields), user=request.user))
+    data = form.cleaned_data
+    try:
+        run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])
+    except ConfigError as err:
+        raise ApiError(400, {"schedule": f"does not fit the experiment's config: {err}"}) from None
+    return JsonResponse(run_json(run), status=201)
+
+
+@api_view("GET")
+def run_detail(request, run_id: int):
+    return JsonResponse(run_json(owned_run(request.user, run_id)))
+
+
+@api_view("POST")
+def run_cancel(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    if not request_cancel(run):
+        raise ApiError(409, {"status": f"the run has already {run.status}"})
+    return JsonResponse(run_json(run), status=202)
+
+
+@api_view("GET")
+def run_metrics(request, run_id: int):
+    return JsonResponse({"metrics": metrics_json(owned_run(request.user, run_id).pk)})
+
+
+def step_range(request) -> dict:
+    """``step_from``/``step_to`` (inclusive) as queryset filters."""
+    lo = int_param(request, "step_from", None, -1, INT32_MAX)
+    hi = int_param(request, "step_to", None, -1, INT32_MAX)
+    if lo is not None and hi is not None and lo > hi:
+        raise ApiError(400, {"step_to": "must be >= step_from"})
+    filters = {}
+    if lo is not None:
+        filters["step__gte"] = lo
+    if hi is not None:
+        filters["step__lte"] = hi
+    return filters
+
+
+@api_view("GET")
+def run_spans(request, run_id: int):
+    """A page of spans in seq order; ``last_seq`` is the cursor for the next ``after``."""
+    run = owned_run(request.user, run_id)
+    after = int_param(request, "after", -1, -1, INT32_MAX)
+    limit = int_param(request, "limit", 2000, 1, MAX_SPANS_PAGE)
+    spans = spans_json(Span.objects.filter(run=run, seq__gt=after, **step_range(request)), limit)
+    return JsonResponse({"spans": spans, "last_seq": spans[-1]["seq"] if spans else after})
+
+
+@api_view("GET")
+def run_trace(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    spans = spans_json(Span.objects.filter(run=run, **step_range(request)))
+    response = JsonResponse(chrome_trace(spans, run_name=str(run)))
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trace.json"'
+    return response
+
+
+@api_view("GET")
+def run_metrics_csv(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    rows = list(StepMetric.objects.filter(run=run).order_by("step"))
+    names = sorted({name for row in rows for name in row.values})
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["step", *names])
+    for row in rows:
+        writer.writerow([row.step, *(row.values.get(name, "") for name in names)])
+    response = HttpResponse(out.getvalue(), content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
+    return response
+
+
+@api_view("GET")
+def openapi(request):
+    return JsonResponse(schema())

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ControllerConfig(AppConfig):
+    name = "controller"
+    verbose_name = "ThunderSync Lab"

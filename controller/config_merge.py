@@ -1,0 +1,40 @@
+"""Build the config a run trains with: experiment config + schedule preset + run overrides."""
+
+import copy
+from typing import Any
+
+from learner.config import ConfigError, parse_config
+
+
+def apply_overrides(config: dict, overrides: dict[str, Any]) -> dict:
+    """A copy of ``config`` with each dotted path ('train.steps') set to its value."""
+    merged = copy.deepcopy(config)
+    for dotted, value in overrides.items():
+        node = merged
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: cannot set a field inside a non-mapping")
+        node[leaf] = value
+    return merged
+
+
+def run_config(experiment_config: dict, schedule_overrides: dict[str, Any], steps: int, name: str) -> dict:
+    """The full, validated config (every default filled in) as JSON; raises ConfigError."""
+    overrides = {**schedule_overrides, "train.steps": steps}
+    if name:
+        overrides["name"] = name
+    return parse_config(apply_overrides(experiment_config, overrides)).model_dump(mode="json")
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{'train': {'steps': 2}} -> {'train.steps': 2}, for config diffs."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat

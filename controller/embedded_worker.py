@@ -1,0 +1,46 @@
+"""A Celery worker running in a thread of the current process.
+
+The embedded default (``manage.py demo``) uses it with the in-memory broker, which only
+reaches consumers inside the same process; tests use it with the Redis broker. The solo
+pool runs one task at a time in the worker thread; the run's learner is a child process.
+"""
+
+import threading
+
+from celery import Celery
+from celery.utils.nodenames import anon_nodename
+from celery.worker import WorkController, state
+
+
+class ThreadWorker(WorkController):
+    """A worker whose start-up can be awaited and which stops when asked."""
+
+    def __init__(self, *args, **kwargs):
+        self.ready = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def on_consumer_ready(self, consumer):
+        self.ready.set()
+
+
+class EmbeddedWorker:
+    def __init__(self, app: Celery, queues: list[str], loglevel: str = "WARNING"):
+        self.worker = ThreadWorker(
+            app=app, hostname=anon_nodename(hostname="embedded"), pool="solo", concurrency=1,
+            queues=queues, loglevel=loglevel, without_heartbeat=True, without_mingle=True, without_gossip=True,
+        )
+        self.thread = threading.Thread(target=self.worker.start, name="celery-embedded-worker", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> "EmbeddedWorker":
+        self.thread.start()
+        if not self.worker.ready.wait(timeout):
+            raise RuntimeError(f"the embedded Celery worker did not start within {timeout:.0f}s")
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Warm shutdown: the task in progress finishes first (cancel runs before stopping)."""
+        state.should_stop = 0
+        self.thread.join(timeout)
+        state.should_stop = None
+        if self.thread.is_alive():
+            raise RuntimeError(f"the embedded Celery worker did not stop within {timeout:.0f}s")

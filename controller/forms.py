@@ -1,0 +1,105 @@
+"""Forms: the one validation path for pages and the JSON API (errors name field and reason)."""
+
+import yaml
+from django import forms
+from django.core.exceptions import ValidationError
+
+from learner.config import ConfigError, parse_config
+
+from .models import Experiment, Schedule
+
+MAX_CONFIG_CHARS = 100_000
+MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
+
+
+class ConfigField(forms.Field):
+    """A run config: YAML text (the page's textarea) or a JSON object (the API)."""
+
+    widget = forms.Textarea(attrs={"rows": 16, "spellcheck": "false"})
+
+    def to_python(self, value):
+        if value in (None, ""):
+            return {}
+        if isinstance(value, dict):
+            return value
+        if not isinstance(value, str):
+            raise ValidationError("expected YAML text or a JSON object")
+        if len(value) > MAX_CONFIG_CHARS:
+            raise ValidationError(f"longer than {MAX_CONFIG_CHARS} characters")
+        try:
+            data = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ValidationError(f"not valid YAML{where}: {problem}") from None
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ValidationError(f"expected a mapping of config sections, got {type(data).__name__}")
+        return data
+
+    def validate(self, value):
+        super().validate(value)
+        try:
+            parse_config(value)
+        except ConfigError as err:
+            raise ValidationError(str(err)) from None
+
+    def prepare_value(self, value):
+        return yaml.safe_dump(value, sort_keys=False) if isinstance(value, dict) else value
+
+
+class ExperimentForm(forms.ModelForm):
+    config = ConfigField(required=False, help_text="YAML; every field of learner.config.RunConfig")
+
+    class Meta:
+        model = Experiment
+        fields = ["name", "description", "config"]
+
+
+class ScheduleForm(forms.ModelForm):
+    knobs = forms.JSONField(required=False, help_text='e.g. {"max_staleness": 2}')
+
+    class Meta:
+        model = Schedule
+        fields = ["name", "kind", "knobs"]
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, instance=Schedule(owner=user), **kwargs)
+        self.user = user
+
+    def clean_knobs(self):
+        return self.cleaned_data["knobs"] or {}
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        if Schedule.objects.visible_to(self.user).filter(name=name).exists():
+            raise ValidationError("a schedule with this name already exists")
+        return name
+
+
+class LaunchForm(forms.Form):
+    schedule = forms.ModelChoiceField(
+        queryset=Schedule.objects.none(), error_messages={"invalid_choice": "no such schedule"}
+    )
+    steps = forms.IntegerField(
+        min_value=1, max_value=MAX_STEPS, required=False, help_text="default: the experiment's train.steps"
+    )
+    name = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["schedule"].queryset = Schedule.objects.visible_to(user)
+
+
+class RunCreateForm(LaunchForm):
+    """The API's launch: the experiment is a field, not part of the URL."""
+
+    experiment = forms.ModelChoiceField(
+        queryset=Experiment.objects.none(), error_messages={"invalid_choice": "no such experiment"}
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, user=user, **kwargs)
+        self.fields["experiment"].queryset = Experiment.objects.filter(owner=user)

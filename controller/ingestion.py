@@ -1,0 +1,165 @@
+"""Turn the learner's JSONL event stream into database rows and live frames, in batches.
+
+The supervisor feeds every stdout line to ``RunIngestor.feed`` and calls ``flush_if_due``
+between lines; a flush writes all buffered spans (``bulk_create(ignore_conflicts=True)``,
+so re-ingesting a line is harmless), upserts metrics, then publishes a few frames. Writes
+commit before frames go out, so a client that sees a frame can always find it in the
+database (the websocket consumer relies on that to fill gaps).
+"""
+
+import json
+import logging
+import math
+import time
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import live
+from .models import Checkpoint, Run, Span, StepMetric
+from .serializers import SPAN_FIELDS, status_frame
+
+log = logging.getLogger(__name__)
+
+OPTIONAL_INT_FIELDS = ("traj", "group", "turn", "policy_version")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def is_int32(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and INT32_MIN <= value <= INT32_MAX
+
+
+def span_from_event(run_id: int, event: dict) -> Span:
+    """Validate one span event; raises ValueError naming the bad field."""
+    values = {name: event.get(name) for name in SPAN_FIELDS}
+    values["tokens"] = event.get("tokens", 0)
+    for name in ("seq", "step", "tokens", *OPTIONAL_INT_FIELDS):
+        value = values[name]
+        if value is None and name in OPTIONAL_INT_FIELDS:
+            continue
+        if not is_int32(value):
+            raise ValueError(f"span.{name}: expected a 32-bit integer")
+    for name in ("t0", "t1"):
+        if not isinstance(values[name], (int, float)) or not math.isfinite(values[name]):
+            raise ValueError(f"span.{name}: expected a finite number")
+    for name in ("kind", "lane"):
+        if not isinstance(values[name], str) or not 0 < len(values[name]) <= 64:
+            raise ValueError(f"span.{name}: expected a string of 1-64 characters")
+    return Span(run_id=run_id, **values)
+
+
+def finite_or_none(values: dict) -> dict:
+    """JSON has no NaN/Infinity (PostgreSQL's jsonb refuses them): store null instead."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
+
+
+class RunIngestor:
+    """Buffers one run's events and writes them out every ``flush_s`` or ``flush_spans``."""
+
+    def __init__(self, run_id: int, flush_s: float, flush_spans: int):
+        self.run_id = run_id
+        self.flush_s = flush_s
+        self.flush_spans = flush_spans
+        self._spans: list[Span] = []
+        self._metrics: dict[int, dict] = {}
+        self._checkpoints: list[Checkpoint] = []
+        self._became_running = False
+        self._last_flush = time.monotonic()
+        # What the stream said about the end of the run.
+        self.finished = False
+        self.summary: dict = {}
+        self.failure: str = ""
+        self.rejected: list[str] = []  # lines that were not valid events, for the error text
+
+    def feed(self, line: str) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict):
+                raise ValueError("not a JSON object")
+            self._take(event)
+        except ValueError as err:
+            self.rejected.append(f"{err}: {line[:200]}")
+            log.warning("run %s: ignored an event line: %s", self.run_id, err)
+
+    def _take(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "span":
+            self._spans.append(span_from_event(self.run_id, event))
+        elif kind == "metrics":
+            if not is_int32(event.get("step")) or not isinstance(event.get("values"), dict):
+                raise ValueError("metrics: expected an integer step and a values object")
+            self._metrics[event["step"]] = finite_or_none(event["values"])
+        elif kind == "checkpoint":
+            if not is_int32(event.get("step")) or not isinstance(event.get("path"), str):
+                raise ValueError("checkpoint: expected an integer step and a path")
+            self._checkpoints.append(Checkpoint(run_id=self.run_id, step=event["step"], path=event["path"]))
+        elif kind == "run":
+            self._take_run_event(event)
+        else:
+            raise ValueError(f"type: unknown event type {kind!r}")
+
+    def _take_run_event(self, event: dict) -> None:
+        status = event.get("status")
+        if status == "started":
+            self._became_running = True
+        elif status == "finished":
+            self.finished = True
+            self.summary = finite_or_none(event["summary"]) if isinstance(event.get("summary"), dict) else {}
+        elif status == "failed":
+            self.failure = str(event.get("error") or "the learner reported a failure without a message")
+        else:
+            raise ValueError(f"run.status: unknown status {status!r}")
+
+    def flush_if_due(self) -> None:
+        pending = self._spans or self._metrics or self._checkpoints or self._became_running
+        if len(self._spans) >= self.flush_spans or (pending and time.monotonic() - self._last_flush >= self.flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        spans, metrics, checkpoints = self._spans, self._metrics, self._checkpoints
+        became_running = self._became_running
+        self._spans, self._metrics, self._checkpoints, self._became_running = [], {}, [], False
+        self._last_flush = time.monotonic()
+        with transaction.atomic():
+            Span.objects.bulk_create(spans, ignore_conflicts=True, batch_size=1000)
+            StepMetric.objects.bulk_create(
+                [StepMetric(run_id=self.run_id, step=step, values=values) for step, values in metrics.items()],
+                update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
+            )
+            Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+            if became_running:
+                Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
+        if became_running:
+            live.publish(self.run_id, status_frame(Run.objects.get(pk=self.run_id)))
+        if spans:
+            frame_spans = sorted(({name: getattr(s, name) for name in SPAN_FIELDS} for s in spans),
+                                 key=lambda s: s["seq"])
+            live.publish(self.run_id, {"type": "spans", "spans": frame_spans})
+        if metrics:
+            live.publish(self.run_id, {"type": "metrics", "metrics": [
+                {"step": step, "values": values} for step, values in sorted(metrics.items())]})
+
+
+def summarize(run_id: int, learner_summary: dict) -> dict:
+    """The learner's summary, plus the step count and the mean of every numeric metric."""
+    rows = list(StepMetric.objects.filter(run_id=run_id).values_list("values", flat=True))
+    sums: dict[str, list[float]] = {}
+    for values in rows:
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums.setdefault(name, []).append(float(value))
+    means = {f"mean/{name}": sum(v) / len(v) for name, v in sorted(sums.items())}
+    return {"steps": len(rows), **means, **learner_summary}
+
+
+def finish_run(run_id: int, status: str, error: str = "", summary: dict | None = None) -> Run:
+    """Record the final state once (a finished run is never rewritten) and tell the pages."""
+    Run.objects.filter(pk=run_id).exclude(status__in=Run.FINISHED).update(
+        status=status, error=error, summary=summarize(run_id, summary or {}), finished=timezone.now(),
+    )
+    run = Run.objects.get(pk=run_id)
+    live.publish(run_id, status_frame(run))
+    return run

@@ -1,0 +1,54 @@
+"""Create and launch runs, and cancel them: the one path used by pages and API alike."""
+
+import uuid
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import live
+from .config_merge import run_config
+from .models import Experiment, Run, Schedule
+from .serializers import status_frame
+from .tasks import run_training
+
+
+def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "") -> Run:
+    """Store a queued run with its merged config and enqueue its task once the row commits.
+
+    ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
+    when the schedule's values do not fit the experiment's config.
+    """
+    if steps is None:
+        steps = experiment.run_config().train.steps
+    config = run_config(experiment.config, schedule.overrides(), steps, name)
+    task_id = str(uuid.uuid4())
+    with transaction.atomic():
+        run = Run.objects.create(
+            experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
+        )
+        transaction.on_commit(lambda: enqueue(run.pk, task_id))
+    return run
+
+
+def enqueue(run_id: int, task_id: str) -> None:
+    run_training.apply_async(args=[run_id], task_id=task_id)
+
+
+def request_cancel(run: Run) -> bool:
+    """Ask a run to stop; False if it had already finished.
+
+    A queued run is cancelled right here (its task will find it not queued and do nothing);
+    a starting or running one gets the flag, and its supervisor signals the learner.
+    """
+    now = timezone.now()
+    if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+        status=Run.Status.CANCELLED, cancel_requested=True, finished=now
+    ):
+        run.refresh_from_db()
+        live.publish(run.pk, status_frame(run))
+        return True
+    flagged = Run.objects.filter(pk=run.pk, status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(
+        cancel_requested=True
+    )
+    run.refresh_from_db()
+    return bool(flagged)

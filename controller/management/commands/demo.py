@@ -1,0 +1,108 @@
+"""``python manage.py demo``: the whole app in one process, ready to click through.
+
+Migrates, creates a demo user (prints login, password and URL), global schedule presets
+for the four schedules and a ready experiment from configs/quickstart.yaml, starts a
+Celery worker thread (the embedded in-memory broker reaches only this process) and serves
+HTTP + websockets with daphne.
+"""
+
+import secrets
+
+import yaml
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from django.utils import timezone
+
+from controller.launching import enqueue
+from controller.models import Experiment, Run, Schedule
+
+DEMO_USER = "demo"
+DEMO_EXPERIMENT = "quickstart"
+# Global presets: one per schedule kind; fully-async's staleness bound is its knob.
+PRESETS = [
+    ("sync", "sync", {}),
+    ("async", "async", {}),
+    ("fully-async", "fully-async", {"max_staleness": 2}),
+    ("streaming", "streaming", {}),
+]
+
+
+def ensure_presets() -> list[Schedule]:
+    presets = []
+    for name, kind, knobs in PRESETS:
+        schedule, _ = Schedule.objects.get_or_create(owner=None, name=name, defaults={"kind": kind, "knobs": knobs})
+        presets.append(schedule)
+    return presets
+
+
+def ensure_demo_experiment(user) -> Experiment:
+    path = settings.BASE_DIR / "configs" / "quickstart.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise CommandError(f"cannot read the demo config {path}: {err}") from None
+    experiment = Experiment.objects.filter(owner=user, name=DEMO_EXPERIMENT).first() or Experiment(
+        owner=user, name=DEMO_EXPERIMENT, description="A tiny model on arith-tool; a run takes about a minute on CPU."
+    )
+    experiment.config = config
+    experiment.full_clean()
+    experiment.save()
+    return experiment
+
+
+def recover_runs() -> int:
+    """The in-memory broker forgets everything when the process ends: runs a previous demo
+    left in flight failed with it, and queued ones are queued again (the task is idempotent)."""
+    Run.objects.filter(status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(
+        status=Run.Status.FAILED, error="the embedded server stopped during the run", finished=timezone.now()
+    )
+    queued = list(Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", "celery_task_id"))
+    for run_id, task_id in queued:
+        enqueue(run_id, task_id)
+    return len(queued)
+
+
+class Command(BaseCommand):
+    help = "Set up a demo user and experiment, start an embedded Celery worker and serve on 127.0.0.1:8000."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--setup-only", action="store_true", help="prepare the database and user, serve nothing")
+
+    def handle(self, *args, host, port, setup_only, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        password = secrets.token_urlsafe(9)
+        user, _ = get_user_model().objects.get_or_create(username=DEMO_USER)
+        user.set_password(password)  # a fresh password each start, printed below
+        user.save()
+        ensure_presets()
+        experiment = ensure_demo_experiment(user)
+        url = f"http://{host}:{port}/"
+        self.stdout.write(f"login: {DEMO_USER}\npassword: {password}\nurl: {url}\n"
+                          f"demo experiment: {url}experiments/{experiment.pk}/")
+        if setup_only:
+            return
+        self.serve(host, port)
+
+    def serve(self, host: str, port: int) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        from controller.asgi import application
+        from controller.celery import app
+        from controller.embedded_worker import EmbeddedWorker
+
+        worker = EmbeddedWorker(app, queues=["runs"]).start()
+        requeued = recover_runs()
+        self.stdout.write(f"embedded Celery worker started (queue 'runs', {requeued} run(s) re-queued); "
+                          "serving, Ctrl-C to stop")
+        try:
+            Server(application, endpoints=build_endpoint_description_strings(host=host, port=port)).run()
+        finally:
+            # The worker thread dies with this process: stop its run rather than orphan it.
+            Run.objects.filter(status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(cancel_requested=True)
+            worker.stop(timeout=settings.THUNDERSYNC_CANCEL_GRACE_S + 30)

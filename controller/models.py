@@ -1,0 +1,176 @@
+"""Experiments, schedule presets, runs and what runs report (metrics, spans, checkpoints).
+
+An experiment is a learner config; a run is that config trained under one schedule. The
+database is the source of truth for a run's timeline: spans are bulk-inserted, idempotent
+on (run, seq), and websocket clients replay from it.
+"""
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
+
+from .config_merge import apply_overrides
+
+
+class Experiment(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="experiments")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, max_length=10_000)
+    # The config as the user wrote it (a RunConfig mapping); validated by learner.config.
+    config = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        try:
+            self.run_config()
+        except ConfigError as err:
+            raise ValidationError({"config": str(err)}) from None
+
+    def run_config(self) -> RunConfig:
+        return parse_config(self.config)
+
+
+class ScheduleQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        """Global presets (no owner) and the user's own presets."""
+        return self.filter(Q(owner__isnull=True) | Q(owner=user))
+
+
+class Schedule(models.Model):
+    KIND_CHOICES = [(kind, kind) for kind in SCHEDULES]
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="schedules",
+        help_text="empty for a global preset every user sees",
+    )
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=KIND_CHOICES)
+    # Extra config values, e.g. {"max_staleness": 2}; a bare key means train.<key>, a dotted
+    # key ("algorithm.clip_ratio") names the config field directly.
+    knobs = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_schedule_name_per_owner"),
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(owner__isnull=True), name="unique_global_schedule_name"
+            ),
+        ]
+
+    def __str__(self):
+        return self.name if self.kind == self.name else f"{self.name} ({self.kind})"
+
+    def clean(self):
+        if not isinstance(self.knobs, dict):
+            raise ValidationError({"knobs": "expected a JSON object of config values"})
+        try:
+            parse_config(apply_overrides({}, self.overrides()))
+        except (ConfigError, ValueError) as err:
+            raise ValidationError({"knobs": str(err)}) from None
+
+    def overrides(self) -> dict:
+        """Dotted config paths this preset sets, the schedule kind included."""
+        knobs = {(key if "." in key else f"train.{key}"): value for key, value in self.knobs.items()}
+        return {**knobs, "train.schedule": self.kind}
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STARTING = "starting"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
+    name = models.CharField(max_length=200, blank=True)
+    steps = models.PositiveIntegerField()
+    # The full merged config the learner was given (experiment + schedule + steps).
+    config = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    celery_task_id = models.CharField(max_length=64, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    pids = models.JSONField(default=list, blank=True)  # the learner's pid; it leads its process group
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return self.name or f"run {self.pk}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+
+class StepMetric(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    step = models.IntegerField()
+    values = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_metric_step")]
+
+    def __str__(self):
+        return f"{self.run} step {self.step}"
+
+
+class Span(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
+    seq = models.IntegerField()
+    step = models.IntegerField()
+    kind = models.CharField(max_length=64)
+    t0 = models.FloatField()
+    t1 = models.FloatField()
+    lane = models.CharField(max_length=64)
+    traj = models.IntegerField(null=True, blank=True)
+    group = models.IntegerField(null=True, blank=True)
+    turn = models.IntegerField(null=True, blank=True)
+    policy_version = models.IntegerField(null=True, blank=True)
+    tokens = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["seq"]
+        # The unique constraint is also the (run, seq) index that replay reads walk.
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="unique_span_seq")]
+        indexes = [models.Index(fields=["run", "step"], name="span_run_step")]
+
+    def __str__(self):
+        return f"{self.kind} #{self.seq}"
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.IntegerField()
+    path = models.CharField(max_length=500)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_checkpoint_step")]
+
+    def __str__(self):
+        return f"{self.run} checkpoint @ step {self.step}"

@@ -1,0 +1,216 @@
+"""OpenAPI 3 schema of the JSON API, written out by hand from the route table in urls.py.
+
+tests/controller/test_api_openapi.py checks that every /api/ route is described here and
+nothing else is, so the two cannot drift apart.
+"""
+
+from .forms import MAX_CONFIG_CHARS, MAX_STEPS
+from .models import Run, Schedule
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_body(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def int_path(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
+
+
+def int_query(name: str, description: str, minimum: int = -1, maximum: int | None = None) -> dict:
+    schema = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+ERRORS = {
+    "400": json_body(ref("Errors"), "invalid input; one reason per field"),
+    "401": json_body(ref("Errors"), "not logged in"),
+    "403": json_body(ref("Errors"), "CSRF check failed (unsafe methods)"),
+    "404": json_body(ref("Errors"), "no such object, or another user's"),
+    "405": json_body(ref("Errors"), "method not allowed"),
+}
+STEP_RANGE = [
+    int_query("step_from", "first step, inclusive"),
+    int_query("step_to", "last step, inclusive"),
+]
+
+NULLABLE_INT = {"type": ["integer", "null"]}
+SCHEMAS = {
+    "Errors": {
+        "type": "object",
+        "properties": {"errors": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "required": ["errors"],
+    },
+    "ExperimentInput": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 200},
+            "description": {"type": "string", "maxLength": 10_000},
+            "config": {
+                "description": f"learner.config.RunConfig as a JSON object, or YAML text (<= {MAX_CONFIG_CHARS} chars)",
+                "oneOf": [{"type": "object"}, {"type": "string"}],
+            },
+        },
+    },
+    "Experiment": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"}, "name": {"type": "string"}, "description": {"type": "string"},
+            "config": {"type": "object"}, "created": {"type": "string", "format": "date-time"},
+        },
+    },
+    "ScheduleInput": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "kind"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 100},
+            "kind": {"type": "string", "enum": [k for k, _ in Schedule.KIND_CHOICES]},
+            "knobs": {
+                "type": "object",
+                "description": "config values; a bare key means train.<key>, e.g. {\"max_staleness\": 2}",
+            },
+        },
+    },
+    "Schedule": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"}, "name": {"type": "string"},
+            "kind": {"type": "string", "enum": [k for k, _ in Schedule.KIND_CHOICES]},
+            "knobs": {"type": "object"}, "global": {"type": "boolean"},
+        },
+    },
+    "RunInput": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["experiment", "schedule"],
+        "properties": {
+            "experiment": {"type": "integer", "description": "one of your experiments"},
+            "schedule": {"type": "integer", "description": "a global preset or one of yours"},
+            "steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS,
+                      "description": "default: the experiment's train.steps"},
+            "name": {"type": "string", "maxLength": 200},
+        },
+    },
+    "Run": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string"},
+            "status": {"type": "string", "enum": list(Run.Status.values)},
+            "schedule": {"type": "object", "properties": {
+                "id": {"type": "integer"}, "name": {"type": "string"}, "kind": {"type": "string"}}},
+            "experiment": {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}},
+            "steps": {"type": "integer"},
+            "created": {"type": "string", "format": "date-time"},
+            "started": {"type": ["string", "null"], "format": "date-time"},
+            "finished": {"type": ["string", "null"], "format": "date-time"},
+            "error": {"type": "string", "description": "why a failed run failed (last stderr lines included)"},
+            "summary": {"type": "object", "description": "the learner's summary, steps, mean/<metric>"},
+            "cancel_requested": {"type": "boolean"},
+            "last_seq": {"type": "integer", "description": "highest stored span seq, -1 before any"},
+        },
+    },
+    "Metric": {
+        "type": "object",
+        "properties": {"step": {"type": "integer"}, "values": {"type": "object",
+                                                               "additionalProperties": {"type": ["number", "null"]}}},
+    },
+    "Span": {
+        "type": "object",
+        "properties": {
+            "seq": {"type": "integer"}, "step": {"type": "integer"}, "kind": {"type": "string"},
+            "t0": {"type": "number", "description": "seconds from run start"}, "t1": {"type": "number"},
+            "lane": {"type": "string"}, "traj": NULLABLE_INT, "group": NULLABLE_INT, "turn": NULLABLE_INT,
+            "policy_version": NULLABLE_INT, "tokens": {"type": "integer"},
+        },
+    },
+}
+
+
+def operation(summary: str, ok: dict, parameters=(), body: dict | None = None, ok_status: str = "200",
+              more_responses: dict | None = None) -> dict:
+    responses = {ok_status: ok, **ERRORS, **(more_responses or {})}
+    op = {"summary": summary, "parameters": list(parameters), "responses": responses}
+    if body is not None:
+        responses["413"] = json_body(ref("Errors"), "request body too large")
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    return op
+
+
+def list_of(key: str, item: str) -> dict:
+    return {"type": "object", "properties": {key: {"type": "array", "items": ref(item)}}}
+
+
+RUN_ID = int_path("run_id")
+PATHS = {
+    "/api/openapi.json": {"get": operation("This schema", json_body({"type": "object"}, "OpenAPI 3.1 document"))},
+    "/api/experiments/": {
+        "get": operation("Your experiments", json_body(list_of("experiments", "Experiment"), "experiments")),
+        "post": operation("Create an experiment (config validated by learner.config)",
+                          json_body(ref("Experiment"), "created"), body=ref("ExperimentInput"), ok_status="201"),
+    },
+    "/api/experiments/{experiment_id}/": {
+        "get": operation("One experiment with its runs",
+                         json_body({"allOf": [ref("Experiment"), list_of("runs", "Run")]}, "experiment"),
+                         [int_path("experiment_id")]),
+    },
+    "/api/schedules/": {
+        "get": operation("Global presets and yours", json_body(list_of("schedules", "Schedule"), "schedules")),
+        "post": operation("Create a schedule preset", json_body(ref("Schedule"), "created"),
+                          body=ref("ScheduleInput"), ok_status="201"),
+    },
+    "/api/runs/": {
+        "get": operation("Your runs", json_body(list_of("runs", "Run"), "runs"),
+                         [int_query("experiment", "only this experiment's runs", minimum=1)]),
+        "post": operation("Create a run and launch it on the runs queue", json_body(ref("Run"), "queued"),
+                          body=ref("RunInput"), ok_status="201"),
+    },
+    "/api/runs/{run_id}/": {"get": operation("One run", json_body(ref("Run"), "run"), [RUN_ID])},
+    "/api/runs/{run_id}/cancel/": {
+        "post": operation("Cancel: SIGTERM, then SIGKILL after a grace period; ends 'cancelled'",
+                          json_body(ref("Run"), "cancel requested"), [RUN_ID], ok_status="202",
+                          more_responses={"409": json_body(ref("Errors"), "the run has already finished")}),
+    },
+    "/api/runs/{run_id}/metrics/": {
+        "get": operation("Per-step metrics", json_body(list_of("metrics", "Metric"), "metrics"), [RUN_ID]),
+    },
+    "/api/runs/{run_id}/spans/": {
+        "get": operation(
+            "Spans in seq order; last_seq is the cursor for the next page",
+            json_body({"type": "object", "properties": {"spans": {"type": "array", "items": ref("Span")},
+                                                        "last_seq": {"type": "integer"}}}, "spans"),
+            [RUN_ID, int_query("after", "only spans with seq > after (default -1)"), *STEP_RANGE,
+             int_query("limit", "page size (default 2000)", minimum=1, maximum=10_000)],
+        ),
+    },
+    "/api/runs/{run_id}/trace.json": {
+        "get": operation("Chrome Trace Event JSON (opens in Perfetto)",
+                         json_body({"type": "object", "properties": {"traceEvents": {"type": "array"}}}, "trace"),
+                         [RUN_ID, *STEP_RANGE]),
+    },
+    "/api/runs/{run_id}/metrics.csv": {
+        "get": operation("Per-step metrics as CSV (step, then one column per metric)",
+                         {"description": "CSV", "content": {"text/csv": {"schema": {"type": "string"}}}}, [RUN_ID]),
+    },
+}
+
+
+def schema() -> dict:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ThunderSync Lab controller API", "version": "1"},
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"session": {"type": "apiKey", "in": "cookie", "name": "sessionid"}},
+        },
+        "security": [{"session": []}],
+        "paths": PATHS,
+    }

@@ -1,0 +1,69 @@
+"""JSON shapes shared by the API, the websocket and the exports (docs/web-contract.md)."""
+
+from django.db.models import Max
+
+from .models import Experiment, Run, Schedule, Span, StepMetric
+
+# Same keys as the learner's JSONL span event, minus "type".
+SPAN_FIELDS = ("seq", "step", "kind", "t0", "t1", "lane", "traj", "group", "turn", "policy_version", "tokens")
+
+
+def iso(moment) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def experiment_json(experiment: Experiment) -> dict:
+    return {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "description": experiment.description,
+        "config": experiment.config,
+        "created": iso(experiment.created),
+    }
+
+
+def schedule_json(schedule: Schedule) -> dict:
+    return {
+        "id": schedule.pk,
+        "name": schedule.name,
+        "kind": schedule.kind,
+        "knobs": schedule.knobs,
+        "global": schedule.owner_id is None,
+    }
+
+
+def last_seq(run_id: int) -> int:
+    """Highest persisted span seq of the run; -1 before the first span."""
+    found = Span.objects.filter(run_id=run_id).aggregate(m=Max("seq"))["m"]
+    return -1 if found is None else found
+
+
+def run_json(run: Run) -> dict:
+    return {
+        "id": run.pk,
+        "name": str(run),
+        "status": run.status,
+        "schedule": {"id": run.schedule_id, "name": run.schedule.name, "kind": run.schedule.kind},
+        "experiment": {"id": run.experiment_id, "name": run.experiment.name},
+        "steps": run.steps,
+        "created": iso(run.created),
+        "started": iso(run.started),
+        "finished": iso(run.finished),
+        "error": run.error,
+        "summary": run.summary,
+        "cancel_requested": run.cancel_requested,
+        "last_seq": last_seq(run.pk),
+    }
+
+
+def status_frame(run: Run) -> dict:
+    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error}
+
+
+def spans_json(queryset, limit: int | None = None) -> list[dict]:
+    rows = queryset.order_by("seq").values(*SPAN_FIELDS)
+    return list(rows[:limit] if limit is not None else rows)
+
+
+def metrics_json(run_id: int) -> list[dict]:
+    return list(StepMetric.objects.filter(run_id=run_id).order_by("step").values("step", "values"))

@@ -1,0 +1,108 @@
+"""Settings shared by every deployment; the modules next to this one pick storage and brokers.
+
+embedded (the default): SQLite, in-memory channel layer, Celery worker thread in the web process.
+production: PostgreSQL, Redis broker and channel layer, separate worker processes.
+test: PostgreSQL and Redis on 127.0.0.1, as CI provides them.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "embedded-only-insecure-key-never-use-in-production")
+DEBUG = os.environ.get("THUNDERSYNC_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+
+INSTALLED_APPS = [
+    "daphne",  # makes `manage.py runserver` serve ASGI (websockets) too
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "controller",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controller.urls"
+ASGI_APPLICATION = "controller.asgi.application"
+CSRF_FAILURE_VIEW = "controller.api_errors.csrf_failure"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "artifacts" / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.min.js comes from the installed plotly package, never a CDN.
+    "controller.staticfinders.PlotlyFinder",
+]
+
+# Celery: runs go to their own queue, one at a time per worker process, acknowledged only
+# after the task returns so a lost worker's run is redelivered (the task is idempotent).
+CELERY_TASK_ROUTES = {"controller.tasks.run_training": {"queue": "runs"}}
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# The learner: `thundersync train --config FILE --events -` writes JSONL events to stdout.
+_console_script = Path(sys.executable).with_name("thundersync")
+THUNDERSYNC_LEARNER_COMMAND = (
+    [str(_console_script)] if _console_script.exists() else [sys.executable, "-m", "learner.cli"]
+)
+THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
+THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
+THUNDERSYNC_INGEST_FLUSH_S = 0.2  # batch DB writes and websocket frames at most this long
+THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
+THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
+THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"controller": {"handlers": ["console"], "level": "INFO"}},
+}

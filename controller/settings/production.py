@@ -1,0 +1,63 @@
+"""PostgreSQL (psycopg 3), Redis broker and channel layer, separate worker processes.
+
+Environment: DJANGO_SECRET_KEY (required), DJANGO_ALLOWED_HOSTS (comma separated),
+DATABASE_URL (postgres://user:pass@host:port/name) or PGHOST/PGPORT/PGUSER/PGPASSWORD/
+PGDATABASE, REDIS_URL (redis://host:6379/0).
+"""
+
+import os
+from urllib.parse import unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .base import *  # noqa: F403
+
+
+def _require(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise ImproperlyConfigured(f"{name} must be set for controller.settings.production")
+    return value
+
+
+def _database_from_env() -> dict:
+    url = os.environ.get("DATABASE_URL", "")
+    if url:
+        parts = urlparse(url)
+        if parts.scheme not in ("postgres", "postgresql"):
+            raise ImproperlyConfigured(f"DATABASE_URL: expected postgres://, got {parts.scheme}://")
+        return {
+            "NAME": parts.path.lstrip("/") or "thundersync",
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    return {
+        "NAME": os.environ.get("PGDATABASE", "thundersync"),
+        "USER": os.environ.get("PGUSER", "postgres"),
+        "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        "HOST": os.environ.get("PGHOST", ""),
+        "PORT": os.environ.get("PGPORT", ""),
+    }
+
+
+SECRET_KEY = _require("DJANGO_SECRET_KEY")
+DEBUG = False
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 60, **_database_from_env()}
+}
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_LAYERS = {
+    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+}
+CELERY_BROKER_URL = REDIS_URL
+# A run can train for hours; with acks_late Redis would redeliver it after the visibility
+# timeout (harmless, the task is idempotent, but wasteful), so make it longer than any run.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}

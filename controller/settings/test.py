@@ -1,0 +1,36 @@
+"""CI: PostgreSQL and Redis on 127.0.0.1 (the CI script starts them), a real Celery worker.
+
+Several test sessions may share those servers (engineers run suites side by side), so the
+test database, the broker keys and the channel-layer keys carry a per-session tag. Child
+processes inherit the tag through the environment.
+"""
+
+import os
+
+from .base import *  # noqa: F403
+
+TEST_TAG = os.environ.setdefault("THUNDERSYNC_TEST_TAG", str(os.getpid()))
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "postgres",  # only used to create and drop the test database below
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "PORT": "5432",
+        "TEST": {"NAME": f"test_thundersync_{TEST_TAG}"},
+    }
+}
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"asgi-test-{TEST_TAG}"},
+    }
+}
+CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"celery-test-{TEST_TAG}:"}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+THUNDERSYNC_CANCEL_GRACE_S = 2.0

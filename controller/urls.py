@@ -1,0 +1,32 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from . import api, views
+
+api_urlpatterns = [
+    path("api/openapi.json", api.openapi, name="api-openapi"),
+    path("api/experiments/", api.experiments, name="api-experiments"),
+    path("api/experiments/<int:experiment_id>/", api.experiment_detail, name="api-experiment"),
+    path("api/schedules/", api.schedules, name="api-schedules"),
+    path("api/runs/", api.runs, name="api-runs"),
+    path("api/runs/<int:run_id>/", api.run_detail, name="api-run"),
+    path("api/runs/<int:run_id>/cancel/", api.run_cancel, name="api-run-cancel"),
+    path("api/runs/<int:run_id>/metrics/", api.run_metrics, name="api-run-metrics"),
+    path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
+    path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
+    path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.experiments, name="experiments"),
+    path("experiments/<int:experiment_id>/", views.experiment, name="experiment"),
+    path("experiments/<int:experiment_id>/launch/", views.launch, name="launch"),
+    path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
+    path("compare/", views.compare, name="compare"),
+    *api_urlpatterns,
+]

@@ -1,0 +1,128 @@
+"""Pages (templates and their context are fixed by docs/web-contract.md)."""
+
+import json
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from learner.config import ConfigError
+
+from .config_merge import flatten
+from .forms import ExperimentForm, LaunchForm
+from .launching import launch_run, request_cancel
+from .models import Experiment, Run, Schedule
+
+MAX_COMPARED = 4
+
+
+def owned_runs(user):
+    return Run.objects.filter(experiment__owner=user).select_related("experiment", "schedule")
+
+
+def starter_config() -> str:
+    """The new-experiment form starts from configs/quickstart.yaml (a tiny, quick run)."""
+    path = settings.BASE_DIR / "configs" / "quickstart.yaml"
+    return path.read_text() if path.exists() else ""
+
+
+@login_required
+def experiments(request):
+    if request.method == "POST":
+        form = ExperimentForm(request.POST, instance=Experiment(owner=request.user))
+        if form.is_valid():
+            return redirect("experiment", form.save().pk)
+    else:
+        form = ExperimentForm(initial={"config": starter_config()})
+    context = {"experiments": Experiment.objects.filter(owner=request.user), "form": form}
+    return render(request, "experiments.html", context, status=400 if form.errors else 200)
+
+
+def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
+    context = {
+        "experiment": experiment,
+        "runs": experiment.runs.select_related("schedule"),
+        "schedules": Schedule.objects.visible_to(request.user),
+        "launch_form": launch_form,
+    }
+    return render(request, "experiment.html", context, status=400 if launch_form.errors else 200)
+
+
+@login_required
+def experiment(request, experiment_id: int):
+    found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
+    return experiment_page(request, found, LaunchForm(user=request.user))
+
+
+@login_required
+@require_POST
+def launch(request, experiment_id: int):
+    found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
+    form = LaunchForm(request.POST, user=request.user)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            run = launch_run(found, data["schedule"], data["steps"], data["name"])
+        except ConfigError as err:
+            form.add_error("schedule", f"does not fit the experiment's config: {err}")
+        else:
+            return redirect("run", run.pk)
+    return experiment_page(request, found, form)
+
+
+@login_required
+def run(request, run_id: int):
+    found = get_object_or_404(owned_runs(request.user), pk=run_id)
+    context = {
+        "run": found,
+        "ws_path": f"/ws/runs/{found.pk}/",
+        "api_base": f"/api/runs/{found.pk}/",
+        "config_json": json.dumps(found.config, indent=2),
+    }
+    return render(request, "run.html", context)
+
+
+@login_required
+@require_POST
+def cancel(request, run_id: int):
+    found = get_object_or_404(owned_runs(request.user), pk=run_id)
+    if request_cancel(found):
+        messages.info(request, f"Cancelling {found}.")
+    else:
+        messages.warning(request, f"{found} has already {found.status}.")
+    return redirect("run", found.pk)
+
+
+def config_diff(runs: list[Run]) -> list[dict]:
+    """Config paths whose values differ between the runs, with each run's value."""
+    flat = [flatten(r.config) for r in runs]
+    paths = sorted({p for f in flat for p in f})
+    rows = [{"path": p, "values": [f.get(p) for f in flat]} for p in paths]
+    return [row for row in rows if any(v != row["values"][0] for v in row["values"])]
+
+
+@login_required
+def compare(request):
+    """``?runs=1,2,3``: 2-4 of the user's runs side by side (no parameter: just the picker)."""
+    mine = owned_runs(request.user)
+    raw = request.GET.get("runs", "")
+    error, chosen = "", []
+    try:
+        ids = [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        ids, error = [], "runs: expected comma-separated run ids"
+    if len(ids) != len(set(ids)):
+        error = "runs: a run is listed twice"
+    elif ids and not 2 <= len(ids) <= MAX_COMPARED:
+        error = f"runs: pick between 2 and {MAX_COMPARED} runs"
+    elif ids:
+        found = {r.pk: r for r in mine.filter(pk__in=ids)}
+        if len(found) != len(ids):
+            raise Http404("no such run")
+        chosen = [found[i] for i in ids]
+    context = {"runs": chosen, "all_runs": mine, "config_diff": config_diff(chosen) if chosen else [],
+               "error": error}
+    return render(request, "compare.html", context, status=400 if error else 200)
