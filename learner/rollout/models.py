@@ -1,0 +1,325 @@
+"""Built-in tiny Llama policy and teacher, their SFT warm start and cache; loading any
+local Hugging Face model directory.
+
+``builtin:tiny`` and ``builtin:teacher`` are built on first use: a ``LlamaForCausalLM``
+initialised from a seed, then a short supervised pass on canonical ``arith-tool`` traces
+(loss on assistant tokens only) so RL starts from a nonzero but imperfect success rate,
+and the teacher is clearly stronger. The result is an ordinary HF directory under
+``<cache_dir>/models/<name>-<hash>/``, where the hash covers the build recipe, the seed
+and ``CODE_VERSION``. It is written into a temporary directory and renamed into place under
+a file lock, so concurrent processes never see a half-written model and build it once.
+
+Nothing here touches the network: loading uses ``local_files_only`` and HF_HUB_OFFLINE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as hf_logging
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
+
+from learner.config import TaskConfig
+from learner.rollout.env import STOP_TOKENS, ArithToolEnv, Environment, canonical_turns
+from learner.rollout.tokenizer import build_char_tokenizer
+
+# Bump when the build code changes what a cached model contains.
+CODE_VERSION = "1"
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class BuildRecipe:
+    """Architecture and SFT schedule of a built-in model (all of it enters the cache hash)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    sft_steps: int
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    max_position_embeddings: int = 256  # RoPE: a limit on context length, not parameters
+
+
+BUILTIN_RECIPES: dict[str, BuildRecipe] = {
+    "tiny": BuildRecipe(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=192, sft_steps=300),
+    "teacher": BuildRecipe(hidden_size=96, num_layers=3, num_heads=4, intermediate_size=288, sft_steps=400),
+}
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "thundersync"
+
+
+def builtin_dir_name(name: str, seed: int) -> str:
+    recipe = BUILTIN_RECIPES[name]
+    key = json.dumps({"recipe": dataclasses.asdict(recipe), "seed": seed, "code": CODE_VERSION}, sort_keys=True)
+    return f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def is_model_dir(path: Path) -> bool:
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    return (path / "config.json").is_file() and has_weights
+
+
+def resolve_model_dir(spec: str, cache_dir: str | None = None, seed: int = 0) -> Path:
+    """Map ``'builtin:tiny'``, ``'builtin:teacher'`` or a local HF directory to a directory
+    holding config.json, weights and tokenizer files; built-ins are built on first use."""
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec.removeprefix(BUILTIN_PREFIX)
+        if name not in BUILTIN_RECIPES:
+            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
+            raise ValueError(f"model spec {spec!r}: unknown built-in model (known: {known})")
+        root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        return _cached_build(name, root / "models", seed)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"model spec {spec!r}: not 'builtin:tiny', 'builtin:teacher' or an existing directory")
+    if not is_model_dir(path):
+        raise ValueError(f"model spec {spec!r}: directory has no config.json and weights (*.safetensors / *.bin)")
+    return path
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    hf_logging.disable_progress_bar()  # per-shard bars are noise on the CLI's stderr
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    return model.eval()
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    """Ids of the tokens that end a turn (``STOP_TOKENS``)."""
+    return tokenizer.convert_tokens_to_ids(list(STOP_TOKENS))
+
+
+# ---------------------------------------------------------------------------------------
+# Build: init from seed, SFT warm start, atomic write into the cache.
+
+
+@contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _cached_build(name: str, models_dir: Path, seed: int) -> Path:
+    final = models_dir / builtin_dir_name(name, seed)
+    if is_model_dir(final):
+        return final
+    with _file_lock(models_dir / f".{final.name}.lock"):
+        if is_model_dir(final):  # another process built it while we waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=models_dir))
+        try:
+            build_builtin(name, tmp, seed)
+            os.replace(tmp, final)  # atomic on one filesystem: readers see all or nothing
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def build_builtin(name: str, out_dir: Path, seed: int) -> None:
+    """Initialise, warm-start and save built-in model ``name`` into ``out_dir``.
+
+    Runs single-threaded so the weights are a function of (recipe, seed) alone, not of the
+    caller's thread count.
+    """
+    recipe = BUILTIN_RECIPES[name]
+    tokenizer = build_char_tokenizer()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(_llama_config(recipe, tokenizer))
+        sft_warm_start(model, tokenizer, TaskConfig(), recipe, seed)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config = GenerationConfig(
+        eos_token_id=stop_token_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _llama_config(recipe: BuildRecipe, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+
+
+def sft_batch(
+    tokenizer: PreTrainedTokenizerFast, env: ArithToolEnv, rng: random.Random, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded canonical traces: (input_ids, attention_mask, labels), each (B, T).
+
+    ``labels`` is the token where it was written by the assistant and -100 on the prompt,
+    the observations and padding, so the loss covers assistant turns only.
+    """
+    rows: list[tuple[list[int], list[int]]] = []
+    for _ in range(batch_size):
+        task = env.sample_task(rng)
+        ids = tokenizer.encode(task.prompt_text, add_special_tokens=False)
+        mask = [0] * len(ids)
+        for turn, observation in canonical_turns(task):
+            turn_ids = tokenizer.encode(turn, add_special_tokens=False)
+            ids += turn_ids
+            mask += [1] * len(turn_ids)
+            if observation is not None:
+                obs_ids = tokenizer.encode(observation, add_special_tokens=False)
+                ids += obs_ids
+                mask += [0] * len(obs_ids)
+        rows.append((ids, mask))
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)  # (B, T)
+    attention = torch.zeros((batch_size, width), dtype=torch.long)  # (B, T)
+    labels = torch.full((batch_size, width), -100)  # (B, T)
+    for b, (ids, mask) in enumerate(rows):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention[b, : len(ids)] = 1
+        labels[b, : len(ids)] = torch.where(torch.tensor(mask) == 1, torch.tensor(ids), -100)
+    return input_ids, attention, labels
+
+
+def sft_warm_start(
+    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, task: TaskConfig, recipe: BuildRecipe, seed: int
+) -> list[float]:
+    """AdamW on the mean next-token cross-entropy over assistant tokens, linear warmup
+    then cosine decay; returns the loss per step."""
+    env = ArithToolEnv(task)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+
+    def lr_factor(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return (step + 1) / recipe.warmup_steps
+        progress = (step - recipe.warmup_steps) / max(1, recipe.sft_steps - recipe.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    losses = []
+    for _ in range(recipe.sft_steps):
+        input_ids, attention, labels = sft_batch(tokenizer, env, rng, recipe.batch_size)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation: a small batched agent loop (the real one lives in rollout/worker.py).
+
+
+@torch.no_grad()
+def generate_turns(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    contexts: list[list[int]],
+    temperature: float,
+    max_new_tokens: int,
+) -> list[list[int]]:
+    """One turn for each context, left-padded into one ``generate`` call; each result
+    ends at its first stop token (or at ``max_new_tokens``). ``temperature`` 0 = greedy."""
+    width = max(len(c) for c in contexts)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])  # (B, T)
+    attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])  # (B, T)
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_token_ids(tokenizer),
+        pad_token_id=pad,
+        **sampling,
+    )[:, width:]  # (B, new)
+    stops = set(stop_token_ids(tokenizer))
+    turns = []
+    for row in out.tolist():
+        end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
+        turns.append(row[:end])
+    return turns
+
+
+def sft_success_rate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    env: Environment,
+    n: int,
+    rng: random.Random,
+    temperature: float = 1.0,
+    max_new_tokens: int = 24,
+) -> float:
+    """Mean reward of ``n`` episodes run with the env's tools (episode rules: env.py)."""
+    torch.manual_seed(rng.randrange(2**31))
+    tasks = [env.sample_task(rng) for _ in range(n)]
+    contexts = [tokenizer.encode(t.prompt_text, add_special_tokens=False) for t in tasks]
+    rewards = [0.0] * n
+    active = list(range(n))
+    for _turn in range(max(t.max_turns for t in tasks)):
+        active = [i for i in active if _turn < tasks[i].max_turns]
+        if not active:
+            break
+        turns = generate_turns(model, tokenizer, [contexts[i] for i in active], temperature, max_new_tokens)
+        still_running = []
+        for i, turn_ids in zip(active, turns):
+            text = tokenizer.decode(turn_ids)
+            result = env.parse_turn(tasks[i], text)
+            if result.kind == "tool":
+                observation = env.observation_text(env.run_tool(result.payload))
+                contexts[i] += turn_ids + tokenizer.encode(observation, add_special_tokens=False)
+                still_running.append(i)
+            elif result.kind == "final":
+                rewards[i] = env.reward(tasks[i], text)
+        active = still_running
+    return sum(rewards) / n
