@@ -219,7 +219,9 @@ class _Run:
     def dispatch(self) -> None:
         while self.free_slots:
             if self.qhead == len(self.queue):
-                if self.schedule != "fully-async" and self.next_dispatch >= self.n_steps:
+                # keep the pipeline as full as in a longer run: async's rollout of step
+                # n_steps overlaps the last training step (fully-async is bounded by admission)
+                if self.schedule != "fully-async" and self.next_dispatch >= self.n_steps + self.k:
                     return
                 self.enqueue_batch()
             t = self.queue[self.qhead]

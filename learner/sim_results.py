@@ -1,0 +1,163 @@
+"""Results of the schedule simulator and its Python API (the bench compares them with measured runs).
+
+    workload = workload_from_spans(events)            # or synthetic_workload(spec, steps, seed)
+    result = simulate(workload, "streaming", steps=10, warmup=2)   # -> ScheduleResult
+    results = simulate_all(workload)                  # every schedule, speedup_vs_sync filled in
+    report = simulate_spans(events)                   # {"schedules": {...}, "inputs": {...}}
+    events = simulated_events(result)                 # JSONL-ready run/span/metrics events
+
+Summary numbers over the steps after ``warmup`` (steps are publish end to publish end, as
+the driver's ``timing_s/step``): step_s (median), rollout_s R (a batch's rollout makespan
+alone on the slots), learner_s L (its learner wall time alone, all rewards in hand),
+bound_s = max(R, L), efficiency = bound_s / step_s, speedup_vs_sync = sync step_s /
+step_s, idle ratios over the measured window (timeline.window_metrics), staleness
+(trained step - sampled version, per trajectory), tail_s (median learner time from the
+moment the batch could first be trained, its last reward or the previous publish, to the
+complete gradient: backward, closes and reduction, without optimizer and publish).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from learner.config import SCHEDULES
+from learner.sim_engine import SimRun, learner_alone_s, rollout_alone_s, run_schedule
+from learner.sim_workload import Workload, workload_from_spans
+from learner.timeline import Span, window_metrics
+
+
+@dataclass
+class ScheduleResult:
+    schedule: str
+    step_s: float
+    rollout_s: float
+    learner_s: float
+    bound_s: float
+    efficiency: float
+    trainer_idle_ratio: float
+    rollouter_idle_ratio: float
+    staleness_mean: float
+    staleness_max: int
+    tail_s: float
+    speedup_vs_sync: float | None = None
+    per_step: list[dict[str, float]] = field(default_factory=list)
+    run: SimRun | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)  # asdict recurses into the SimRun; drop it
+        out.pop("run")
+        return out
+
+
+def step_metrics(run: SimRun, spans: list[Span]) -> list[dict[str, float]]:
+    """Per-step values under the driver's metric names (learner/schedules.py)."""
+    out = []
+    for rec in run.steps:
+        width = rec.t_end - rec.t_start
+        window = [s for s in spans if s.t1 > rec.t_start and s.t0 < rec.t_end]
+        idle = window_metrics(window, rec.t_start, rec.t_end)
+        stale = rec.staleness
+        out.append({
+            **idle,
+            "timing_s/step": width,
+            "timing_s/learner": (1.0 - idle["trainer/idle_ratio"]) * width,
+            "timing_s/gen": (1.0 - idle["rollouter/idle_ratio"]) * width,
+            "timing_s/tail": rec.t_end - rec.last_reward,
+            "step/t_start": rec.t_start,
+            "step/t_end": rec.t_end,
+            "step/last_reward_t": rec.last_reward,
+            "staleness/mean": sum(stale) / len(stale),
+            "staleness/max": float(max(stale)),
+        })
+    return out
+
+
+def rollout_spans(run: SimRun) -> list[Span]:
+    """Slot occupancy as spans: recorded sub-spans shifted to the simulated start, else one generate."""
+    spans = []
+    for rec_trajs in ([t for rec in run.steps for t in rec.trajs], run.unfinished):
+        for t in rec_trajs:
+            lane = f"rollout/0/{t.slot}"
+            parts = t.work.segments or ()
+            if not parts:
+                spans.append(Span(t.step, "rollout.generate", t.start, t.end, lane, t.traj, t.group, 0, t.version))
+            for p in parts:
+                spans.append(Span(t.step, p.kind, t.start + p.t0, t.start + p.t1, lane, t.traj, t.group, p.turn,
+                                  t.version, p.tokens))
+    return spans
+
+
+def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2, max_staleness: int = 2,
+             assign: str = "least-loaded") -> ScheduleResult:
+    """Run ``schedule`` for ``steps`` optimizer steps and summarise steps ``warmup..steps-1``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not 0 <= warmup < steps:
+        raise ValueError(f"warmup: must be >= 0 and smaller than steps ({steps}), got {warmup}")
+    run = run_schedule(workload, schedule, steps, max_staleness, assign)
+    run.spans = sorted(run.spans + rollout_spans(run), key=lambda s: (s.t0, s.t1, s.lane))
+    for seq, span in enumerate(run.spans):
+        span.seq = seq
+    per_step = step_metrics(run, run.spans)
+    measured = run.steps[warmup:]
+    idle = window_metrics(run.spans, measured[0].t_start, measured[-1].t_end)
+    stale = [v for rec in measured for v in rec.staleness]
+    rollout_s = statistics.median(rollout_alone_s(workload, workload.batch(r.step)) for r in measured)
+    learner_s = statistics.median(learner_alone_s(workload, workload.batch(r.step), assign) for r in measured)
+    step_s = statistics.median(r.t_end - r.t_start for r in measured)
+    bound = max(rollout_s, learner_s)
+    return ScheduleResult(
+        schedule=schedule,
+        step_s=step_s,
+        rollout_s=rollout_s,
+        learner_s=learner_s,
+        bound_s=bound,
+        efficiency=bound / step_s,
+        trainer_idle_ratio=idle["trainer/idle_ratio"],
+        rollouter_idle_ratio=idle["rollouter/idle_ratio"],
+        staleness_mean=sum(stale) / len(stale),
+        staleness_max=max(stale),
+        tail_s=statistics.median(r.grad_ready - max(r.last_reward, r.t_start) for r in measured),
+        per_step=per_step,
+        run=run,
+    )
+
+
+def simulate_all(workload: Workload, schedules: Iterable[str] = SCHEDULES, **kwargs: Any) -> dict[str, ScheduleResult]:
+    """Simulate each schedule; sync is always run too, as the speedup baseline."""
+    wanted = list(schedules)
+    results = {s: simulate(workload, s, **kwargs) for s in dict.fromkeys(["sync", *wanted])}
+    for r in results.values():
+        r.speedup_vs_sync = results["sync"].step_s / r.step_s
+    return {s: results[s] for s in wanted}
+
+
+def report(workload: Workload, results: dict[str, ScheduleResult], **settings: Any) -> dict[str, Any]:
+    """The ``--json`` document: {"schedules": {name: summary}, "inputs": {...}}."""
+    return {
+        "schedules": {s: r.as_dict() for s, r in results.items()},
+        "inputs": {**workload.inputs, "rollout_slots": workload.rollout_slots,
+                   "learner_ranks": workload.learner_ranks, "reduce_s": workload.reduce_s, **settings},
+    }
+
+
+def simulate_spans(events: Iterable[dict[str, Any]], schedules: Iterable[str] = SCHEDULES,
+                   **kwargs: Any) -> dict[str, Any]:
+    """Replay a recorded run (span dicts or full JSONL events) under each schedule."""
+    workload = workload_from_spans(events)
+    return report(workload, simulate_all(workload, schedules, **kwargs), **kwargs)
+
+
+def simulated_events(result: ScheduleResult, inputs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The simulated run as a JSONL event stream (docs/architecture.md), for the Gantt and Perfetto."""
+    events: list[dict[str, Any]] = [{
+        "type": "run", "status": "started", "t": 0.0,
+        "simulated": True, "schedule": result.schedule, "inputs": inputs or {},
+    }]
+    events += [s.to_event() for s in result.run.spans]
+    events += [{"type": "metrics", "step": i, "values": v} for i, v in enumerate(result.per_step)]
+    summary = {k: v for k, v in result.as_dict().items() if k != "per_step"}
+    events.append({"type": "run", "status": "finished", "summary": summary})
+    return events

@@ -1,0 +1,229 @@
+"""thundersync simulate: the discrete-event model of the four schedules (pure Python, fast)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from learner.sim_workload import PAPER_PRESET, BatchWork, TrajWork, Workload, synthetic_workload, with_overrides
+from learner.simulate import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
+from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS, chrome_trace
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="thundersync simulate")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def modelled(steps: int = 10, seed: int = 0, **overrides) -> Workload:
+    return synthetic_workload(with_overrides(PAPER_PRESET, **overrides), steps, seed)
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return simulate_all(modelled())
+
+
+# ------------------------------------------------------------------ the paper preset
+
+
+def test_paper_preset_reproduces_sync_and_streaming_within_3_percent(paper):
+    assert paper["sync"].step_s == pytest.approx(1296.0, rel=0.03)
+    assert paper["streaming"].step_s == pytest.approx(687.7, rel=0.03)
+    assert paper["streaming"].tail_s == pytest.approx(20.5, rel=0.03)
+    assert paper["sync"].rollout_s == pytest.approx(650.0, rel=1e-9)
+    assert paper["sync"].learner_s == pytest.approx(646.4, rel=1e-3)
+    # the paper's 49.5% learner idle in sync
+    assert paper["sync"].trainer_idle_ratio == pytest.approx(0.495, abs=0.02)
+    assert paper["streaming"].speedup_vs_sync == pytest.approx(1.9, abs=0.05)
+
+
+def test_paper_preset_holds_for_other_seeds_and_tail_shapes():
+    for seed, sigma in [(1, 1.0), (7, 0.8), (3, 1.4)]:
+        res = simulate_all(modelled(seed=seed, rollout_sigma=sigma), ["streaming"])
+        assert res["streaming"].step_s == pytest.approx(687.7, rel=0.03), (seed, sigma)
+
+
+def test_staleness_is_measured_zero_one_and_bounded(paper):
+    assert paper["sync"].staleness_max == 0 and paper["streaming"].staleness_max == 0
+    assert paper["async"].staleness_mean == 1.0 and paper["async"].staleness_max == 1
+    for k in (0, 1, 3):
+        res = simulate(modelled(rollout_slots=64), "fully-async", max_staleness=k)
+        assert res.staleness_max <= k
+    assert simulate(modelled(), "fully-async", max_staleness=0).step_s == pytest.approx(paper["sync"].step_s, rel=0.01)
+
+
+def test_streaming_speedup_is_about_1_when_rollout_dominates_and_about_2_when_balanced():
+    rollout_heavy = modelled(rollout_makespan_s=1000.0, learner_total_s=10.0, learner_ranks=1, optimizer_s=0.1,
+                             publish_s=0.1, reduce_s=0.0)
+    assert simulate_all(rollout_heavy, ["streaming"])["streaming"].speedup_vs_sync == pytest.approx(1.0, abs=0.02)
+    balanced = modelled(prompts=64, group_size=8, rollout_makespan_s=100.0, learner_total_s=100.0, learner_ranks=1,
+                        optimizer_s=0.1, publish_s=0.1, reduce_s=0.0, group_close_s=0.0)
+    assert simulate_all(balanced, ["streaming"])["streaming"].speedup_vs_sync == pytest.approx(2.0, abs=0.05)
+
+
+def test_same_seed_same_result_other_seed_other_draws():
+    a = simulate(modelled(seed=5), "streaming").as_dict()
+    assert a == simulate(modelled(seed=5), "streaming").as_dict()
+    assert a["per_step"] != simulate(modelled(seed=6), "streaming").as_dict()["per_step"]
+
+
+# ------------------------------------------------------------------ invariants on random workloads
+
+
+def random_workload(data) -> Workload:
+    prompts = data.draw(st.integers(1, 4))
+    batches = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        trajs = [TrajWork(i, i % prompts, data.draw(st.floats(0.1, 10.0)), data.draw(st.floats(0.01, 3.0)))
+                 for i in range(prompts * data.draw(st.integers(1, 4)))]
+        batches.append(BatchWork(trajs, {g: data.draw(st.floats(0.0, 0.5)) for g in range(prompts)},
+                                 data.draw(st.floats(0.0, 1.0)), data.draw(st.floats(0.0, 1.0))))
+    return Workload(batches, data.draw(st.integers(1, 12)), data.draw(st.integers(1, 3)), data.draw(st.floats(0.0, 0.5)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_schedules_respect_capacity_staleness_and_streaming_beats_sync(data):
+    workload = random_workload(data)
+    k = data.draw(st.integers(0, 3))
+    assign = data.draw(st.sampled_from(["least-loaded", "round-robin"]))
+    res = simulate_all(workload, steps=6, warmup=1, max_staleness=k, assign=assign)
+    assert res["sync"].staleness_max == 0 and res["streaming"].staleness_max == 0
+    assert res["async"].staleness_max <= 1 and res["fully-async"].staleness_max <= k
+    assert res["streaming"].step_s <= res["sync"].step_s + 1e-9
+    for r in res.values():
+        lanes: dict[str, list] = {}
+        for s in r.run.spans:
+            lanes.setdefault(s.lane, []).append(s)
+        for spans in lanes.values():  # a slot holds one trajectory, a rank runs one task at a time
+            spans.sort(key=lambda s: (s.t0, s.t1))
+            for a, b in zip(spans, spans[1:]):
+                assert b.t0 >= a.t1 - 1e-9 or (a.traj is not None and a.traj == b.traj)
+        # every trained trajectory's backward starts after its reward
+        ends = {s.traj: s.t1 for s in r.run.spans if s.kind in ROLLOUT_KINDS}
+        assert all(s.t0 >= ends[s.traj] - 1e-9 for s in r.run.spans if s.kind == "learner.backward")
+
+
+# ------------------------------------------------------------------ replay of a recording
+
+
+def hand_made_sync_run() -> list[dict]:
+    """Two sync steps of 2 groups x 2 trajectories, 4 slots, one learner rank: 11.0 s each.
+
+    Rewards at 3, 5, 4, 6 s; then four 1 s backward passes, two 0.1 s closes, optimizer
+    0.5 s, publish 0.3 s: 6 + 4 + 0.2 + 0.5 + 0.3 = 11.0. Trajectory 1 has two turns and a
+    teacher score that overlaps its tool call (the envelope counts that time once).
+    """
+    events = [{"type": "run", "status": "started", "config": {"train": {"schedule": "sync"}}, "t": 0.0}]
+    spans = []
+    for step in range(2):
+        t = 11.0 * step
+        base = 4 * step
+        rollouts = {
+            0: [("rollout.generate", 0, 2.5), ("rollout.verify", 2.5, 3)],
+            1: [("rollout.generate", 0, 2), ("rollout.tool", 2, 3.5), ("teacher.score", 2, 3),
+                ("rollout.generate", 3.5, 4.8), ("rollout.verify", 4.8, 5)],
+            2: [("rollout.generate", 0, 4)],
+            3: [("rollout.generate", 0, 6)],
+        }
+        for i, parts in rollouts.items():
+            for turn, (kind, a, b) in enumerate(parts):
+                spans.append({"step": step, "kind": kind, "t0": t + a, "t1": t + b, "lane": f"rollout/{i // 2}/{i % 2}",
+                              "traj": base + i, "group": 2 * step + i // 2, "turn": turn, "policy_version": step})
+        learner = [("learner.backward", 0, 6, 7), ("learner.backward", 2, 7, 8), ("learner.backward", 1, 8, 9),
+                   ("learner.group_close", None, 9, 9.1), ("learner.backward", 3, 9.1, 10.1),
+                   ("learner.group_close", None, 10.1, 10.2), ("learner.optimizer", None, 10.2, 10.7),
+                   ("learner.publish", None, 10.7, 11.0)]
+        closes = iter([2 * step, 2 * step + 1])
+        for kind, i, a, b in learner:
+            group = 2 * step + i // 2 if i is not None else (next(closes) if kind == "learner.group_close" else None)
+            spans.append({"step": step, "kind": kind, "t0": t + a, "t1": t + b, "lane": "learner/0",
+                          "traj": None if i is None else base + i, "group": group, "policy_version": step})
+    events += [{"type": "span", "seq": n, "tokens": 0, **s} for n, s in enumerate(spans)]
+    events += [{"type": "metrics", "step": s, "values": {"timing_s/step": 11.0}} for s in range(2)]
+    return events
+
+
+def test_replaying_a_recording_reproduces_its_measured_sync_step():
+    events = hand_made_sync_run()
+    workload = workload_from_spans(events)
+    assert (workload.rollout_slots, workload.learner_ranks) == (4, 1)
+    assert [t.rollout_s for t in workload.batches[0].trajs] == [3.0, 5.0, 4.0, 6.0]
+    doc = simulate_spans(events, steps=4, warmup=1)
+    assert doc["inputs"]["measured_step_s"] == {"0": 11.0, "1": 11.0}
+    assert doc["schedules"]["sync"]["step_s"] == pytest.approx(11.0)
+    # streaming: backward at 3, 4, 5 (+ close 0.1), the last reward's at 6.1, close, 0.8 s barrier
+    assert doc["schedules"]["streaming"]["step_s"] == pytest.approx(8.0)
+    # bare span dicts (no "type") replay the same
+    assert simulate_spans([e for e in events if e["type"] == "span"], ["sync"], steps=4, warmup=1)[
+        "schedules"]["sync"]["step_s"] == pytest.approx(11.0)
+
+
+def test_cli_replays_a_span_file_and_writes_json_and_viewable_events(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in hand_made_sync_run()))
+    assert cli(["--spans", str(path), "--steps", "3", "--warmup", "1", "--json", str(tmp_path / "out.json"),
+                "--events", str(tmp_path / "sim.jsonl"), "--schedules", "sync,streaming"]) == 0
+    table = capsys.readouterr().out
+    assert "measured step_s" in table and "11.0" in table
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert set(doc["schedules"]) == {"sync", "streaming"} and doc["inputs"]["source"] == "spans"
+    events = [json.loads(line) for line in (tmp_path / "sim.streaming.jsonl").read_text().splitlines()]
+    spans = [e for e in events if e["type"] == "span"]
+    assert [s["seq"] for s in spans] == list(range(len(spans)))
+    assert {s["kind"] for s in spans} <= set(SPAN_KINDS) and "teacher.score" in {s["kind"] for s in spans}
+    assert all(s["lane"].startswith("learner/") for s in spans if s["kind"] in LEARNER_KINDS)
+    assert all(s["lane"].startswith("rollout/0/") for s in spans if s["kind"] in ROLLOUT_KINDS)
+    assert len([e for e in events if e["type"] == "metrics"]) == 3 and events[-1]["status"] == "finished"
+    trace = chrome_trace(spans, "simulated")
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_cli_paper_preset_prints_reference_column(capsys):
+    assert cli(["--preset", "paper", "--schedules", "sync,streaming", "--steps", "4", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "paper step_s" in out and "687.7" in out
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--prompts", "0"], "--prompts"),
+    (["--rollout-makespan", "-3"], "--rollout-makespan"),
+    (["--schedules", "sync,turbo"], "--schedules"),
+    (["--rollout-dist", "pareto"], "--rollout-dist"),
+    (["--steps", "two"], "--steps"),
+])
+def test_bad_flag_values_exit_2_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli(argv)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--warmup", "5", "--steps", "5"], "--warmup"),
+    (["--learner-total", "10"], "--learner-total"),
+    (["--spans", "/nonexistent/run.jsonl"], "--spans"),
+])
+def test_inconsistent_flags_exit_2_naming_the_flag(argv, flag, capsys):
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err
+
+
+def test_spans_refuses_workload_flags_and_bad_lines(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in hand_made_sync_run()))
+    assert cli(["--spans", str(path), "--prompts", "4"]) == 2
+    assert "--prompts" in capsys.readouterr().err
+    path.write_text('{"type": "run"}\nnot json\n')
+    assert cli(["--spans", str(path)]) == 2
+    assert "line 2" in capsys.readouterr().err
