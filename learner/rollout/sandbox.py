@@ -1,0 +1,165 @@
+"""``python-sandbox`` tool: run untrusted Python in a resource-limited subprocess.
+
+What confines the child (set in ``preexec_fn``, i.e. after fork, before exec):
+- an isolated interpreter, ``python -I -S`` (no user site, no PYTHON* variables, no
+  ``site``), a scrubbed environment and a fresh private working directory that is removed
+  afterwards;
+- rlimits: CPU seconds (SIGXCPU at ``cpu_s``, SIGKILL one second later), address space
+  (``memory_mb``), file size, open files, no core dumps, and a process count (the process
+  count is not enforced for root);
+- its own session, so the whole process group is killed at the wall-clock limit and at exit;
+- no network. Preferred: a new, empty network namespace (``unshare(CLONE_NEWNET)``, needs
+  root or user namespaces); every socket then has no route, loopback included. Fallback
+  when that is not permitted: an audit hook installed before the user code refuses to
+  create sockets (best effort: native code could bypass it). ``SandboxResult.network``
+  says which one applied.
+- not confined: the filesystem view (no chroot or mount namespace); the child can read
+  what its user can read and write up to the file-size limit.
+- stdout and stderr go to anonymous files (not pipes), so a flood of output cannot fill the
+  parent's memory; each is truncated to ``max_output`` characters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO, Literal
+
+CLONE_NEWNET = 0x40000000
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not import
+MAX_FILE_BYTES = 16 * 2**20
+MAX_OPEN_FILES = 64
+MAX_PROCESSES = 64
+
+# Runs before the user's code when no network namespace is available.
+_AUDIT_PRELUDE = """
+import sys
+def _no_network(event, args):
+    if event.startswith("socket."):
+        raise PermissionError("network access is disabled in the sandbox")
+sys.addaudithook(_no_network)
+del _no_network
+_source = open("main.py").read()
+exec(compile(_source, "main.py", "exec"), {"__name__": "__main__"})
+"""
+
+
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    exit_code: int  # negative: killed by that signal
+    timed_out: bool  # the wall-clock or CPU limit ended the run
+    killed_reason: str | None  # "wall_time", "cpu_time", "signal:<NAME>" or None
+    network: Literal["netns", "audit-hook"]  # how network access was removed
+    duration_s: float
+
+
+def _unshare_network() -> None:
+    if _LIBC.unshare(CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def _limits(cpu_s: int, memory_mb: int, isolate_network: bool):
+    """The child-side setup; runs between fork and exec, so it only makes system calls."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+        memory = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+        if isolate_network:
+            _unshare_network()
+
+    return apply
+
+
+def _read_truncated(handle: IO[bytes], max_output: int) -> str:
+    handle.seek(0)
+    data = handle.read(4 * max_output + 4).decode("utf-8", errors="replace")
+    total = handle.seek(0, os.SEEK_END)
+    if len(data) > max_output or total > 4 * max_output + 4:
+        return data[:max_output] + f"\n[output truncated: {total} bytes in all]"
+    return data
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is already empty
+        pass
+
+
+def _reason(returncode: int, wall_killed: bool, duration_s: float, cpu_s: int) -> str | None:
+    if wall_killed:
+        return "wall_time"
+    if returncode == -signal.SIGXCPU:  # the soft CPU limit
+        return "cpu_time"
+    if returncode == -signal.SIGKILL and duration_s >= cpu_s:  # the hard one (CPU time <= wall time)
+        return "cpu_time"
+    if returncode < 0:
+        return f"signal:{signal.Signals(-returncode).name}"
+    return None
+
+
+def run_python(
+    code: str, *, cpu_s: int = 2, memory_mb: int = 256, wall_s: float = 5.0, max_output: int = 4096
+) -> SandboxResult:
+    """Run ``code`` as ``__main__`` in a confined child interpreter and collect its output."""
+    for field, value in (("cpu_s", cpu_s), ("memory_mb", memory_mb), ("wall_s", wall_s), ("max_output", max_output)):
+        if value <= 0:
+            raise ValueError(f"{field}: must be positive, got {value}")
+    workdir = tempfile.mkdtemp(prefix="thundersync-sandbox-")
+    try:
+        with open(os.path.join(workdir, "main.py"), "w") as src:
+            src.write(code)
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            start = time.monotonic()
+            try:
+                network = "netns"
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "main.py"],
+                    cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=True),
+                )  # fmt: skip
+            except subprocess.SubprocessError:  # unshare refused: no namespace privileges
+                network = "audit-hook"
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _AUDIT_PRELUDE],
+                    cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
+                )  # fmt: skip
+            wall_killed = False
+            try:
+                proc.wait(timeout=wall_s)
+            except subprocess.TimeoutExpired:
+                wall_killed = True
+                _kill_group(proc.pid)
+                proc.wait()
+            _kill_group(proc.pid)  # background children outlive their parent otherwise
+            duration = time.monotonic() - start
+            reason = _reason(proc.returncode, wall_killed, duration, cpu_s)
+            return SandboxResult(
+                stdout=_read_truncated(out, max_output),
+                stderr=_read_truncated(err, max_output),
+                exit_code=proc.returncode,
+                timed_out=reason in ("wall_time", "cpu_time"),
+                killed_reason=reason,
+                network=network,
+                duration_s=duration,
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
