@@ -1,0 +1,189 @@
+// Live run page: websocket client (replay after the last seq held, then live frames), the Gantt of
+// spans and the per-step metric charts. Protocol: docs/web-contract.md, "Websocket".
+import { SpanStore, orderLanes } from "./spans.js";
+import { WindowedBars, ganttFigure, storeBarriers, windowRange } from "./gantt.js";
+import { PLOTLY_CONFIG, drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+
+const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
+const MAX_RETRY_MS = 5000;
+
+const root = document.getElementById("run-app");
+const $ = (id) => document.getElementById(id);
+const el = {
+  badge: $("status-badge"), conn: $("conn"), error: $("error-box"), cancel: $("cancel-form"),
+  idleLive: $("idle-live"), idleLiveHint: $("idle-live-hint"), idleLast: $("idle-last"),
+  stepTime: $("step-time"), reward: $("reward"), staleness: $("staleness"),
+  spansDrawn: $("spans-drawn"), barsHint: $("bars-hint"),
+  windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"),
+  chartIdle: $("chart-idle"), chartStepTime: $("chart-step-time"),
+  chartReward: $("chart-reward"), chartStaleness: $("chart-staleness"),
+};
+
+const store = new SpanStore();
+const bars = new WindowedBars();
+const metrics = new Map(); // step -> values
+const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
+let status = root.dataset.status;
+let ws = null, connects = 0, retryMs = 500, replayDone = false;
+let spansDrawn = 0, barsDrawn = 0, draws = 0;
+let followEpoch = 0; // bumping it tells plotly to drop the user's zoom and follow again
+
+const epochMs = () => performance.timeOrigin + performance.now();
+const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
+const num = (v, digits = 2) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
+
+// ---- Gantt -------------------------------------------------------------------------------
+async function drawGantt() {
+  if (!store.size) return;
+  const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
+  const windowSteps = Number(el.windowSteps.value);
+  const [lo, hi] = windowRange(store, windowSteps);
+  const plotPx = Math.max(300, el.gantt.clientWidth - 140);
+  const allBars = bars.build(store, lo, plotPx);
+  const follow = el.follow.checked;
+  const figure = ganttFigure({
+    bars: allBars, lanes: orderLanes(store.lanes), barriers: storeBarriers(store),
+    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}`,
+  });
+  await Plotly.react(el.gantt, figure.data, figure.layout, PLOTLY_CONFIG);
+  draws++;
+  spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
+  barsDrawn = allBars.length;
+  el.spansDrawn.textContent = `spans drawn: ${spansDrawn}`;
+  el.barsHint.textContent = `${barsDrawn} bars on ${store.lanes.size} lanes`;
+  const drawnMs = epochMs();
+  for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
+  el.gantt.dataset.drawnSpans = String(spansDrawn);
+  drawStats();
+  if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
+}
+// During a replay the frames arrive back to back: draw rarely until replay_done, then live.
+const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : 1000));
+
+el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
+el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
+
+function watchUserZoom() {
+  // A user zoom or pan stops following the live edge until "follow live" is ticked again.
+  el.gantt.on("plotly_relayout", (ev) => {
+    if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
+  });
+}
+
+// ---- Metrics -----------------------------------------------------------------------------
+function latest(key) {
+  const steps = [...metrics.keys()].sort((a, b) => b - a);
+  for (const s of steps) if (metrics.get(s)[key] !== undefined) return metrics.get(s)[key];
+  return undefined;
+}
+
+function drawStats() {
+  const running = store.runningIdle();
+  el.idleLive.textContent = running ? pct(running.ratio) : "—";
+  el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s so far` : "from spans of the current step";
+  el.idleLast.textContent = pct(latest("trainer/idle_ratio"));
+  const stepTime = latest("timing_s/step");
+  el.stepTime.textContent = stepTime === undefined ? "—" : `${num(stepTime)} s`;
+  el.reward.textContent = num(latest("reward/mean"), 3);
+  const sMean = latest("staleness/mean"), sMax = latest("staleness/max");
+  el.staleness.textContent = sMean === undefined ? "—" : `${num(sMean)} / ${num(sMax, 0)}`;
+}
+
+async function drawMetrics() {
+  const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
+  const s = (key, name, scale = 1, extra = {}) => ({ name, ...metricSeries(list, key, scale), ...extra });
+  await Promise.all([
+    drawFigure(el.chartIdle, seriesFigure([
+      s("trainer/idle_ratio", "learner idle", 100, { colour: "#e15759" }),
+      s("rollouter/idle_ratio", "rollout idle", 100, { colour: "#4c78a8" }),
+    ], { kind: "bar", yTitle: "idle %", yRange: [0, 100] })),
+    drawFigure(el.chartStepTime, seriesFigure([s("timing_s/step", "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
+    drawFigure(el.chartReward, seriesFigure([s("reward/mean", "reward/mean", 1, { colour: "#59a14f" })], { yTitle: "mean reward" })),
+    drawFigure(el.chartStaleness, seriesFigure([
+      s("staleness/mean", "mean", 1, { colour: "#b07aa1" }),
+      s("staleness/max", "max", 1, { colour: "#b07aa1", dash: "dot" }),
+    ], { yTitle: "policy versions" })),
+  ]);
+}
+const requestMetrics = throttledRedraw(drawMetrics, 400);
+
+// ---- Status ------------------------------------------------------------------------------
+function setStatus(next, error) {
+  status = next;
+  el.badge.textContent = next;
+  el.badge.className = `badge status-${next}`;
+  root.dataset.status = next;
+  el.cancel.hidden = TERMINAL.has(next);
+  if (error) { el.error.textContent = error; el.error.hidden = false; }
+}
+
+// ---- Websocket ---------------------------------------------------------------------------
+function handleFrame(frame) {
+  switch (frame.type) {
+    case "spans": {
+      const spans = frame.spans || [];
+      if (spans.length) {
+        frameLog.push({ n: spans.length, firstSeq: spans[0].seq, lastSeq: spans[spans.length - 1].seq, recvMs: epochMs(), drawnMs: null });
+      }
+      if (store.add(spans)) requestGantt();
+      break;
+    }
+    case "metrics":
+      for (const m of frame.metrics || []) metrics.set(m.step, m.values);
+      requestMetrics();
+      break;
+    case "status":
+      setStatus(frame.status, frame.error);
+      break;
+    case "replay_done":
+      replayDone = true;
+      requestGantt();
+      break;
+    default:
+      console.warn("unknown frame type", frame.type);
+  }
+}
+
+function connect() {
+  const proto = location.protocol === "https:" ? "wss" : "ws";
+  // Resume after the highest seq below which nothing is missing; the store drops any resent span.
+  const after = store.watermark >= 0 ? `?after=${store.watermark}` : "";
+  const socket = new WebSocket(`${proto}://${location.host}${root.dataset.wsPath}${after}`);
+  ws = socket;
+  connects++;
+  replayDone = false;
+  socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; };
+  socket.onmessage = (ev) => handleFrame(JSON.parse(ev.data));
+  socket.onclose = () => {
+    if (ws !== socket) return; // replaced by reconnect()
+    el.conn.textContent = "disconnected, retrying…";
+    el.conn.className = "conn down";
+    // A finished run has nothing more to send once its replay is complete.
+    if (TERMINAL.has(status) && replayDone) { el.conn.textContent = "complete"; return; }
+    setTimeout(connect, retryMs);
+    retryMs = Math.min(retryMs * 2, MAX_RETRY_MS);
+  };
+}
+
+/** Drops the socket as a network failure would and reconnects at once (browser tests). */
+function reconnect() {
+  const old = ws;
+  ws = null;
+  if (old) old.close();
+  connect();
+}
+
+window.__thundersync = {
+  reconnect,
+  state: () => ({
+    spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,
+    watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone,
+    open: !!ws && ws.readyState === WebSocket.OPEN,
+  }),
+  seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
+  frames: () => frameLog,
+};
+
+setStatus(status, "");
+Plotly.newPlot(el.gantt, [], ganttFigure({ bars: [], lanes: [], barriers: [] }).layout, PLOTLY_CONFIG).then(watchUserZoom);
+connect();

@@ -1,0 +1,66 @@
+// Small plotly helpers shared by the pages: a throttled redraw loop and the metric charts.
+
+export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
+
+/**
+ * Calls ``draw`` (sync or async) from requestAnimationFrame, at most once per ``minIntervalMs``
+ * (a number or a function returning one), however often ``request`` is called: bursts of
+ * websocket frames cost one redraw, and a redraw never overlaps the previous one.
+ */
+export function throttledRedraw(draw, minIntervalMs = 250) {
+  const interval = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
+  let pending = false, last = 0, running = false, again = false;
+  const run = async () => {
+    running = true;
+    try { await draw(); } finally {
+      running = false; last = performance.now(); pending = false;
+      if (again) { again = false; request(); }
+    }
+  };
+  function request() {
+    if (running) { again = true; return; }
+    if (pending) return;
+    pending = true;
+    const wait = Math.max(0, last + interval() - performance.now());
+    setTimeout(() => requestAnimationFrame(run), wait);
+  }
+  return request;
+}
+
+/** [{step, values}] -> {x: steps, y: values[key] * scale} for steps that have the key. */
+export function metricSeries(metrics, key, scale = 1) {
+  const x = [], y = [];
+  for (const m of [...metrics].sort((a, b) => a.step - b.step)) {
+    const v = m.values[key];
+    if (v !== undefined && v !== null && Number.isFinite(Number(v))) { x.push(m.step); y.push(Number(v) * scale); }
+  }
+  return { x, y };
+}
+
+/** A plotly figure of named series; kind "bar" groups bars, anything else draws lines+markers. */
+export function seriesFigure(series, { kind = "line", xTitle = "step", yTitle = "", yRange = null, height = 260 } = {}) {
+  const data = series.map((s) => (kind === "bar"
+    ? { type: "bar", name: s.name, x: s.x, y: s.y, marker: s.colour ? { color: s.colour } : undefined }
+    : { type: "scatter", mode: "lines+markers", name: s.name, x: s.x, y: s.y,
+        line: { width: 2, ...(s.dash ? { dash: s.dash } : {}), ...(s.colour ? { color: s.colour } : {}) }, marker: { size: 5 } }));
+  return {
+    data,
+    layout: {
+      height, barmode: "group", margin: { l: 56, r: 16, t: 12, b: 44 },
+      xaxis: { title: { text: xTitle }, ...(xTitle === "step" ? { dtick: 1, tickformat: "d" } : {}) },
+      yaxis: { title: { text: yTitle }, ...(yRange ? { range: yRange } : { rangemode: "tozero" }) },
+      legend: { orientation: "h", y: 1.02, yanchor: "bottom", font: { size: 11 } },
+      paper_bgcolor: "#fff", plot_bgcolor: "#fff", font: { size: 12 }, uirevision: "metrics",
+    },
+  };
+}
+
+/** Draws a figure, or a short "no data" note when every series is empty. */
+export function drawFigure(el, figure, emptyText = "No data yet.") {
+  const hasData = figure.data.some((t) => (t.x && t.x.length) || (t.y && t.y.length));
+  el.dataset.empty = hasData ? "0" : "1";
+  if (!hasData) figure = { data: [], layout: { ...figure.layout,
+    annotations: [{ text: emptyText, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c" } }],
+    xaxis: { visible: false }, yaxis: { visible: false } } };
+  return Plotly.react(el, figure.data, figure.layout, PLOTLY_CONFIG);
+}

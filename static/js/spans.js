@@ -1,0 +1,137 @@
+// Span bookkeeping shared by the live run page and the compare page.
+// A span is the backend's JSON: {seq, step, kind, t0, t1, lane, traj, group, turn, policy_version, tokens}
+// with times in seconds since run start (DESIGN §6).
+
+// Presentation only: one colour per kind and the legend order. Kinds the backend sends that are
+// not listed here still get drawn, with a fallback colour.
+const KIND_COLOURS = new Map([
+  ["rollout.generate", "#4c78a8"],
+  ["rollout.tool", "#f2a03d"],
+  ["rollout.verify", "#59a14f"],
+  ["teacher.score", "#b07aa1"],
+  ["learner.backward", "#e15759"],
+  ["learner.group_close", "#76b7b2"],
+  ["learner.optimizer", "#222a38"],
+  ["learner.publish", "#edc948"],
+]);
+const FALLBACK_COLOURS = ["#9c755f", "#bab0ac", "#ff9da7", "#8cd17d"];
+const LEARNER_PREFIX = "learner.";
+
+export function kindColour(kind, index = 0) {
+  return KIND_COLOURS.get(kind) ?? FALLBACK_COLOURS[index % FALLBACK_COLOURS.length];
+}
+
+export function isLearnerKind(kind) {
+  return kind.startsWith(LEARNER_PREFIX);
+}
+
+/** Legend order: the known kinds in pipeline order, then any others alphabetically. */
+export function orderKinds(kinds) {
+  const known = [...KIND_COLOURS.keys()];
+  const rank = (k) => (known.includes(k) ? known.indexOf(k) : known.length);
+  return [...kinds].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+}
+
+/** Lane order: learner ranks first, then rollout slots by worker then slot, numerically. */
+export function orderLanes(lanes) {
+  const key = (lane) => {
+    const parts = lane.split("/");
+    const group = parts[0] === "learner" ? 0 : parts[0] === "rollout" ? 1 : 2;
+    return [group, ...parts.slice(1).map((p) => (/^\d+$/.test(p) ? Number(p) : p))];
+  };
+  return [...lanes].sort((a, b) => {
+    const ka = key(a), kb = key(b);
+    for (let i = 0; i < Math.max(ka.length, kb.length); i++) {
+      if (ka[i] === undefined) return -1;
+      if (kb[i] === undefined) return 1;
+      if (ka[i] !== kb[i]) return typeof ka[i] === "number" && typeof kb[i] === "number"
+        ? ka[i] - kb[i] : String(ka[i]).localeCompare(String(kb[i]));
+    }
+    return 0;
+  });
+}
+
+/** Length of the union of [t0, t1] intervals clipped to [lo, hi] (same as learner.timeline.union_length). */
+export function unionLength(intervals, lo, hi) {
+  const clipped = intervals
+    .filter(([a, b]) => b > lo && a < hi)
+    .map(([a, b]) => [Math.max(a, lo), Math.min(b, hi)])
+    .sort((x, y) => x[0] - y[0]);
+  let total = 0, curA = null, curB = null;
+  for (const [a, b] of clipped) {
+    if (curB === null || a > curB) {
+      if (curB !== null) total += curB - curA;
+      curA = a; curB = b;
+    } else {
+      curB = Math.max(curB, b);
+    }
+  }
+  if (curB !== null) total += curB - curA;
+  return total;
+}
+
+/**
+ * Every span received, deduplicated by seq, with per-step and per-lane summaries kept
+ * incrementally so a redraw never rescans history it does not need.
+ */
+export class SpanStore {
+  constructor() {
+    this.bySeq = new Map();
+    this.lanes = new Set();
+    this.kinds = new Set();
+    this.steps = new Map(); // step -> {tStart, tEnd, optimizerStart}
+    this.learnerSpans = []; // learner-kind spans, for the running idle ratio
+    this.maxSeq = -1;
+    this.watermark = -1; // highest seq with every seq <= it present: safe resume point
+    this.duplicates = 0;
+    this.tMin = Infinity;
+    this.tMax = 0;
+    this.version = 0; // bumps on every change; renderers use it to skip no-op redraws
+  }
+
+  get size() { return this.bySeq.size; }
+
+  /** Adds spans, ignoring seqs already held; returns how many were new. */
+  add(spans) {
+    let added = 0;
+    for (const s of spans) {
+      if (this.bySeq.has(s.seq)) { this.duplicates++; continue; }
+      this.bySeq.set(s.seq, s);
+      added++;
+      this.lanes.add(s.lane);
+      this.kinds.add(s.kind);
+      this.maxSeq = Math.max(this.maxSeq, s.seq);
+      this.tMin = Math.min(this.tMin, s.t0);
+      this.tMax = Math.max(this.tMax, s.t1);
+      const info = this.steps.get(s.step) ?? { tStart: Infinity, tEnd: -Infinity, optimizerStart: null };
+      info.tStart = Math.min(info.tStart, s.t0);
+      info.tEnd = Math.max(info.tEnd, s.t1);
+      if (s.kind === "learner.optimizer") {
+        info.optimizerStart = info.optimizerStart === null ? s.t0 : Math.min(info.optimizerStart, s.t0);
+      }
+      this.steps.set(s.step, info);
+      if (isLearnerKind(s.kind)) this.learnerSpans.push(s);
+    }
+    while (this.bySeq.has(this.watermark + 1)) this.watermark++;
+    if (added) this.version++;
+    return added;
+  }
+
+  spans() { return this.bySeq.values(); }
+
+  sortedSteps() { return [...this.steps.keys()].filter((s) => s >= 0).sort((a, b) => a - b); }
+
+  /**
+   * Learner idle share of the newest step so far: 1 - |union of learner spans| / (now - step start),
+   * the running counterpart of trainer/idle_ratio (learner.timeline.window_metrics).
+   */
+  runningIdle() {
+    const steps = this.sortedSteps();
+    if (!steps.length) return null;
+    const step = steps[steps.length - 1];
+    const lo = this.steps.get(step).tStart, hi = this.tMax;
+    if (!(hi > lo)) return null;
+    const busy = unionLength(this.learnerSpans.map((s) => [s.t0, s.t1]), lo, hi);
+    return { step, ratio: 1 - busy / (hi - lo), seconds: hi - lo };
+  }
+}
