@@ -22,6 +22,9 @@ from .openapi import schema
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
+EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}
+SCHEDULE_FIELDS = {"name": (str,), "kind": (str,), "knobs": (dict,)}
+RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,)}
 INT32_MAX = 2**31 - 1
 
 
@@ -39,7 +42,7 @@ def validated(form):
 def experiments(request):
     if request.method == "GET":
         return JsonResponse({"experiments": [experiment_json(e) for e in Experiment.objects.filter(owner=request.user)]})
-    form = ExperimentForm(read_json(request, ExperimentForm.base_fields), instance=Experiment(owner=request.user))
+    form = ExperimentForm(read_json(request, EXPERIMENT_FIELDS), instance=Experiment(owner=request.user))
     return JsonResponse(experiment_json(validated(form).save()), status=201)
 
 
@@ -54,7 +57,7 @@ def experiment_detail(request, experiment_id: int):
 def schedules(request):
     if request.method == "GET":
         return JsonResponse({"schedules": [schedule_json(s) for s in Schedule.objects.visible_to(request.user)]})
-    form = ScheduleForm(read_json(request, ScheduleForm.base_fields), user=request.user)
+    form = ScheduleForm(read_json(request, SCHEDULE_FIELDS), user=request.user)
     return JsonResponse(schedule_json(validated(form).save()), status=201)
 
 
@@ -66,7 +69,7 @@ def runs(request):
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
         return JsonResponse({"runs": [run_json(r) for r in owned]})
-    form = validated(RunCreateForm(read_json(request, RunCreateForm.base_fields), user=request.user))
+    form = validated(RunCreateForm(read_json(request, RUN_FIELDS), user=request.user))
     data = form.cleaned_data
     try:
         run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])

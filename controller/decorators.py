@@ -33,8 +33,12 @@ def api_view(*methods: str):
     return decorate
 
 
-def read_json(request, allowed_fields) -> dict:
-    """The request body as a JSON object holding only ``allowed_fields``; else ApiError."""
+JSON_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object"}
+
+
+def read_json(request, fields: dict[str, tuple[type, ...]]) -> dict:
+    """The request body as a JSON object whose keys are in ``fields`` and whose values have
+    one of the listed JSON types (no silent coercion: 5.0 is not an integer); else ApiError."""
     try:
         body = request.body
     except RequestDataTooBig:
@@ -45,9 +49,13 @@ def read_json(request, allowed_fields) -> dict:
         raise ApiError(400, {"body": f"malformed JSON: {err}"}) from None
     if not isinstance(payload, dict):
         raise ApiError(400, {"body": f"expected a JSON object, got {type(payload).__name__}"})
-    unknown = sorted(set(payload) - set(allowed_fields))
-    if unknown:
-        raise ApiError(400, {name: "unknown field" for name in unknown})
+    errors = {name: "unknown field" for name in payload if name not in fields}
+    for name, value in payload.items():
+        types = fields.get(name, ())
+        if name not in errors and (isinstance(value, bool) or not isinstance(value, types)):
+            errors[name] = "expected " + " or ".join(JSON_TYPE_NAMES[t] for t in types)
+    if errors:
+        raise ApiError(400, errors)
     return payload
 
 

@@ -22,8 +22,6 @@ class ConfigField(forms.Field):
             return {}
         if isinstance(value, dict):
             return value
-        if not isinstance(value, str):
-            raise ValidationError("expected YAML text or a JSON object")
         if len(value) > MAX_CONFIG_CHARS:
             raise ValidationError(f"longer than {MAX_CONFIG_CHARS} characters")
         try:

@@ -1,6 +1,7 @@
 """Create and launch runs, and cancel them: the one path used by pages and API alike."""
 
 import uuid
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -26,7 +27,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
         )
-        transaction.on_commit(lambda: enqueue(run.pk, task_id))
+        transaction.on_commit(partial(enqueue, run.pk, task_id))
     return run
 
 
