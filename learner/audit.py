@@ -166,9 +166,10 @@ def recompute_gradient(model: torch.nn.Module, ref_model: torch.nn.Module, batch
     logp, entropy = _logprobs(model, ids, wide, batch["entropy_coef"] > 0)
     ratio = torch.exp(logp - logp.detach())  # 1 in value; ∇ = ∇log π_θ
     if batch["objective"] == "grpo":
-        rewards = torch.tensor([float(t["reward"]) for t in trajs], dtype=wide)
+        # float64 whatever the model: rewards like 100 + noise lose their noise in float32
+        rewards = torch.tensor([float(t["reward"]) for t in trajs], dtype=torch.float64)
         adv = _group_advantages(rewards, [t["group"] for t in trajs], batch["advantage"]["std"], batch["advantage"]["eps"])
-        per_token = -adv[:, None] * ratio
+        per_token = -adv.to(wide)[:, None] * ratio
     else:
         teacher = torch.zeros(B, T, dtype=wide)
         for i, t in enumerate(trajs):
