@@ -1,0 +1,61 @@
+"""The thundersync console script: config validation and exit codes."""
+
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "learner.cli"]
+
+
+def thundersync(*args, cwd=None):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_steps_zero_only_validates_the_config():
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "0")
+    assert r.returncode == 0, r.stderr
+    assert "config ok" in r.stderr
+
+
+@pytest.mark.parametrize("body, field", [
+    ("train: {group_size: -3}", "train.group_size"),
+    ("train: {schedule: warp}", "train.schedule"),
+    ("rollout: {temperature: hot}", "rollout.temperature"),
+    ("algorithm: {loss_agg_mode: mean}", "algorithm.loss_agg_mode"),
+    ("model: {polcy: x}", "model.polcy"),
+    ("train: {schedule: streaming}\nalgorithm: {ppo_epochs: 2}", "algorithm.ppo_epochs"),
+    ("train: [1, 2", "not valid YAML"),
+    ("- a list", "expected a mapping"),
+])
+def test_it_rejects_a_bad_config_with_exit_2_and_one_line(tmp_path, body, field):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(body)
+    r = thundersync("train", "--config", str(cfg), "--steps", "0")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_it_rejects_a_missing_config_file(tmp_path):
+    r = thundersync("train", "--config", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+def test_it_rejects_a_negative_steps_override():
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "-1")
+    assert r.returncode == 2 and "train.steps" in r.stderr
+
+
+def test_quickstart_trains_one_step_and_writes_events(tmp_path):
+    events = tmp_path / "events.jsonl"
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events), "--quiet")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    lines = [json.loads(x) for x in events.read_text().splitlines()]
+    assert lines[0]["type"] == "run" and lines[0]["status"] == "started"
+    assert lines[-1]["type"] == "run" and lines[-1]["status"] == "finished"
+    assert sum(1 for e in lines if e["type"] == "metrics") == 1
+    assert sum(1 for e in lines if e["type"] == "span" and e["kind"] == "learner.optimizer") == 1
