@@ -145,8 +145,8 @@ class StreamingLearner:
 
     def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
         """Start a batch of the given groups; discards any gradient left in p.grad."""
-        if self._batch is not None and self.acc.open_groups:
-            raise OpenGroupError(f"begin_batch: the previous batch still has open groups {self.acc.open_groups}")
+        if self._batch is not None:  # its partial sums would leak into this batch's gradient
+            raise RuntimeError("begin_batch: the previous batch was not finished (call finish_batch first)")
         if not group_sizes:
             raise ValueError("group_sizes: a batch needs at least one group")
         for g, size in group_sizes.items():

@@ -139,8 +139,10 @@ def test_streaming_learner_rejects_bad_calls():
     learner.begin_batch({traj.group + 100: 2})
     with pytest.raises(ValueError, match="not in this batch"):
         learner.on_trajectory(traj)
+    with pytest.raises(RuntimeError, match="not finished"):
+        learner.begin_batch({traj.group: 1})
     with pytest.raises(ValueError, match="group_sizes"):
-        learner.begin_batch({0: 0})
+        StreamingLearner(model, AlgorithmConfig()).begin_batch({0: 0})
 
 
 def test_opd_trajectory_end_checks_all_its_turns_arrived():
