@@ -81,6 +81,9 @@ def train_batch(
 ) -> LearnerPass:
     """One learner step: backward passes from ``ready`` times on, closes, then the barrier.
 
+    ``batch`` supplies the optimizer and publish costs; a group's close cost comes from the
+    batch it was dispatched in (fully-async mixes groups of several dispatch batches).
+
     ``members`` are in dispatch order; round-robin shards them by that index (static
     data-parallel sharding), least-loaded hands each ready trajectory to the rank free
     first. A group closes on the rank that finished its last backward, right after it.
@@ -106,7 +109,7 @@ def train_batch(
             # the rank that finished the group's last backward is free exactly then
             done_at, rc = last[m.group]
             c0 = max(free[rc], done_at)
-            free[rc] = c0 + batch.group_close_s[m.work.group]
+            free[rc] = c0 + workload.batch(m.dispatch).group_close_s[m.work.group]
             spans.append(Span(step, "learner.group_close", c0, free[rc], f"learner/{rc}", group=m.group,
                               policy_version=step))
     barrier = max(free)
@@ -119,18 +122,20 @@ def train_batch(
     return LearnerPass(grad_ready, publish_end, spans)
 
 
-def rollout_alone_s(workload: Workload, batch: BatchWork) -> float:
+def rollout_alone_s(workload: Workload, step: int) -> float:
     """R: makespan of one batch on the slots with nothing else running."""
+    batch = workload.batch(step)
     free = [0.0] * min(workload.rollout_slots, len(batch.trajs))
     for t in batch.trajs:
         heapq.heapreplace(free, free[0] + t.rollout_s)
     return max(free, default=0.0)
 
 
-def learner_alone_s(workload: Workload, batch: BatchWork, assign: str) -> float:
+def learner_alone_s(workload: Workload, step: int, assign: str) -> float:
     """L: the learner's wall time for one batch with every reward in hand at time 0."""
-    members = [SimTraj(i, t.group, 0, t) for i, t in enumerate(batch.trajs)]
-    return train_batch(members, [0.0] * len(members), 0.0, batch, workload, 0, assign).publish_end
+    batch = workload.batch(step)
+    members = [SimTraj(i, t.group, step, t) for i, t in enumerate(batch.trajs)]
+    return train_batch(members, [0.0] * len(members), 0.0, batch, workload, step, assign).publish_end
 
 
 @dataclass

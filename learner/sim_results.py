@@ -104,8 +104,8 @@ def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2
     measured = run.steps[warmup:]
     idle = window_metrics(run.spans, measured[0].t_start, measured[-1].t_end)
     stale = [v for rec in measured for v in rec.staleness]
-    rollout_s = statistics.median(rollout_alone_s(workload, workload.batch(r.step)) for r in measured)
-    learner_s = statistics.median(learner_alone_s(workload, workload.batch(r.step), assign) for r in measured)
+    rollout_s = statistics.median(rollout_alone_s(workload, r.step) for r in measured)
+    learner_s = statistics.median(learner_alone_s(workload, r.step, assign) for r in measured)
     step_s = statistics.median(r.t_end - r.t_start for r in measured)
     bound = max(rollout_s, learner_s)
     return ScheduleResult(
