@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--spans", metavar="FILE", help="replay a recorded JSONL event file (thundersync train --events)")
     src.add_argument("--preset", choices=["paper"], help="ThunderSyncRL paper workload (the defaults; see below)")
     d = parser.add_argument_group("modelled workload (defaults: the paper preset)")
-    d.add_argument("--prompts", type=pos_int, help=f"groups per step [{PAPER_PRESET.prompts}]")
-    d.add_argument("--group-size", type=pos_int, help=f"trajectories per group [{PAPER_PRESET.group_size}]")
+    d.add_argument("--prompts", type=pos_int, metavar="N", help=f"groups per step [{PAPER_PRESET.prompts}]")
+    d.add_argument("--group-size", type=pos_int, metavar="N", help=f"trajectories per group [{PAPER_PRESET.group_size}]")
     d.add_argument("--rollout-makespan", type=pos_s, metavar="S",
                    help=f"slowest trajectory of every batch, seconds [{PAPER_PRESET.rollout_makespan_s}]")
     d.add_argument("--rollout-dist", choices=ROLLOUT_DISTS, help=f"shape of rollout durations [{PAPER_PRESET.rollout_dist}]")
@@ -119,10 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("simulation")
     s.add_argument("--schedules", type=_schedules, default=list(SCHEDULES), metavar="LIST",
                    help=f"comma list [{','.join(SCHEDULES)}]")
-    s.add_argument("--steps", type=pos_int, default=10, help="optimizer steps to simulate [10]")
-    s.add_argument("--warmup", type=nonneg_int, default=2, help="first steps left out of the summary [2]")
-    s.add_argument("--max-staleness", type=nonneg_int, default=2, help="fully-async bound [2]")
-    s.add_argument("--seed", type=nonneg_int, default=0, help="draws of the modelled workload [0]")
+    s.add_argument("--steps", type=pos_int, default=10, metavar="N", help="optimizer steps to simulate [10]")
+    s.add_argument("--warmup", type=nonneg_int, default=2, metavar="N", help="first steps left out of the summary [2]")
+    s.add_argument("--max-staleness", type=nonneg_int, default=2, metavar="K", help="fully-async bound [2]")
+    s.add_argument("--seed", type=nonneg_int, default=0, metavar="N", help="draws of the modelled workload [0]")
     o = parser.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help='write {"schedules": {...}, "inputs": {...}}')
     o.add_argument("--events", metavar="FILE",
@@ -163,6 +163,11 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
     return workload, {"label": "", "step_s": {}}
 
 
+def _secs(x: float) -> str:
+    """0.1 s resolution for paper-scale steps, ms for the seconds-long steps of a CPU run."""
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3f}"
+
+
 def format_table(results: dict[str, ScheduleResult], reference: dict[str, Any]) -> str:
     head = ["schedule", "step_s", "R rollout", "L learner", "bound", "eff", "speedup", "trainer idle",
             "rollout idle", "stale mean/max", "tail_s"]
@@ -170,12 +175,12 @@ def format_table(results: dict[str, ScheduleResult], reference: dict[str, Any]) 
         head.append(f"{reference['label']} step_s")
     rows = [head]
     for name, r in results.items():
-        row = [name, f"{r.step_s:.1f}", f"{r.rollout_s:.1f}", f"{r.learner_s:.1f}", f"{r.bound_s:.1f}",
+        row = [name, _secs(r.step_s), _secs(r.rollout_s), _secs(r.learner_s), _secs(r.bound_s),
                f"{r.efficiency:.2f}", f"{r.speedup_vs_sync:.2f}x", f"{r.trainer_idle_ratio:.1%}",
-               f"{r.rollouter_idle_ratio:.1%}", f"{r.staleness_mean:.2f}/{r.staleness_max}", f"{r.tail_s:.1f}"]
+               f"{r.rollouter_idle_ratio:.1%}", f"{r.staleness_mean:.2f}/{r.staleness_max}", _secs(r.tail_s)]
         if reference["step_s"]:
             ref = reference["step_s"].get(name)
-            row.append(f"{ref:.1f}" if ref is not None else "-")
+            row.append(_secs(ref) if ref is not None else "-")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
