@@ -19,6 +19,13 @@ What differs between schedules (``k``: how many versions the rollout may run ahe
   the learner takes the ``prompts`` completed groups sampled longest ago whenever the rest
   can still meet their deadlines (earliest-deadline-first), else it waits for stragglers.
   This bounds every trajectory's staleness by ``max_staleness`` (measured, not assumed).
+
+Limits of the model: a rollout's duration does not depend on how many others run (slots
+model latency, not a shared token throughput), so when a fleet is compute-bound, slots
+freed by fast trajectories make fully-async look faster than it would run; OPD's per-turn
+streaming is modelled per trajectory (backward after the whole trajectory), which
+understates streaming; async samples with the newest published version, so its staleness
+is 1 only when the learner is the bottleneck (0 when training finishes first).
 """
 
 from __future__ import annotations

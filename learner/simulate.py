@@ -155,6 +155,8 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
         return workload, {"label": "measured", "step_s": ref}
     values = {SPEC_FLAGS.get(f) or SHAPE_FLAGS[f]: v for f, v in {**spec_given, **shape_given}.items()}
     spec = with_overrides(PAPER_PRESET, **values)
+    if "--rollout-sigma" in spec_given and spec.rollout_dist != "lognormal":
+        raise SimInputError(f"--rollout-sigma: only shapes --rollout-dist lognormal, not {spec.rollout_dist}")
     workload = synthetic_workload(spec, args.steps, args.seed)
     if args.preset == "paper":
         workload.inputs["preset"] = "paper"

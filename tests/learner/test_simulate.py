@@ -212,6 +212,7 @@ def test_bad_flag_values_exit_2_naming_the_flag(argv, flag, capsys):
 @pytest.mark.parametrize("argv, flag", [
     (["--warmup", "5", "--steps", "5"], "--warmup"),
     (["--learner-total", "10"], "--learner-total"),
+    (["--rollout-dist", "uniform", "--rollout-sigma", "2"], "--rollout-sigma"),
     (["--spans", "/nonexistent/run.jsonl"], "--spans"),
 ])
 def test_inconsistent_flags_exit_2_naming_the_flag(argv, flag, capsys):
