@@ -129,13 +129,13 @@ export function ganttFigure({ bars, lanes, barriers, xRange = null, shift = 0, t
   }));
   const layout = {
     title: title ? { text: title, font: { size: 13 }, x: 0, xanchor: "left" } : undefined,
-    height: Math.round(Math.max(240, lanes.length * lanePx + 120)),
-    margin: { l: 120, r: 20, t: title ? 56 : 36, b: 44 },
+    height: Math.round(Math.max(240, lanes.length * lanePx + (showLegend ? 160 : 120))),
+    margin: { l: 120, r: 20, t: title ? 56 : 36, b: showLegend ? 84 : 44 },
     xaxis: { title: { text: shift ? "seconds since step start" : "seconds since run start" }, zeroline: false,
       ...(xRange ? { range: xRange, autorange: false } : { autorange: true }) },
     yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed",
       tickfont: { family: "ui-monospace, monospace", size: 10 }, showgrid: false },
-    legend: { orientation: "h", y: -0.12, yanchor: "top", font: { size: 11 } },
+    legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", font: { size: 11 } },
     hovermode: "closest", shapes, annotations, uirevision,
     paper_bgcolor: "#fff", plot_bgcolor: "#fff", font: { size: 12 },
   };

@@ -80,7 +80,8 @@ function latest(key) {
 function drawStats() {
   const running = store.runningIdle();
   el.idleLive.textContent = running ? pct(running.ratio) : "—";
-  el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s so far` : "from spans of the current step";
+  const sofar = TERMINAL.has(status) ? "final" : "so far";
+  el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s ${sofar}` : "from spans of the current step";
   el.idleLast.textContent = pct(latest("trainer/idle_ratio"));
   const stepTime = latest("timing_s/step");
   el.stepTime.textContent = stepTime === undefined ? "—" : `${num(stepTime)} s`;

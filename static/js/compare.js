@@ -1,0 +1,140 @@
+// Compare page: 2-4 runs side by side, all figures from the JSON API (metrics and spans).
+import { SpanStore, orderLanes } from "./spans.js";
+import { ganttFigure, storeBarriers, mergeBars } from "./gantt.js";
+import { PLOTLY_CONFIG, drawFigure, metricSeries, seriesFigure } from "./plots.js";
+import { fetchSpans, getJSON } from "./api.js";
+
+const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
+const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
+const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
+
+const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
+  id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule,
+  apiBase: li.dataset.apiBase, colour: RUN_COLOURS[i % RUN_COLOURS.length],
+  metrics: [], stepSpans: new Map(), // step -> spans
+}));
+const $ = (id) => document.getElementById(id);
+const stepSelect = $("compare-step");
+const label = (run) => `${run.name} (${run.schedule})`;
+
+/** Spans of ``run`` for steps [lo, hi], fetched once per step and cached. */
+async function loadSteps(run, lo, hi) {
+  const missing = [];
+  for (let s = lo; s <= hi; s++) if (!run.stepSpans.has(s)) missing.push(s);
+  if (missing.length) {
+    const spans = await fetchSpans(run.apiBase, Math.min(...missing), Math.max(...missing));
+    for (const s of missing) run.stepSpans.set(s, []);
+    for (const span of spans) run.stepSpans.get(span.step)?.push(span);
+  }
+  const out = [];
+  for (let s = lo; s <= hi; s++) out.push(...run.stepSpans.get(s));
+  return out;
+}
+
+function drawMetricCharts() {
+  const per = (key, scale = 1) => runs.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
+  drawFigure($("chart-step-time"), seriesFigure(per("timing_s/step"), { kind: "bar", yTitle: "seconds" }));
+  drawFigure($("chart-idle"), seriesFigure(per("trainer/idle_ratio", 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
+  // Reward against wall time: each step's reward at the moment the step ended (step/t_end).
+  const reward = runs.map((r) => {
+    const points = r.metrics
+      .filter((m) => m.values["reward/mean"] != null && m.values["step/t_end"] != null)
+      .sort((a, b) => a.values["step/t_end"] - b.values["step/t_end"]);
+    return { name: label(r), colour: r.colour, x: points.map((m) => m.values["step/t_end"]), y: points.map((m) => m.values["reward/mean"]) };
+  });
+  drawFigure($("chart-reward"), seriesFigure(reward, { xTitle: "seconds since run start", yTitle: "reward/mean" }));
+}
+
+/**
+ * Staleness of each trained turn: the policy version of the learner's backward span for the
+ * trajectory (the version trained on) minus the policy version of each rollout.generate span of
+ * that trajectory (the version that sampled the turn) -- DESIGN §4, measured from spans.
+ */
+function turnStaleness(spans) {
+  const trained = new Map();
+  for (const s of spans) {
+    if (s.kind === "learner.backward" && s.traj !== null && s.policy_version !== null && !trained.has(s.traj)) {
+      trained.set(s.traj, s.policy_version);
+    }
+  }
+  const out = [];
+  for (const s of spans) {
+    if (s.kind === "rollout.generate" && trained.has(s.traj) && s.policy_version !== null) {
+      out.push(trained.get(s.traj) - s.policy_version);
+    }
+  }
+  return out;
+}
+
+async function drawStaleness() {
+  const series = await Promise.all(runs.map(async (r) => {
+    const last = Math.max(...r.metrics.map((m) => m.step), 0);
+    const counts = new Map();
+    for (const v of turnStaleness(await loadSteps(r, Math.max(0, last - HISTOGRAM_STEPS + 1), last))) {
+      counts.set(v, (counts.get(v) ?? 0) + 1);
+    }
+    const x = [...counts.keys()].sort((a, b) => a - b);
+    return { name: label(r), colour: r.colour, x, y: x.map((v) => counts.get(v)) };
+  }));
+  const figure = seriesFigure(series, { kind: "bar", xTitle: "staleness (policy versions)", yTitle: "turns" });
+  figure.layout.xaxis = { ...figure.layout.xaxis, dtick: 1, tickformat: "d" };
+  drawFigure($("chart-staleness"), figure, "No trained turns in the loaded steps.");
+}
+
+/** One Gantt per run for ``step``, times relative to that run's step start, one shared x range. */
+async function drawTimelines(step) {
+  const container = $("timelines");
+  const per = await Promise.all(runs.map(async (r) => {
+    const store = new SpanStore();
+    store.add(await loadSteps(r, step, step));
+    const metric = r.metrics.find((m) => m.step === step);
+    const start = metric?.values["step/t_start"] ?? store.steps.get(step)?.tStart ?? 0;
+    return { run: r, store, start };
+  }));
+  const width = Math.max(1e-3, ...per.map((p) => (p.store.size ? p.store.tMax - p.start : 0)));
+  container.replaceChildren();
+  per.forEach((p, i) => {
+    const div = document.createElement("div");
+    div.className = "chart gantt";
+    div.id = `timeline-${p.run.id}`;
+    container.appendChild(div);
+    if (!p.store.size) {
+      div.innerHTML = `<p class="empty">${label(p.run)}: no spans for step ${step}.</p>`;
+      return;
+    }
+    const bars = mergeBars([...p.store.spans()], width / TIMELINE_PX);
+    const figure = ganttFigure({
+      bars, lanes: orderLanes(p.store.lanes), barriers: storeBarriers(p.store), shift: p.start,
+      xRange: [0, width * 1.02], title: `${label(p.run)} · step ${step} · ${p.store.size} spans`,
+      showLegend: i === per.length - 1, maxHeight: 420, uirevision: `step-${step}`,
+    });
+    Plotly.react(div, figure.data, figure.layout, PLOTLY_CONFIG);
+  });
+  container.dataset.step = String(step);
+}
+
+async function main() {
+  await Promise.all(runs.map(async (r) => { r.metrics = (await getJSON(`${r.apiBase}metrics/`)).metrics; }));
+  drawMetricCharts();
+  // Steps every run has finished: the aligned timelines compare like with like.
+  const common = runs.map((r) => new Set(r.metrics.map((m) => m.step)))
+    .reduce((a, b) => new Set([...a].filter((s) => b.has(s))));
+  const steps = [...common].sort((a, b) => a - b);
+  stepSelect.replaceChildren(...steps.map((s) => new Option(`step ${s}`, String(s))));
+  if (steps.length) {
+    stepSelect.value = String(steps[steps.length - 1]);
+    await drawTimelines(steps[steps.length - 1]);
+  } else {
+    $("timelines").innerHTML = '<p class="empty">These runs have no step in common yet.</p>';
+  }
+  stepSelect.addEventListener("change", () => drawTimelines(Number(stepSelect.value)));
+  await drawStaleness();
+  document.getElementById("compare-app").dataset.ready = "1";
+}
+
+main().catch((err) => {
+  const box = document.createElement("div");
+  box.className = "error-box";
+  box.textContent = `Could not load the comparison: ${err.message}`;
+  document.getElementById("compare-app").prepend(box);
+});

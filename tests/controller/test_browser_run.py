@@ -1,0 +1,115 @@
+"""The live run page and the compare page in a real browser against the real app.
+
+Debian's chromium (Playwright), a daphne process serving controller.asgi on the test
+database, a real Celery worker running a real tiny training run. Screenshots go to
+artifacts/screenshots/.
+"""
+
+import re
+from collections import Counter
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from bench.web_harness import asgi_server, launch_chromium, log_in, screenshot
+from controller.launching import launch_run
+from controller.models import Run, Span, StepMetric
+
+from .conftest import wait_for_status
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+STATE = "window.__thundersync.state()"
+RUN_TIMEOUT_S = 600  # the tiny model is built on first use; CI machines are small
+
+
+@pytest.fixture
+def live_url(transactional_db):
+    with asgi_server() as url:
+        yield url
+
+
+@pytest.fixture
+def page(monkeypatch):
+    # Playwright's sync API keeps an asyncio loop on this thread, which trips Django's guard
+    # against blocking calls inside a running loop; the loop is idle whenever test code runs.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        yield page, errors
+        browser.close()
+
+
+def plotted_bars(page) -> Counter:
+    """Bars per span kind in the Gantt figure itself (each bar is 4 points: t0, mid, t1, gap)."""
+    counts = page.evaluate(
+        "() => Object.fromEntries(document.getElementById('gantt').data.map(t => [t.name, t.x.length / 4]))"
+    )
+    return Counter({kind: int(n) for kind, n in counts.items()})
+
+
+def test_live_run_page_draws_every_span_once_across_reconnects(
+    live_url, page, celery_worker, alice, alice_experiment, streaming_preset, sync_preset
+):
+    page, errors = page
+    log_in(page, live_url, "alice", "alice-password")
+    page.goto(f"{live_url}/experiments/{alice_experiment.pk}/")
+    page.select_option("#id_schedule", str(streaming_preset.pk))
+    page.fill("#id_steps", "6")
+    page.click("#launch-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
+    run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+    # A second, real run for the compare page; the solo worker runs it after the first.
+    other = launch_run(alice_experiment, sync_preset, steps=2, name="sync baseline")
+
+    # Bars appear while the run is still running.
+    page.wait_for_function(f"{STATE}.spansDrawn > 0", timeout=RUN_TIMEOUT_S * 1000, polling=50)
+    assert Run.objects.get(pk=run_id).status == Run.Status.RUNNING
+    assert page.text_content("#status-badge") == "running"
+    screenshot(page, "run-live")
+
+    # Drop the socket mid-run; the page resumes from its last seq.
+    page.evaluate("window.__thundersync.reconnect()")
+    run = wait_for_status(run_id, Run.FINISHED, RUN_TIMEOUT_S)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    db_seqs = list(Span.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
+    page.wait_for_function(f"{STATE}.spansDrawn === {len(db_seqs)} && {STATE}.status === 'succeeded'",
+                           timeout=60_000)
+    state = page.evaluate(STATE)
+    assert state["connects"] >= 2 and state["duplicates"] == 0
+    assert page.evaluate("window.__thundersync.seqs()") == db_seqs
+    assert page.inner_text("#spans-drawn") == f"spans drawn: {len(db_seqs)}"
+
+    # Reconnect once more after the end: the replay after the last seq adds nothing.
+    page.evaluate("window.__thundersync.reconnect()")
+    page.wait_for_function(f"{STATE}.connects === {state['connects'] + 1} && {STATE}.replayDone", timeout=30_000)
+    state = page.evaluate(STATE)
+    assert state["duplicates"] == 0 and state["spansReceived"] == len(db_seqs)
+
+    # With every step in the window each span is its own bar: the figure matches the DB kind by kind.
+    page.select_option("#window-steps", "0")
+    page.wait_for_function(f"{STATE}.barsDrawn === {len(db_seqs)}", timeout=30_000)
+    db_kinds = Counter(Span.objects.filter(run_id=run_id).values_list("kind", flat=True))
+    assert plotted_bars(page) == db_kinds
+    optimizer_steps = Span.objects.filter(run_id=run_id, kind="learner.optimizer").values("step").distinct().count()
+    assert optimizer_steps == 6
+    assert page.evaluate("document.getElementById('gantt').layout.shapes.length") == optimizer_steps
+    assert page.get_attribute("#chart-idle", "data-empty") == "0"
+    last = StepMetric.objects.get(run_id=run_id, step=5).values
+    assert page.inner_text("#idle-last") == f"{100 * last['trainer/idle_ratio']:.1f}%"
+    assert page.is_hidden("#cancel-form")
+    screenshot(page, "run-finished")
+
+    # Compare the two runs.
+    assert wait_for_status(other.pk, Run.FINISHED, RUN_TIMEOUT_S).status == Run.Status.SUCCEEDED
+    page.goto(f"{live_url}/compare/?runs={run_id},{other.pk}")
+    page.wait_for_selector("#compare-app[data-ready='1']", timeout=60_000)
+    assert page.locator("#timelines .gantt").count() == 2
+    assert "train.schedule" in page.inner_text("#config-diff")
+    for chart in ("chart-step-time", "chart-idle", "chart-reward", "chart-staleness"):
+        assert page.get_attribute(f"#{chart}", "data-empty") == "0", chart
+    screenshot(page, "compare")
+    assert errors == []
