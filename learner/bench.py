@@ -1,0 +1,300 @@
+"""Benchmark sync, async, fully-async and streaming on the real trainer, same workload.
+
+`thundersync bench` trains the same model on the same task, seed and batch under each
+schedule (a fresh `thundersync train` process per schedule: learner pinned to one core,
+the rollout worker to another, so the overlap is real), drops the warm-up step and reports
+step time, the workload's rollout span R and learner time L, the bound max(R, L),
+efficiency, speedup vs sync, idle ratios, staleness, time after the last reward and peak
+learner RSS, beside the simulator's prediction from the recorded sync run. ``--balance X``
+scales the modelled tool latency (the only modelled quantity) so that R = X * L;
+``--sweep`` repeats the comparison over several R/L. Definitions: docs/bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from learner.bench_measure import (
+    BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
+)
+from learner.config import SCHEDULES, RunConfig, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
+QUICK_STEPS = 4  # one warm-up step + three measured ones
+CALIBRATION_STEPS = 3
+SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
+MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
+PROG = "thundersync bench"
+
+
+def _number(lo: float, strict: bool, kind: type = float):
+    """argparse type: a number >= lo (> lo if strict); argparse names the flag on error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < lo or (strict and value == lo):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo:g}, got {text}")
+        return value
+    return parse
+
+
+def _schedules(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SCHEDULES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SCHEDULES)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _balances(text: str) -> list[float]:
+    parse = _number(0.0, strict=True)
+    return sorted({parse(t.strip()) for t in text.split(",") if t.strip()}) or list(SWEEP_BALANCES)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="workload: a run config [configs/bench.yaml]")
+    parser.add_argument("--schedules", type=_schedules, default=list(SCHEDULES), metavar="LIST",
+                        help=f"comma list; sync always runs as the baseline [{','.join(SCHEDULES)}]")
+    parser.add_argument("--steps", type=_number(2, False, int), help="optimizer steps per schedule, warm-up included "
+                        f"[train.steps of the config; {QUICK_STEPS} with --quick]")
+    parser.add_argument("--warmup", type=_number(0, False, int), default=1, help="first steps left out [1]")
+    knob = parser.add_mutually_exclusive_group()
+    knob.add_argument("--balance", type=_number(0.0, True), default=1.0, metavar="X",
+                      help="target R/L: tool-latency scale calibrated so rollout R = X * learner L [1]")
+    knob.add_argument("--scale", type=_number(0.0, False), metavar="S",
+                      help="use this tool-latency scale as is (no calibration run)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule (under 5 minutes on 2 cores)")
+    parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
+                        metavar="LIST", help="also measure speedup vs R/L at these balances "
+                        f"[{','.join(map(str, SWEEP_BALANCES))}], simulated beside")
+    parser.add_argument("--sweep-schedules", type=_schedules, default=["streaming"], metavar="LIST",
+                        help="schedules of each sweep point, sync always runs [streaming]")
+    parser.add_argument("--json", metavar="FILE", help='write {"schedules": {...}, "workload": {...}, "machine": {...}}')
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")
+    parser.add_argument("--events-dir", metavar="DIR", help="keep every run's config and JSONL events here")
+
+
+# ---------------------------------------------------------------- one real training run
+
+
+class Runner:
+    """Launches `thundersync train` processes for one workload and keeps their events."""
+
+    def __init__(self, cfg: RunConfig, workdir: Path):
+        self.cfg, self.workdir = cfg, workdir
+
+    def train(self, label: str, schedule: str, steps: int, scale: float) -> list[dict[str, Any]]:
+        cfg = self.cfg.model_copy(deep=True)
+        cfg.train.schedule = schedule
+        cfg.train.steps = steps
+        cfg.task.tool_latency.scale = scale
+        cfg.name = f"bench-{label}"
+        config_path = self.workdir / f"{label}.yaml"
+        events_path = self.workdir / f"{label}.jsonl"
+        config_path.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        print(f"{PROG}: {label}: {schedule}, {steps} steps, tool-latency scale {scale:.3g} ...", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "learner.cli", "train", "--config", str(config_path), "--events", str(events_path),
+             "--quiet"], capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BenchError(f"{label}: thundersync train exited {proc.returncode}: {last}")
+        events = load_events(events_path)
+        print(f"{PROG}: {label}: done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        return events
+
+
+def simulated(sync_events: list[dict[str, Any]], schedules: list[str], warmup: int) -> dict[str, Any]:
+    """The simulator's step time per schedule, replaying the measured steps of the sync run."""
+    from learner.simulate import simulate_all, workload_from_spans
+    from learner.sim_workload import SimInputError
+
+    measured = [e for e in sync_events if e.get("type") not in ("span", "metrics") or e["step"] >= warmup]
+    n_steps = sum(1 for e in measured if e.get("type") == "metrics")
+    try:
+        results = simulate_all(workload_from_spans(measured), schedules, steps=n_steps + warmup, warmup=warmup)
+    except (SimInputError, ValueError) as err:
+        return {"error": str(err)}
+    return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
+                                               "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s")}
+            for name, r in results.items()}
+
+
+def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
+                      scale: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure every schedule (sync first) at one scale; per-schedule results and the simulation."""
+    events, summaries = {}, {}
+    for name in dict.fromkeys(["sync", *schedules]):
+        drain = drain_steps(name, runner.cfg.train.max_staleness)
+        events[name] = runner.train(f"{label}-{name}", name, steps + drain, scale)
+        summaries[name] = summarize(events[name], warmup, end=steps)
+    results = compare(summaries)
+    sim = simulated(events["sync"], list(results), warmup)
+    for name, r in results.items():
+        r["timeline"] = step_timeline(events[name], warmup)
+        if name in sim:
+            r["simulated_step_s"] = sim[name]["step_s"]
+            r["simulated_error"] = sim[name]["step_s"] / r["step_s"] - 1.0
+    return results, sim
+
+
+# ---------------------------------------------------------------- report
+
+
+def machine_info() -> dict[str, Any]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    import torch
+
+    return {
+        "cpus": os.cpu_count(), "cores": cores, "learner_core": cores[0],
+        "rollout_cores": cores[1:] or cores, "pinned": len(cores) > 1,
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "torch": torch.__version__, "torch_threads_per_process": 1,
+        "load_avg_start": list(os.getloadavg()),
+    }
+
+
+def workload_info(cfg: RunConfig, steps: int, warmup: int, scale: float, balance: float | None,
+                  calibration: Calibration | None, sync: dict[str, Any]) -> dict[str, Any]:
+    lat = cfg.task.tool_latency
+    return {
+        "config": cfg.name, "model": cfg.model.policy, "task": cfg.task.name, "seed": cfg.seed,
+        "objective": cfg.algorithm.objective, "kl_coef": cfg.algorithm.kl_coef,
+        "prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.train.group_size,
+        "trajectories_per_step": cfg.train.prompts_per_step * cfg.train.group_size,
+        "ops": [cfg.task.min_ops, cfg.task.max_ops], "max_turns": cfg.task.max_turns,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "rollout_workers": cfg.rollout.workers,
+        "steps_per_schedule": steps, "warmup_steps": warmup,
+        "drain_steps": {s: drain_steps(s, cfg.train.max_staleness) for s in SCHEDULES},
+        "tool_latency": {"distribution": lat.distribution, "median_s": lat.median_s, "sigma": lat.sigma,
+                         "scale": scale, "modelled": True},
+        "balance_target": balance,
+        "balance_measured": sync["rollout_s"] / sync["learner_s"],
+        "rollout_s": sync["rollout_s"], "learner_s": sync["learner_s"],
+        "rollout_s_predicted": calibration.rollout_at(scale) if calibration else None,
+        "calibration": calibration.as_dict() if calibration else None,
+    }
+
+
+COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
+           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
+           ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
+           ("rollout idle", "rollouter_idle_ratio", "{:.1%}"), ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
+           ("rss_mb", "peak_rss_mb", "{:.0f}"), ("sim step_s", "simulated_step_s", "{:.2f}")]
+
+
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    rows = [["schedule", *(c[0] for c in COLUMNS)]]
+    for name, r in results.items():
+        row = [name]
+        for title, key, fmt in COLUMNS:
+            if title == "spread":
+                row.append(f"{r['step_s_min']:.2f}-{r['step_s_max']:.2f}")
+            elif title == "stale":
+                row.append(f"{r['staleness_mean']:.2f}/{r['staleness_max']}")
+            else:
+                row.append(fmt.format(r[key]) if r.get(key) is not None else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)  # ConfigError: the CLI prints it and exits 2
+    steps = args.steps or (QUICK_STEPS if args.quick else cfg.train.steps)
+    if steps <= args.warmup:
+        return _error(f"--steps: must be larger than --warmup ({args.warmup}) to leave a measured step, got {steps}")
+    if args.sweep and args.scale is not None:
+        return _error("--sweep: sets the scale per balance, cannot be combined with --scale")
+    for flag in ("json", "html"):
+        path = getattr(args, flag)
+        if path and not Path(path).resolve().parent.is_dir():
+            return _error(f"--{flag}: directory of {path} does not exist")
+    machine = machine_info()
+    with tempfile.TemporaryDirectory(prefix="thundersync-bench-") as tmp:
+        workdir = Path(args.events_dir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            doc = bench(Runner(cfg, workdir), cfg, args, steps)
+        except BenchError as err:
+            print(f"{PROG}: failed: {err}", file=sys.stderr)
+            return 1
+    machine["load_avg_end"] = list(os.getloadavg())
+    doc["machine"] = machine
+    print(format_table(doc["schedules"]))
+    w = doc["workload"]
+    print(f"workload: {w['trajectories_per_step']} trajectories/step, tool-latency scale {w['tool_latency']['scale']:.3g}, "
+          f"R/L = {w['balance_measured']:.2f} (target {w['balance_target']}); load avg "
+          f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f} on {machine['cpus']} cpus")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.html:
+        from learner.bench_report import render_html
+
+        Path(args.html).write_text(render_html(doc))
+    return 0
+
+
+def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) -> dict[str, Any]:
+    warmup, calibration = args.warmup, None
+    if args.scale is None:
+        events = runner.train("calibration", "sync", CALIBRATION_STEPS, 1.0)
+        calibration = calibrate(events, 1, 1.0)
+    scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
+    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale)
+    balance = None if args.scale is not None else args.balance
+    doc = {
+        "schedules": {name: results[name] for name in dict.fromkeys(["sync", *args.schedules])},
+        "simulated": sim,
+        "workload": workload_info(cfg, steps, warmup, scale, balance, calibration, results["sync"]),
+    }
+    if args.sweep:
+        doc["sweep"] = sweep(runner, args, steps, calibration, main=(args.balance, results, sim))
+    return doc
+
+
+def sweep(runner: Runner, args: argparse.Namespace, steps: int, calibration: Calibration,
+          main: tuple[float, dict, dict]) -> list[dict[str, Any]]:
+    """Speedup vs R/L: measured at each balance (the main run reused at its own), simulated beside."""
+    points = []
+    for balance in args.sweep:
+        scale = calibration.scale_for(balance, MAX_SCALE)
+        if balance == main[0]:
+            results, sim = main[1], main[2]
+        else:
+            results, sim = compare_schedules(runner, f"sweep-{balance:g}", args.sweep_schedules, steps, args.warmup, scale)
+        sync = results["sync"]
+        points.append({
+            "balance_target": balance, "scale": scale, "balance_measured": sync["rollout_s"] / sync["learner_s"],
+            "rollout_s": sync["rollout_s"], "learner_s": sync["learner_s"],
+            "measured": {n: {k: r[k] for k in ("step_s", "speedup_vs_sync", "efficiency", "trainer_idle_ratio")}
+                         for n, r in results.items()},
+            "simulated": sim,
+        })
+    return points

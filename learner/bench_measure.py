@@ -1,0 +1,202 @@
+"""What the bench reads off recorded runs: per-schedule summaries and the tool-latency calibration.
+
+Every number comes from the JSONL events of a real ``thundersync train`` run (spans and the
+driver's per-step metrics, docs/architecture.md); the first ``warmup`` steps are dropped.
+
+    step_s      median of ``timing_s/step`` (publish to publish); spread: IQR, min, max
+    R           rollout_s: median over the *sync* run's steps of (last reward - step start).
+                In sync the learner waits for the last reward, so the batch rolls out alone:
+                this is the rollout makespan with nothing else on the machine's other core.
+    L           learner_s: median over the *sync* run's steps of ``timing_s/learner``, the
+                union of learner spans (backward, group close, optimizer, publish including
+                the replicas' weight-load acks): the learner's work with every reward in hand.
+    bound_s     max(R, L): no schedule can beat it, since each step must both roll out and
+                learn its batch (DESIGN §1); efficiency = bound_s / step_s.
+
+R and L are properties of the workload, measured once where each runs alone, so every
+schedule is held against the same bound. What each schedule itself spent is reported beside
+them (``learner_busy_s``, ``rollout_busy_s``, ``first_backward_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS
+
+
+class BenchError(RuntimeError):
+    """A bench run could not be measured; ``str()`` is one line saying why."""
+
+
+def load_events(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def drain_steps(schedule: str, max_staleness: int) -> int:
+    """Steps at the end of a run that are not steady state, so the bench runs and drops them.
+
+    The driver stops dispatching when no later step will train the trajectories: async's last
+    step has no next batch to roll out beside it, and fully-async's last ``max_staleness``
+    steps are fed less than the bound allows. sync and streaming have no pipeline to drain.
+    """
+    return {"async": 1, "fully-async": max_staleness}.get(schedule, 0)
+
+
+def measured_steps(events: list[dict[str, Any]], warmup: int, end: int | None = None) -> list[dict[str, float]]:
+    """Per-step metric values of steps ``warmup .. end-1`` (warm-up and drain dropped), each with its ``step``."""
+    steps = [{"step": e["step"], **e["values"]} for e in events if e.get("type") == "metrics"]
+    kept = [v for v in steps if v["step"] >= warmup and (end is None or v["step"] < end)]
+    if not kept:
+        raise BenchError(f"run has {len(steps)} step(s); none left after dropping {warmup} warm-up step(s)")
+    return kept
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    if len(values) >= 2:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    else:
+        q1 = q3 = values[0]
+    return {"median": statistics.median(values), "iqr": [q1, q3], "min": min(values), "max": max(values)}
+
+
+def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None) -> dict[str, Any]:
+    """What one schedule's run did, over its measured steps ``warmup .. end-1``.
+
+    Idle ratios are weighted by step length, which equals the idle share of the whole
+    measured window (the driver's step windows tile it); staleness_mean is the mean of the
+    per-step means (every step trains the same number of trajectories).
+    """
+    steps = measured_steps(events, warmup, end)
+    step_s = [v["timing_s/step"] for v in steps]
+    total = sum(step_s)
+    spread = _spread(step_s)
+
+    def weighted(name: str) -> float:
+        return sum(v[name] * v["timing_s/step"] for v in steps) / total
+
+    def median_of(fn) -> float:
+        return statistics.median(fn(v) for v in steps)
+
+    return {
+        "steps_measured": len(steps),
+        "step_s": spread["median"],
+        "step_s_iqr": spread["iqr"],
+        "step_s_min": spread["min"],
+        "step_s_max": spread["max"],
+        "step_s_all": step_s,
+        "learner_busy_s": median_of(lambda v: v["timing_s/learner"]),
+        "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
+        "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
+        "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),
+        "trainer_idle_ratio": weighted("trainer/idle_ratio"),
+        "rollouter_idle_ratio": weighted("rollouter/idle_ratio"),
+        "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
+        "staleness_max": int(max(v["staleness/max"] for v in steps)),
+        "tail_s": median_of(lambda v: v["timing_s/tail"]),
+        "peak_rss_mb": max(v["memory/peak_rss_mb"] for v in steps),
+        "reward_mean": statistics.fmean(v["reward/mean"] for v in steps),
+    }
+
+
+def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Add the workload's R, L, bound and each schedule's efficiency and speedup (needs sync)."""
+    sync = summaries["sync"]
+    rollout_s, learner_s = sync["last_reward_s"], sync["learner_busy_s"]
+    bound = max(rollout_s, learner_s)
+    return {
+        name: {**s, "rollout_s": rollout_s, "learner_s": learner_s, "bound_s": bound,
+               "efficiency": bound / s["step_s"], "speedup_vs_sync": sync["step_s"] / s["step_s"]}
+        for name, s in summaries.items()
+    }
+
+
+def step_timeline(events: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    """Where one step's time went: merged learner and rollout busy intervals and reward
+    times, in seconds from the step's start (for the report's timeline)."""
+    values = next(e["values"] for e in events if e.get("type") == "metrics" and e["step"] == step)
+    t0, t1 = values["step/t_start"], values["step/t_end"]
+    spans = [e for e in events if e.get("type") == "span" and e["t1"] > t0 and e["t0"] < t1]
+
+    def merged(kinds: tuple[str, ...]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for a, b in sorted((max(s["t0"], t0) - t0, min(s["t1"], t1) - t0) for s in spans if s["kind"] in kinds):
+            if out and a <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        return out
+
+    rewards = sorted(s["t1"] - t0 for s in spans if s["kind"] == "rollout.verify")
+    return {"step": step, "step_s": t1 - t0, "learner": merged(LEARNER_KINDS),
+            "rollout": merged(ROLLOUT_KINDS), "rewards": rewards}
+
+
+# ---------------------------------------------------------------- calibration of --balance
+
+
+@dataclass
+class Calibration:
+    """R as a function of the tool-latency scale, from one sync run (DESIGN: the tool latency
+    is the only modelled quantity, so it is the one knob that sets R/L).
+
+    For trajectory i of a measured step: end_i = its reward time from the step start,
+    lam_i = the summed modelled tool latency of its turns per unit scale. The tool draws are
+    seeded per (trajectory, turn), so at scale s the same trajectory waits s * lam_i and
+    end_i(s) = (end_i - scale_run * lam_i) + s * lam_i, the rest (generation, queueing
+    behind other loops' generate calls) taken as fixed. R(s) = median over steps of
+    max_i end_i(s); L does not depend on s.
+    """
+
+    learner_s: float
+    scale_run: float
+    steps: list[list[tuple[float, float]]]  # per measured step: (fixed part, lam) per trajectory
+
+    def rollout_at(self, scale: float) -> float:
+        return statistics.median(max(c + scale * lam for c, lam in trajs) for trajs in self.steps)
+
+    def scale_for(self, balance: float, max_scale: float) -> float:
+        """Smallest tool-latency scale with R(scale) = balance * L (0 if generation alone is
+        already slower; ``max_scale`` if even that is not enough). R is nondecreasing in s."""
+        target = balance * self.learner_s
+        if self.rollout_at(0.0) >= target:
+            return 0.0
+        if self.rollout_at(max_scale) <= target:
+            return max_scale
+        lo, hi = 0.0, max_scale
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.rollout_at(mid) < target else (lo, mid)
+        return hi
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"learner_s": self.learner_s, "scale_run": self.scale_run,
+                "rollout_s_at_run_scale": self.rollout_at(self.scale_run),
+                "rollout_s_without_tool_latency": self.rollout_at(0.0)}
+
+
+def calibrate(events: list[dict[str, Any]], warmup: int, scale_run: float) -> Calibration:
+    if scale_run <= 0:
+        raise BenchError("calibration: the calibration run needs a tool-latency scale > 0")
+    steps = measured_steps(events, warmup)
+    per_step = []
+    for v in steps:
+        end: dict[int, float] = {}
+        tool: dict[int, float] = {}
+        for e in events:
+            if e.get("type") != "span" or e["step"] != v["step"] or e["kind"] not in ROLLOUT_KINDS:
+                continue
+            traj = e["traj"]
+            end[traj] = max(end.get(traj, 0.0), e["t1"] - v["step/t_start"])
+            if e["kind"] == "rollout.tool":
+                tool[traj] = tool.get(traj, 0.0) + e["t1"] - e["t0"]
+        if not end:
+            raise BenchError(f"calibration: step {v['step']} has no rollout spans")
+        per_step.append([(end[t] - tool.get(t, 0.0), tool.get(t, 0.0) / scale_run) for t in end])
+    learner_s = statistics.median(v["timing_s/learner"] for v in steps)
+    return Calibration(learner_s, scale_run, per_step)
+

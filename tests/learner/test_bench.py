@@ -1,0 +1,179 @@
+"""thundersync bench: a real (tiny) bench run's JSON/HTML, the measurement maths, bad flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from learner.bench_measure import Calibration, calibrate, compare, drain_steps, summarize
+from learner.cli import main
+
+FIELDS = ("step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
+          "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s", "peak_rss_mb")
+
+TINY = """\
+name: tiny-bench
+seed: 0
+model: {policy: "builtin:tiny"}
+task: {name: arith-tool, min_ops: 1, max_ops: 2, tool_latency: {distribution: lognormal, median_s: 0.02, sigma: 0.5}}
+rollout: {workers: 1, max_new_tokens: 16}
+algorithm: {objective: grpo}
+train: {steps: 2, prompts_per_step: 2, group_size: 2}
+"""
+
+
+# ------------------------------------------------------------------ a real bench run
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    (d / "tiny.yaml").write_text(TINY)
+    rc = main(["bench", "--config", str(d / "tiny.yaml"), "--schedules", "streaming,async", "--steps", "2",
+               "--scale", "1", "--json", str(d / "out.json"), "--html", str(d / "out.html"), "--events-dir", str(d / "ev")])
+    assert rc == 0
+    return json.loads((d / "out.json").read_text()), (d / "out.html").read_text(), d / "ev"
+
+
+@pytest.mark.slow
+def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
+    doc, _, _ = tiny_bench
+    assert list(doc["schedules"]) == ["sync", "streaming", "async"]
+    for name, r in doc["schedules"].items():
+        for field in FIELDS:
+            assert isinstance(r[field], (int, float)), (name, field)
+        assert r["steps_measured"] == 1
+        # async samples batch s+1 with older weights than the sync run that defines R, so its
+        # trajectories (and rollout time) differ; sync and streaming sample the same ones
+        assert 0 < r["efficiency"] <= (1.05 if name != "async" else 1.5), (name, r["efficiency"])
+        assert 0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollouter_idle_ratio"] <= 1.0
+        assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
+        assert r["bound_s"] == max(r["rollout_s"], r["learner_s"]) > 0
+        assert r["peak_rss_mb"] > 50
+    assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
+    assert doc["workload"]["trajectories_per_step"] == 4 and doc["workload"]["tool_latency"]["scale"] == 1.0
+    assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["load_avg_start"]) == 3
+
+
+@pytest.mark.slow
+def test_staleness_is_zero_on_policy_and_one_for_async(tiny_bench):
+    s = tiny_bench[0]["schedules"]
+    assert s["sync"]["staleness_max"] == 0 and s["streaming"]["staleness_max"] == 0
+    assert s["async"]["staleness_mean"] == 1.0 and s["async"]["staleness_max"] == 1
+
+
+@pytest.mark.slow
+def test_sync_learns_after_the_last_reward_and_the_async_drain_step_is_run_and_dropped(tiny_bench):
+    doc, _, events_dir = tiny_bench
+    sync = doc["schedules"]["sync"]
+    assert sync["first_backward_s"] >= sync["rollout_s"]  # the learner waits for the whole batch
+    async_steps = [json.loads(line)["step"] for line in (events_dir / "main-async.jsonl").read_text().splitlines()
+                   if json.loads(line)["type"] == "metrics"]
+    assert async_steps == [0, 1, 2]  # 2 steps + the drain step, which is not measured
+
+
+@pytest.mark.slow
+def test_the_simulator_replays_the_sync_run_beside_the_measurement(tiny_bench):
+    doc, _, _ = tiny_bench
+    for name, r in doc["schedules"].items():
+        assert r["simulated_step_s"] > 0
+        assert r["simulated_error"] == pytest.approx(r["simulated_step_s"] / r["step_s"] - 1)
+    assert doc["simulated"]["sync"]["staleness_max"] == 0
+
+
+@pytest.mark.slow
+def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
+    _, page, _ = tiny_bench
+    assert "cdn.plot.ly" not in page and "https://cdn" not in page
+    assert "Plotly.newPlot" in page and page.count("plotly-graph-div") >= 3
+    assert "streaming" in page and "bound max(R, L)" in page
+
+
+# ------------------------------------------------------------------ measurement maths
+
+
+def _metrics(step, t_start, step_s, learner_s, last_reward, staleness=0.0):
+    return {"type": "metrics", "step": step, "values": {
+        "timing_s/step": step_s, "timing_s/learner": learner_s, "timing_s/gen": last_reward,
+        "timing_s/tail": step_s - last_reward, "step/t_start": t_start, "step/t_end": t_start + step_s,
+        "step/last_reward_t": t_start + last_reward, "step/first_backward_t": t_start + 0.1,
+        "trainer/idle_ratio": 1 - learner_s / step_s, "rollouter/idle_ratio": 1 - last_reward / step_s,
+        "staleness/mean": staleness, "staleness/max": staleness, "reward/mean": 0.5, "memory/peak_rss_mb": 300.0 + step}}
+
+
+def test_summary_drops_warmup_and_drain_and_weights_idle_by_step_length():
+    events = [_metrics(0, 0, 9.0, 1.0, 8.0), _metrics(1, 9, 2.0, 1.0, 1.0), _metrics(2, 11, 4.0, 1.0, 3.0),
+              _metrics(3, 15, 0.5, 0.5, 0.0)]
+    s = summarize(events, warmup=1, end=3)
+    assert s["steps_measured"] == 2 and s["step_s_all"] == [2.0, 4.0] and s["step_s"] == 3.0
+    assert s["trainer_idle_ratio"] == pytest.approx(1 - 2.0 / 6.0)  # 2 s busy in a 6 s window
+    assert s["peak_rss_mb"] == 302.0 and s["last_reward_s"] == 2.0
+
+
+def test_compare_holds_every_schedule_against_the_sync_runs_rollout_and_learner():
+    sync = summarize([_metrics(1, 0, 6.0, 3.0, 2.5)], warmup=1)
+    streaming = summarize([_metrics(1, 0, 3.2, 3.0, 3.1)], warmup=1)
+    out = compare({"sync": sync, "streaming": streaming})
+    assert out["streaming"]["rollout_s"] == 2.5 and out["streaming"]["learner_s"] == 3.0
+    assert out["streaming"]["bound_s"] == 3.0
+    assert out["streaming"]["efficiency"] == pytest.approx(3.0 / 3.2)
+    assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.2)
+
+
+def test_only_the_pipelined_schedules_have_drain_steps():
+    assert [drain_steps(s, 2) for s in ("sync", "streaming", "async", "fully-async")] == [0, 0, 1, 2]
+
+
+def _span(step, traj, kind, t0, t1):
+    return {"type": "span", "step": step, "traj": traj, "kind": kind, "t0": t0, "t1": t1, "lane": "rollout/0/0"}
+
+
+def test_calibration_scales_only_the_tool_latency_part_of_each_trajectory():
+    # step 1 starts at 10 s: trajectory 0 = 0.5 s generation + 1.0 s tool; trajectory 1 = 1.2 s generation
+    events = [_metrics(0, 0, 10.0, 2.0, 5.0), _metrics(1, 10.0, 5.0, 2.0, 1.5),
+              _span(1, 0, "rollout.generate", 10.0, 10.3), _span(1, 0, "rollout.tool", 10.3, 11.3),
+              _span(1, 0, "rollout.generate", 11.3, 11.5), _span(1, 0, "rollout.verify", 11.5, 11.5),
+              _span(1, 1, "rollout.generate", 10.0, 11.2), _span(1, 1, "rollout.verify", 11.2, 11.2)]
+    cal = calibrate(events, warmup=1, scale_run=1.0)
+    assert cal.learner_s == 2.0
+    assert cal.rollout_at(1.0) == pytest.approx(1.5) and cal.rollout_at(0.0) == pytest.approx(1.2)
+    assert cal.rollout_at(3.0) == pytest.approx(3.5)
+    scale = cal.scale_for(1.0, 1000.0)  # R = L = 2.0 -> 0.5 + 1.0 s = 2.0 -> s = 1.5
+    assert scale == pytest.approx(1.5, rel=1e-6) and cal.rollout_at(scale) == pytest.approx(2.0)
+    assert cal.scale_for(0.5, 1000.0) == 0.0  # generation alone already takes 1.2 s > 0.5 * L
+
+
+def test_calibration_caps_the_scale_at_the_config_limit():
+    cal = Calibration(learner_s=1.0, scale_run=1.0, steps=[[(0.1, 0.001)]])
+    assert cal.scale_for(4.0, 1000.0) == 1000.0
+
+
+# ------------------------------------------------------------------ bad flags
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--balance", "-1"], "--balance"),
+    (["--balance", "0"], "--balance"),
+    (["--schedules", "sync,warp"], "--schedules"),
+    (["--steps", "1"], "--steps"),
+    (["--warmup", "x"], "--warmup"),
+    (["--scale", "2", "--balance", "1"], "--balance"),
+    (["--sweep", "1,-2"], "--sweep"),
+])
+def test_it_rejects_bad_flags_with_exit_2_naming_the_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--steps", "3", "--warmup", "3"], "--steps"),
+    (["--sweep", "--scale", "1"], "--sweep"),
+    (["--json", "/nonexistent-dir/out.json"], "--json"),
+])
+def test_it_rejects_inconsistent_flags_before_running_anything(capsys, argv, flag):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}" in err and "Traceback" not in err
