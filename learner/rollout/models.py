@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -38,6 +37,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as hf_logging
 
 from learner.config import TaskConfig
 from learner.rollout.env import STOP_TOKENS, ArithToolEnv, Environment, canonical_turns
@@ -63,9 +63,12 @@ class BuildRecipe:
     max_position_embeddings: int = 256  # RoPE: a limit on context length, not parameters
 
 
+# Calibrated on the default TaskConfig, seed 0, sampling at temperature 1.0: the policy
+# solves about 28% of tasks (RL has signal and room), the teacher about 95% (OPD has a
+# clearly better target). About 20 s and 45 s of one CPU core to build.
 BUILTIN_RECIPES: dict[str, BuildRecipe] = {
     "tiny": BuildRecipe(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=192, sft_steps=300),
-    "teacher": BuildRecipe(hidden_size=96, num_layers=3, num_heads=4, intermediate_size=288, sft_steps=400),
+    "teacher": BuildRecipe(hidden_size=64, num_layers=3, num_heads=4, intermediate_size=192, sft_steps=500),
 }
 
 
@@ -102,15 +105,19 @@ def resolve_model_dir(spec: str, cache_dir: str | None = None, seed: int = 0) ->
     return path
 
 
+def _offline_and_quiet() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # belt and braces: every load also passes local_files_only
+    hf_logging.disable_progress_bar()  # per-shard bars of a one-shard model are noise on stderr
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    hf_logging.disable_progress_bar()  # per-shard bars are noise on the CLI's stderr
+    _offline_and_quiet()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     return model.eval()
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    _offline_and_quiet()
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
@@ -141,9 +148,12 @@ def _cached_build(name: str, models_dir: Path, seed: int) -> Path:
     with _file_lock(models_dir / f".{final.name}.lock"):
         if is_model_dir(final):  # another process built it while we waited
             return final
+        for stale in models_dir.glob(f".{final.name}-*"):  # left by a killed builder
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=models_dir))
         try:
             build_builtin(name, tmp, seed)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared
             os.replace(tmp, final)  # atomic on one filesystem: readers see all or nothing
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -157,6 +167,7 @@ def build_builtin(name: str, out_dir: Path, seed: int) -> None:
     Runs single-threaded so the weights are a function of (recipe, seed) alone, not of the
     caller's thread count.
     """
+    _offline_and_quiet()
     recipe = BUILTIN_RECIPES[name]
     tokenizer = build_char_tokenizer()
     threads = torch.get_num_threads()
