@@ -1,0 +1,153 @@
+"""The vLLM rollout engine: vLLM's offline ``LLM`` behind the ``Engine`` protocol.
+
+One engine lives inside one rollout worker process. vLLM's engine core runs in that same
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a weight publish hands the worker's
+model the shared-memory tensors by reference: ``collective_rpc`` calls the model's own
+``load_weights`` (which fuses q/k/v and gate/up as it does at start-up), then the prefix
+cache is reset so no KV block computed with the old weights can serve a later request.
+
+Sampling: one vLLM request per prompt with its own ``seed`` (per-request generator, so a
+trajectory samples the same tokens whatever batch it lands in), stop on the stop token ids
+(the stop token is kept in the output, as the torch engine does), and ``logprobs=0`` with
+``logprobs_mode='raw_logprobs'``: the log-prob of the sampled token under the model's own
+distribution, log softmax(z)_y before temperature/top-p, which is what the learner
+recomputes (engine.py's convention).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from typing import Mapping
+
+import torch
+
+from learner.config import RunConfig
+from learner.rollout.engine import Completion, EngineStats, SamplingParams
+from learner.rollout.vllm_layout import serving_dir
+
+KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs a few MiB; vLLM's CPU default is 4 GiB
+BLOCK_SIZE = 32  # CPU attention kernels take multiples of 32
+
+
+class WeightPublishError(RuntimeError):
+    """A publish did not update every parameter of the served model."""
+
+
+class _RopeCacheReloadNotice(logging.Filter):
+    """vLLM's layerwise reload warns that RotaryEmbedding 'failed to load weights' on every
+    publish: its cos/sin cache is a derived buffer, never in a checkpoint, and is put back
+    unchanged. Drop that one line; every other reload warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load" in record.getMessage())
+
+
+def _load_into_worker(worker, named: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Runs inside vLLM's worker: reload HF-named tensors in place (vLLM's layerwise reload,
+    the path of ``GPUModelRunner.reload_weights``); returns the parameters it did not update."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    expected = {name for name, _ in model.named_parameters()}
+    initialize_layerwise_reload(model)
+    loaded = model.load_weights(iter(named))
+    finalize_layerwise_reload(model, runner.vllm_config.model_config)
+    return sorted(expected - set(loaded))
+
+
+class VllmEngine:
+    def __init__(self, cfg: RunConfig, policy_dir: str, tokenizer, replica: int,
+                 enable_prefix_caching: bool = True):
+        # Engine core in this process: publishes pass tensors by reference, no extra processes.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker is already pinned
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RopeCacheReloadNotice())
+
+        self.replica, self.version, self.stats = replica, 0, EngineStats()
+        self.pad_id = tokenizer.pad_token_id
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"thundersync-vllm-{replica}-")
+        model_dir, self.layout = serving_dir(policy_dir, self._tmp.name)
+        from transformers import AutoConfig
+
+        self.max_model_len = AutoConfig.from_pretrained(str(model_dir), local_files_only=True).max_position_embeddings
+        # vLLM has no float64; bf16 learners get a bf16 engine, everything else float32.
+        dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
+        t0 = time.monotonic()
+        self.llm = LLM(
+            model=str(model_dir), dtype=dtype, seed=cfg.seed, max_model_len=self.max_model_len,
+            enforce_eager=True, enable_prefix_caching=enable_prefix_caching, block_size=BLOCK_SIZE,
+            kv_cache_memory_bytes=KV_CACHE_BYTES, logprobs_mode="raw_logprobs", skip_tokenizer_init=True,
+            generation_config="vllm",  # no sampling defaults from generation_config.json
+            max_num_seqs=max(8, cfg.train.prompts_per_step * cfg.train.group_size),
+        )
+        self.stats.extra["startup_s"] = time.monotonic() - t0
+
+    def _vllm_params(self, params: SamplingParams, seed: int, max_tokens: int):
+        from vllm import SamplingParams as VSP
+
+        return VSP(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
+                   logprobs=0, stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
+                   detokenize=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> list[Completion]:
+        if not prompts:
+            return []
+        seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
+        too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
+        if too_long:
+            raise ValueError(f"prompts: a prompt of {too_long[0]} tokens leaves no room in max_model_len {self.max_model_len}")
+        sps = [self._vllm_params(params, s, min(params.max_new_tokens, self.max_model_len - len(p)))
+               for p, s in zip(prompts, seeds)]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+        result = []
+        for out in outs:
+            c = out.outputs[0]
+            # logprobs=0: one dict per sampled token holding exactly that token's log-prob
+            logps = [float(step[tok].logprob) for tok, step in zip(c.token_ids, c.logprobs)]
+            result.append(Completion(list(c.token_ids), logps, c.finish_reason == "stop"))
+        self.stats.calls += 1
+        self.stats.tokens_out += sum(len(c.token_ids) for c in result)
+        return result
+
+    def push_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy the tensors into the served model (no cache reset: ``load_weights`` is the
+        public path; tests call this alone to show why the reset is needed)."""
+        named = self.layout.transform(named_tensors) if self.layout else named_tensors.items()
+        missing = self.llm.collective_rpc(_load_into_worker, args=(list(named),))[0]
+        if missing:
+            raise WeightPublishError(f"replica {self.replica}: publish left {len(missing)} parameters "
+                                     f"unchanged, e.g. {missing[:3]}")
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        t0 = time.monotonic()
+        self.push_weights(named_tensors)
+        # KV blocks cached for a prefix were computed with the old weights: drop all of them.
+        if not self.llm.reset_prefix_cache():
+            raise WeightPublishError(f"replica {self.replica}: vLLM refused to reset the prefix cache "
+                                     "(requests still running during a publish)")
+        self.version = version
+        self.stats.weight_loads += 1
+        self.stats.seconds_loading += time.monotonic() - t0
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Prompt log-probs (raw) of every position; vLLM computes them without prefix-cache reuse."""
+        from vllm import SamplingParams as VSP
+
+        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+        return [[0.0] + [float(d[tok].logprob) for tok, d in zip(seq[1:], o.prompt_logprobs[1:])]
+                for seq, o in zip(sequences, outs)]
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        self._tmp.cleanup()
