@@ -11,6 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -82,3 +84,34 @@ def screenshot(page, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+# -- pytest fixtures for tests/controller/test_browser_*.py (import them into the test module) --
+
+@pytest.fixture
+def live_url(transactional_db):
+    """Base URL of a daphne process serving the app on this test's (committed) database."""
+    with asgi_server() as url:
+        yield url
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    """(page, errors): a chromium page and the uncaught page errors it collected."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop on this thread, which trips Django's guard
+    # against blocking calls inside a running loop; the loop is idle whenever test code runs.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        yield page, errors
+        browser.close()
+        # Django keys connections by async context, so queries made inside this block opened
+        # their own connection; close it here, where it is visible, before the database goes.
+        from django.db import connections
+
+        connections.close_all()

@@ -70,6 +70,14 @@ function watchUserZoom() {
   });
 }
 
+function showGanttNote(text) {
+  const { layout } = ganttFigure({ bars: [], lanes: [], barriers: [] });
+  layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
+  layout.xaxis.visible = false;
+  layout.yaxis.visible = false;
+  return Plotly.react(el.gantt, [], layout, PLOTLY_CONFIG);
+}
+
 // ---- Metrics -----------------------------------------------------------------------------
 function latest(key) {
   const steps = [...metrics.keys()].sort((a, b) => b - a);
@@ -111,6 +119,7 @@ const requestMetrics = throttledRedraw(drawMetrics, 400);
 // ---- Status ------------------------------------------------------------------------------
 function setStatus(next, error) {
   status = next;
+  if (!store.size) showGanttNote(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
   el.badge.textContent = next;
   el.badge.className = `badge status-${next}`;
   root.dataset.status = next;
@@ -139,6 +148,7 @@ function handleFrame(frame) {
     case "replay_done":
       replayDone = true;
       requestGantt();
+      requestMetrics(); // draws "no data yet" for a run without metrics
       break;
     default:
       console.warn("unknown frame type", frame.type);
@@ -186,5 +196,5 @@ window.__thundersync = {
 };
 
 setStatus(status, "");
-Plotly.newPlot(el.gantt, [], ganttFigure({ bars: [], lanes: [], barriers: [] }).layout, PLOTLY_CONFIG).then(watchUserZoom);
+watchUserZoom();
 connect();

@@ -9,9 +9,7 @@ import re
 from collections import Counter
 
 import pytest
-from playwright.sync_api import sync_playwright
-
-from bench.web_harness import asgi_server, launch_chromium, log_in, screenshot
+from bench.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 from controller.launching import launch_run
 from controller.models import Run, Span, StepMetric
 
@@ -23,26 +21,6 @@ STATE = "window.__thundersync.state()"
 RUN_TIMEOUT_S = 600  # the tiny model is built on first use; CI machines are small
 
 
-@pytest.fixture
-def live_url(transactional_db):
-    with asgi_server() as url:
-        yield url
-
-
-@pytest.fixture
-def page(monkeypatch):
-    # Playwright's sync API keeps an asyncio loop on this thread, which trips Django's guard
-    # against blocking calls inside a running loop; the loop is idle whenever test code runs.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors = []
-        page.on("pageerror", lambda err: errors.append(str(err)))
-        yield page, errors
-        browser.close()
-
-
 def plotted_bars(page) -> Counter:
     """Bars per span kind in the Gantt figure itself (each bar is 4 points: t0, mid, t1, gap)."""
     counts = page.evaluate(
@@ -52,9 +30,9 @@ def plotted_bars(page) -> Counter:
 
 
 def test_live_run_page_draws_every_span_once_across_reconnects(
-    live_url, page, celery_worker, alice, alice_experiment, streaming_preset, sync_preset
+    live_url, browser_page, celery_worker, alice, alice_experiment, streaming_preset, sync_preset
 ):
-    page, errors = page
+    page, errors = browser_page
     log_in(page, live_url, "alice", "alice-password")
     page.goto(f"{live_url}/experiments/{alice_experiment.pk}/")
     page.select_option("#id_schedule", str(streaming_preset.pk))
