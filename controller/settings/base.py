@@ -106,3 +106,15 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"controller": {"handlers": ["console"], "level": "INFO"}},
 }
+
+
+def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
+    """channels-redis on ``url``. Its receive blocks in BZPOPMIN for 5 s, and redis-py 8's
+    default socket timeout is also 5 s: the read would race the timeout and kill the
+    consumer, so the socket gets a timeout well above the blocking pop."""
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30}], "prefix": prefix},
+        }
+    }

@@ -11,6 +11,7 @@ from urllib.parse import unquote, urlparse
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
+from .base import redis_channel_layers
 
 
 def _require(name: str) -> str:
@@ -54,9 +55,7 @@ DATABASES = {
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
-}
+CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
 CELERY_BROKER_URL = REDIS_URL
 # A run can train for hours; with acks_late Redis would redeliver it after the visibility
 # timeout (harmless, the task is idempotent, but wasteful), so make it longer than any run.

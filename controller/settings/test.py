@@ -8,6 +8,7 @@ processes inherit the tag through the environment.
 import os
 
 from .base import *  # noqa: F403
+from .base import redis_channel_layers
 
 TEST_TAG = os.environ.setdefault("THUNDERSYNC_TEST_TAG", str(os.getpid()))
 
@@ -23,12 +24,7 @@ DATABASES = {
 }
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"asgi-test-{TEST_TAG}"},
-    }
-}
+CHANNEL_LAYERS = redis_channel_layers(REDIS_URL, prefix=f"asgi-test-{TEST_TAG}")
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"celery-test-{TEST_TAG}:"}
 

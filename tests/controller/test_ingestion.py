@@ -1,0 +1,127 @@
+"""The learner's JSONL stream -> rows and frames (RunIngestor, finish_run)."""
+
+import json
+
+import pytest
+
+from controller.ingestion import RunIngestor, finish_run, span_from_event
+from controller.models import Checkpoint, Run, Span, StepMetric
+
+from .conftest import make_run, store_metrics
+
+pytestmark = pytest.mark.django_db
+
+
+def span_line(seq, step=0, **fields):
+    event = {"type": "span", "seq": seq, "step": step, "kind": "learner.backward", "t0": seq * 0.1,
+             "t1": seq * 0.1 + 0.05, "lane": "learner/0", "traj": seq, "group": 0, "turn": None,
+             "policy_version": 0, "tokens": 7, **fields}
+    return json.dumps(event)
+
+
+def metrics_line(step, **values):
+    return json.dumps({"type": "metrics", "step": step, "values": values})
+
+
+def ingestor(run, flush_spans=500):
+    return RunIngestor(run.pk, flush_s=60.0, flush_spans=flush_spans)
+
+
+def test_it_stores_spans_metrics_and_checkpoints(alice_run):
+    ing = ingestor(alice_run)
+    for line in [span_line(0), span_line(1, step=1), metrics_line(0, **{"timing_s/step": 1.5}),
+                 json.dumps({"type": "checkpoint", "step": 1, "path": "/tmp/ckpt-1"})]:
+        ing.feed(line)
+    ing.flush()
+    assert list(Span.objects.filter(run=alice_run).values_list("seq", "step", "tokens")) == [(0, 0, 7), (1, 1, 7)]
+    assert StepMetric.objects.get(run=alice_run, step=0).values == {"timing_s/step": 1.5}
+    assert Checkpoint.objects.get(run=alice_run).path == "/tmp/ckpt-1"
+
+
+def test_ingesting_the_same_lines_twice_is_harmless(alice_run):
+    lines = [span_line(i) for i in range(5)] + [metrics_line(0, a=1.0)]
+    for _ in range(2):
+        ing = ingestor(alice_run)
+        for line in lines:
+            ing.feed(line)
+        ing.flush()
+    assert Span.objects.filter(run=alice_run).count() == 5
+    assert StepMetric.objects.filter(run=alice_run).count() == 1
+
+
+def test_a_later_metrics_event_for_a_step_wins(alice_run):
+    ing = ingestor(alice_run)
+    ing.feed(metrics_line(0, a=1.0))
+    ing.flush()
+    ing.feed(metrics_line(0, a=2.0))
+    ing.flush()
+    assert StepMetric.objects.get(run=alice_run, step=0).values == {"a": 2.0}
+
+
+def test_it_flushes_when_the_span_batch_is_full(alice_run):
+    ing = ingestor(alice_run, flush_spans=3)
+    for seq in range(3):
+        ing.feed(span_line(seq))
+        ing.flush_if_due()
+    assert Span.objects.filter(run=alice_run).count() == 3
+
+
+def test_it_waits_for_the_interval_before_a_small_flush(alice_run):
+    ing = ingestor(alice_run, flush_spans=3)
+    ing.feed(span_line(0))
+    ing.flush_if_due()
+    assert Span.objects.filter(run=alice_run).count() == 0
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("not json at all", "Expecting value"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({"type": "telemetry"}), "unknown event type"),
+    (span_line(2**40), "span.seq"),
+    (span_line(0, t0="soon"), "span.t0"),
+    (span_line(0, lane=""), "span.lane"),
+    (span_line(0, traj=1.5), "span.traj"),
+    (json.dumps({"type": "metrics", "step": "one", "values": {}}), "metrics"),
+    (json.dumps({"type": "run", "status": "exploded"}), "run.status"),
+])
+def test_it_skips_malformed_lines_and_remembers_why(alice_run, line, reason):
+    ing = ingestor(alice_run)
+    ing.feed(line)
+    ing.feed(span_line(0))
+    ing.flush()
+    assert reason in ing.rejected[0]
+    assert Span.objects.filter(run=alice_run).count() == 1  # the good line still counts
+
+
+def test_non_finite_metric_values_are_stored_as_null(alice_run):
+    ing = ingestor(alice_run)
+    ing.feed('{"type": "metrics", "step": 0, "values": {"staleness/mean": NaN, "x": Infinity, "y": 1.0}}')
+    ing.flush()
+    assert StepMetric.objects.get(run=alice_run).values == {"staleness/mean": None, "x": None, "y": 1.0}
+
+
+def test_run_events_drive_the_status(alice_experiment, streaming_preset):
+    run = make_run(alice_experiment, streaming_preset, status=Run.Status.STARTING)
+    ing = ingestor(run)
+    ing.feed(json.dumps({"type": "run", "status": "started", "config": {}, "t": 0.0}))
+    ing.flush()
+    run.refresh_from_db()
+    assert run.status == "running"
+    ing.feed(json.dumps({"type": "run", "status": "failed", "error": "CUDA: out of luck"}))
+    assert ing.failure == "CUDA: out of luck" and not ing.finished
+
+
+def test_finish_run_summarises_metrics_and_never_rewrites_a_finished_run(alice_experiment, streaming_preset):
+    run = make_run(alice_experiment, streaming_preset, status=Run.Status.RUNNING)
+    store_metrics(run, steps=2)
+    finished = finish_run(run.pk, Run.Status.SUCCEEDED, summary={"wall_s": 3.0})
+    assert finished.summary == {"steps": 2, "mean/reward/mean": 0.125, "mean/timing_s/step": 1.5,
+                                "mean/trainer/idle_ratio": 0.375, "wall_s": 3.0}
+    assert finished.finished is not None
+    again = finish_run(run.pk, Run.Status.FAILED, "late")
+    assert again.status == "succeeded" and again.error == ""
+
+
+def test_span_from_event_keeps_every_field(alice_run):
+    span = span_from_event(alice_run.pk, json.loads(span_line(3, turn=2)))
+    assert (span.seq, span.kind, span.turn, span.tokens, span.t1) == (3, "learner.backward", 2, 7, pytest.approx(0.35))

@@ -1,0 +1,78 @@
+"""Real runs: API -> Redis broker -> Celery worker -> `thundersync train` child -> PostgreSQL
+and the channel layer -> websocket. Each test trains (or starts) the tiny built-in model
+from configs/quickstart.yaml, so they are marked slow; CI runs them.
+"""
+
+import os
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from controller.asgi import application
+from controller.models import Experiment, Run, Span, StepMetric
+
+from .conftest import QUICKSTART, post_json, wait_for_status
+from .test_consumers import session_headers
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+FINISHED = {"succeeded", "failed", "cancelled"}
+
+
+def launch(client, experiment, schedule, steps):
+    response = post_json(client, "/api/runs/", {"experiment": experiment.pk, "schedule": schedule.pk, "steps": steps})
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+async def test_a_launched_run_trains_and_streams_every_span_once(
+    celery_worker, alice, alice_client, alice_experiment, streaming_preset
+):
+    run_id = await sync_to_async(launch)(alice_client, alice_experiment, streaming_preset, 1)
+    headers = await sync_to_async(session_headers)(alice)
+    page = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
+    assert (await page.connect(timeout=60))[0]
+    frames = [await page.receive_json_from(timeout=60)]
+    while not (frames[-1]["type"] == "status" and frames[-1]["status"] in FINISHED):
+        frames.append(await page.receive_json_from(timeout=240))
+    await page.disconnect()
+
+    run = await sync_to_async(Run.objects.get)(pk=run_id)
+    assert run.status == "succeeded", run.error
+    stored = await sync_to_async(lambda: list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True)))()
+    streamed = [s["seq"] for f in frames if f["type"] == "spans" for s in f["spans"]]
+    assert streamed == sorted(stored) == list(range(len(stored)))  # replay + live: each span once, in order
+    assert run.summary["spans"] == len(stored)  # the learner's own count agrees with what was ingested
+    assert run.summary["steps"] == 1 and 0.0 <= run.summary["mean/trainer/idle_ratio"] <= 1.0
+    assert {"learner.backward", "rollout.generate"} <= {s["kind"] for f in frames if f["type"] == "spans"
+                                                        for s in f["spans"]}
+    metrics = await sync_to_async(lambda: list(StepMetric.objects.filter(run_id=run_id)))()
+    assert [m.step for m in metrics] == [0] and "timing_s/step" in metrics[0].values
+    statuses = [f["status"] for f in frames if f["type"] == "status"]
+    assert statuses[-1] == "succeeded" and "running" in statuses
+
+    trace = (await sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")).json()
+    assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == len(stored)
+
+
+def test_cancel_stops_the_whole_process_group(celery_worker, alice_client, alice_experiment, streaming_preset):
+    run_id = launch(alice_client, alice_experiment, streaming_preset, 500)
+    running = wait_for_status(run_id, {"running"} | FINISHED, timeout=240)
+    assert running.status == "running", running.error
+    assert alice_client.post(f"/api/runs/{run_id}/cancel/").status_code == 202
+    cancelled = wait_for_status(run_id, FINISHED, timeout=60)
+    assert cancelled.status == "cancelled" and cancelled.finished is not None
+    leader = cancelled.pids[0]
+    with pytest.raises(ProcessLookupError):  # nothing of the learner's process group is left
+        os.killpg(leader, 0)
+
+
+def test_a_learner_failure_is_recorded_with_its_reason(celery_worker, alice, alice_client, streaming_preset):
+    broken = Experiment.objects.create(
+        owner=alice, name="broken", config={**QUICKSTART, "model": {"policy": "/nonexistent/model"}}
+    )
+    run_id = launch(alice_client, broken, streaming_preset, 1)
+    failed = wait_for_status(run_id, FINISHED, timeout=240)
+    assert failed.status == "failed"
+    assert failed.error.startswith("ValueError: model spec '/nonexistent/model'")
+    assert "last stderr lines" in failed.error  # the traceback tail comes along
