@@ -115,3 +115,106 @@ def browser_page(monkeypatch):
         from django.db import connections
 
         connections.close_all()
+
+
+# -- benches: a throwaway test database and a run-shaped workload of spans ------------------
+
+@contextmanager
+def bench_database():
+    """Django on the test settings with a fresh test database, dropped on exit."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "controller.settings.test"
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.test.utils import setup_databases, teardown_databases
+
+    old = setup_databases(verbosity=0, interactive=False)
+    try:
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        teardown_databases(old, verbosity=0)
+
+
+def bench_run(status: str, username: str = "bench", password: str = "bench-password"):
+    """A user, an experiment on configs/quickstart.yaml, a streaming preset and one run."""
+    import yaml
+    from django.contrib.auth import get_user_model
+
+    from controller.config_merge import run_config
+    from controller.models import Experiment, Run, Schedule
+
+    user = get_user_model().objects.create_user(username, password=password)
+    config = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    experiment = Experiment.objects.create(owner=user, name="web bench", config=config)
+    schedule = Schedule.objects.create(owner=None, name="streaming", kind="streaming")
+    return Run.objects.create(experiment=experiment, schedule=schedule, steps=10, status=status,
+                              config=run_config(config, schedule.overrides(), 10, "web bench"))
+
+
+def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slots: int, max_turns: int = 8,
+                     seed: int = 0):
+    """Span and metrics events shaped like a streaming GRPO run of a multi-turn tool agent.
+
+    Per trajectory: 1 to ``max_turns`` turns of rollout.generate separated by rollout.tool waits (lognormal,
+    as learner.rollout.env's latency model), then rollout.verify, on the least-loaded of
+    ``workers x slots`` rollout slots; the learner runs each trajectory's backward as soon as
+    its reward exists, closes each group after its last member, then optimizer and publish.
+    Metrics come from the spans through learner.timeline.window_metrics, as the learner's do.
+    Returns (span events in seq order, metrics events)."""
+    import random
+
+    from learner.timeline import window_metrics
+
+    rng = random.Random(seed)
+    spans, metrics, t, traj_id = [], [], 0.0, 0
+    for step in range(steps):
+        t_start, free = t, {(w, s): t for w in range(workers) for s in range(slots)}
+        step_spans, rewards = [], []
+
+        def span(kind, t0, t1, lane, traj=None, group=None, turn=None, version=step, tokens=0):
+            step_spans.append({"type": "span", "step": step, "kind": kind, "t0": t0, "t1": t1, "lane": lane,
+                               "traj": traj, "group": group, "turn": turn, "policy_version": version,
+                               "tokens": tokens})
+
+        for g in range(step * groups, (step + 1) * groups):
+            for _ in range(group_size):
+                (w, s), clock = min(free.items(), key=lambda kv: kv[1])
+                lane, turns = f"rollout/{w}/{s}", rng.randint(1, max_turns)
+                for turn in range(turns):
+                    d = rng.uniform(0.05, 0.25)
+                    span("rollout.generate", clock, clock + d, lane, traj_id, g, turn, tokens=rng.randint(8, 24))
+                    clock += d
+                    if turn < turns - 1:
+                        d = 0.05 * rng.lognormvariate(0.0, 0.8)
+                        span("rollout.tool", clock, clock + d, lane, traj_id, g, turn)
+                        clock += d
+                span("rollout.verify", clock, clock + 0.005, lane, traj_id, g)
+                free[(w, s)] = clock + 0.005
+                rewards.append((clock + 0.005, traj_id, g))
+                traj_id += 1
+        learner, members = t_start, {}
+        for ready, traj, g in sorted(rewards):
+            learner = max(learner, ready)
+            d = rng.uniform(0.02, 0.05)
+            span("learner.backward", learner, learner + d, "learner/0", traj, g, tokens=rng.randint(20, 80))
+            learner += d
+            members[g] = members.get(g, 0) + 1
+            if members[g] == group_size:
+                span("learner.group_close", learner, learner + 0.002, "learner/0", group=g)
+                learner += 0.002
+        span("learner.optimizer", learner, learner + 0.05, "learner/0")
+        span("learner.publish", learner + 0.05, learner + 0.08, "learner/0", version=step + 1)
+        t = learner + 0.08
+        step_spans.sort(key=lambda e: e["t1"])  # emission order: a span is reported when it ends
+        values = window_metrics(step_spans, t_start, t)
+        values.update({"timing_s/step": t - t_start, "step/t_start": t_start, "step/t_end": t,
+                       "staleness/mean": 0.0, "staleness/max": 0.0, "reward/mean": rng.uniform(0.2, 0.8)})
+        spans += step_spans
+        metrics.append({"type": "metrics", "step": step, "values": values})
+    for seq, event in enumerate(spans):
+        event["seq"] = seq
+    return spans, metrics

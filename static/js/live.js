@@ -23,6 +23,7 @@ const store = new SpanStore();
 const bars = new WindowedBars();
 const metrics = new Map(); // step -> values
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
+const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
 let status = root.dataset.status;
 let ws = null, connects = 0, retryMs = 500, replayDone = false;
 let spansDrawn = 0, barsDrawn = 0, draws = 0;
@@ -45,6 +46,7 @@ async function drawGantt() {
     bars: allBars, lanes: orderLanes(store.lanes), barriers: storeBarriers(store),
     xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}`,
   });
+  const builtMs = epochMs();
   await Plotly.react(el.gantt, figure.data, figure.layout, PLOTLY_CONFIG);
   draws++;
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
@@ -52,13 +54,15 @@ async function drawGantt() {
   el.spansDrawn.textContent = `spans drawn: ${spansDrawn}`;
   el.barsHint.textContent = `${barsDrawn} bars on ${store.lanes.size} lanes`;
   const drawnMs = epochMs();
+  drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
   for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
   el.gantt.dataset.drawnSpans = String(spansDrawn);
   drawStats();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
 }
-// During a replay the frames arrive back to back: draw rarely until replay_done, then live.
-const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : 1000));
+// During a replay the frames arrive back to back: draw rarely (progress) until replay_done,
+// draw at once when it comes, then live at most four times a second.
+const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : 1500));
 
 el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
 el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
@@ -71,11 +75,16 @@ function watchUserZoom() {
 }
 
 function showGanttNote(text) {
-  const { layout } = ganttFigure({ bars: [], lanes: [], barriers: [] });
+  // One invisible point of the Gantt's trace type, so the WebGL context and shaders are set up
+  // while the replay is still on the wire rather than on the first real draw.
+  const { data, layout } = ganttFigure({ bars: [{ lane: "", kind: "", t0: 0, t1: 0, n: 1, span: null }], lanes: [""], barriers: [] });
+  data[0].showlegend = false;
+  data[0].hoverinfo = "skip";
+  data[0].line.width = 0;
   layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
   layout.xaxis.visible = false;
   layout.yaxis.visible = false;
-  return Plotly.react(el.gantt, [], layout, PLOTLY_CONFIG);
+  return Plotly.react(el.gantt, data, layout, PLOTLY_CONFIG);
 }
 
 // ---- Metrics -----------------------------------------------------------------------------
@@ -147,7 +156,7 @@ function handleFrame(frame) {
       break;
     case "replay_done":
       replayDone = true;
-      requestGantt();
+      requestGantt({ now: true });
       requestMetrics(); // draws "no data yet" for a run without metrics
       break;
     default:
@@ -193,6 +202,7 @@ window.__thundersync = {
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
   frames: () => frameLog,
+  draws: () => drawLog,
 };
 
 setStatus(status, "");

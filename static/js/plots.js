@@ -17,12 +17,15 @@ export function throttledRedraw(draw, minIntervalMs = 250) {
       if (again) { again = false; request(); }
     }
   };
-  function request() {
+  let timer = null;
+  /** ``now``: skip the remaining interval (a pending redraw is pulled forward too). */
+  function request({ now = false } = {}) {
     if (running) { again = true; return; }
-    if (pending) return;
+    if (pending && !now) return;
+    clearTimeout(timer);
     pending = true;
-    const wait = Math.max(0, last + interval() - performance.now());
-    setTimeout(() => requestAnimationFrame(run), wait);
+    const wait = now ? 0 : Math.max(0, last + interval() - performance.now());
+    timer = setTimeout(() => requestAnimationFrame(run), wait);
   }
   return request;
 }
