@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from learner.config import TaskConfig
 from learner.rollout import models
-from learner.rollout.env import ArithToolEnv, canonical_turns
+from learner.rollout.env import ArithToolEnv, Task, canonical_turns, evaluate
 from learner.rollout.models import (
     BuildRecipe,
     generate_turns,
@@ -64,18 +64,33 @@ def test_tokenizer_saves_and_reloads_with_its_special_tokens(tmp_path):
     assert tok.encode("ab", add_special_tokens=True) == tok.encode("ab", add_special_tokens=False)
 
 
-def test_sft_batch_scores_only_assistant_tokens():
+def _assistant_positions(tokens: list[str]) -> list[int]:
+    """1 from each <call> through its </call> and from <ans> through <eos>; 0 elsewhere."""
+    inside, marks = False, []
+    for tok in tokens:
+        inside = inside or tok in ("<call>", "<ans>")
+        marks.append(int(inside))
+        if tok in ("</call>", "<eos>"):
+            inside = False
+    return marks
+
+
+def test_sft_batch_scores_exactly_the_assistant_turns_of_canonical_traces():
     tok = build_char_tokenizer()
-    env = ArithToolEnv(TaskConfig())
-    input_ids, attention, labels = sft_batch(tok, env, random.Random(3), batch_size=8)
-    rng = random.Random(3)
-    for b in range(8):
-        task = env.sample_task(rng)
-        assistant = "".join(turn for turn, _ in canonical_turns(task))
-        scored = labels[b][labels[b] != -100].tolist()
-        assert tok.decode(scored) == assistant
-        assert (labels[b][labels[b] != -100] == input_ids[b][labels[b] != -100]).all()
-        assert attention[b].sum() == len(tok.encode(task.prompt_text + "".join(t + (o or "") for t, o in canonical_turns(task)), add_special_tokens=False))
+    input_ids, attention, labels = sft_batch(tok, ArithToolEnv(TaskConfig()), random.Random(3), batch_size=16)
+    assert input_ids.shape == attention.shape == labels.shape and input_ids.shape[0] == 16
+    for ids, att, lab in zip(input_ids.tolist(), attention.tolist(), labels.tolist()):
+        length = sum(att)
+        assert att == [1] * length + [0] * (len(ids) - length)  # right padding
+        tokens = tok.convert_ids_to_tokens(ids[:length])
+        scored = [int(label != -100) for label in lab[:length]]
+        assert scored == _assistant_positions(tokens)
+        assert all(label == i for label, i in zip(lab, ids) if label != -100)
+        assert all(label == -100 for label in lab[length:])
+        text = tok.decode(ids[:length])
+        expression = text.removeprefix("<bos>Q:").split("=?")[0]
+        answer_turn, _ = canonical_turns(Task("", evaluate(expression), expression))[-1]
+        assert text.endswith(answer_turn)
 
 
 def test_sft_warm_start_learns_the_format():
