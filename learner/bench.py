@@ -32,7 +32,6 @@ from learner.config import SCHEDULES, RunConfig, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
 QUICK_STEPS = 4  # one warm-up step + three measured ones
-CALIBRATION_STEPS = 3
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 PROG = "thundersync bench"
@@ -264,8 +263,11 @@ def run(args: argparse.Namespace) -> int:
 def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) -> dict[str, Any]:
     warmup, calibration = args.warmup, None
     if args.scale is None:
-        events = runner.train("calibration", "sync", CALIBRATION_STEPS, 1.0)
-        calibration = calibrate(events, 1, 1.0)
+        # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
+        # sampling seeds are fixed per trajectory id), so its steps hold the very trajectories
+        # the measured runs will have, only their waits differ
+        events = runner.train("calibration", "sync", steps, 1.0)
+        calibration = calibrate(events, warmup, 1.0)
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
     results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale)
     balance = None if args.scale is not None else args.balance

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS
+from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, window_metrics
 
 
 class BenchError(RuntimeError):
@@ -67,17 +67,16 @@ def _spread(values: list[float]) -> dict[str, Any]:
 def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None) -> dict[str, Any]:
     """What one schedule's run did, over its measured steps ``warmup .. end-1``.
 
-    Idle ratios are weighted by step length, which equals the idle share of the whole
-    measured window (the driver's step windows tile it); staleness_mean is the mean of the
-    per-step means (every step trains the same number of trajectories).
+    Idle ratios are recomputed from every recorded span over the measured window (the
+    driver's step windows tile it), not read from the per-step metrics: the driver computes
+    those when the step ends, before the rollout spans still running beside the learner
+    (async, fully-async) have reached it. staleness_mean is the mean of the per-step means
+    (every step trains the same number of trajectories).
     """
     steps = measured_steps(events, warmup, end)
     step_s = [v["timing_s/step"] for v in steps]
-    total = sum(step_s)
     spread = _spread(step_s)
-
-    def weighted(name: str) -> float:
-        return sum(v[name] * v["timing_s/step"] for v in steps) / total
+    idle = window_metrics([e for e in events if e.get("type") == "span"], steps[0]["step/t_start"], steps[-1]["step/t_end"])
 
     def median_of(fn) -> float:
         return statistics.median(fn(v) for v in steps)
@@ -93,8 +92,8 @@ def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None)
         "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
         "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
         "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),
-        "trainer_idle_ratio": weighted("trainer/idle_ratio"),
-        "rollouter_idle_ratio": weighted("rollouter/idle_ratio"),
+        "trainer_idle_ratio": idle["trainer/idle_ratio"],
+        "rollouter_idle_ratio": idle["rollouter/idle_ratio"],
         "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
         "staleness_max": int(max(v["staleness/max"] for v in steps)),
         "tail_s": median_of(lambda v: v["timing_s/tail"]),

@@ -102,12 +102,16 @@ def _metrics(step, t_start, step_s, learner_s, last_reward, staleness=0.0):
         "staleness/mean": staleness, "staleness/max": staleness, "reward/mean": 0.5, "memory/peak_rss_mb": 300.0 + step}}
 
 
-def test_summary_drops_warmup_and_drain_and_weights_idle_by_step_length():
-    events = [_metrics(0, 0, 9.0, 1.0, 8.0), _metrics(1, 9, 2.0, 1.0, 1.0), _metrics(2, 11, 4.0, 1.0, 3.0),
-              _metrics(3, 15, 0.5, 0.5, 0.0)]
+def test_summary_drops_warmup_and_drain_and_takes_idle_from_all_spans_of_the_window():
+    events = [_metrics(0, 0, 9.0, 1.0, 8.0), _span(1, None, "learner.backward", 9.5, 10.5),
+              _metrics(1, 9, 2.0, 1.0, 1.0), _span(2, None, "learner.backward", 11.0, 12.0),
+              _metrics(2, 11, 4.0, 1.0, 3.0), _metrics(3, 15, 0.5, 0.5, 0.0),
+              # a rollout span of the measured window that reached the driver only after it
+              _span(3, 7, "rollout.generate", 12.0, 15.0)]
     s = summarize(events, warmup=1, end=3)
     assert s["steps_measured"] == 2 and s["step_s_all"] == [2.0, 4.0] and s["step_s"] == 3.0
-    assert s["trainer_idle_ratio"] == pytest.approx(1 - 2.0 / 6.0)  # 2 s busy in a 6 s window
+    assert s["trainer_idle_ratio"] == pytest.approx(1 - 2.0 / 6.0)  # 2 s busy in the 6 s window 9..15
+    assert s["rollouter_idle_ratio"] == pytest.approx(1 - 3.0 / 6.0)
     assert s["peak_rss_mb"] == 302.0 and s["last_reward_s"] == 2.0
 
 
