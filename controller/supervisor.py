@@ -76,11 +76,23 @@ class LearnerProcess:
     def exited(self) -> bool:
         return self._stdout_done and self.proc.poll() is not None
 
-    def signal_group(self, sig: signal.Signals) -> None:
+    def signal_group(self, sig: signal.Signals) -> bool:
+        """Signal every process of the group; False once none is left."""
         try:
             os.killpg(self.pid, sig)
-        except ProcessLookupError:  # the whole group is already gone
-            pass
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill_group(self, timeout: float) -> None:
+        """SIGKILL what is left of the group and wait until it is gone (grandchildren are
+        reaped by init, not by us, so this takes a moment after the learner exits)."""
+        deadline = time.monotonic() + timeout
+        while self.signal_group(signal.SIGKILL):
+            if time.monotonic() > deadline:
+                log.warning("process group %s still has members %.0fs after SIGKILL", self.pid, timeout)
+                return
+            time.sleep(0.05)
 
 
 def learner_command(config_path: Path) -> list[str]:
@@ -104,7 +116,7 @@ def supervise(run: Run) -> Run:
         cancelled = pump(child, ingestor, run.pk)
         ingestor.flush()
     finally:
-        child.signal_group(signal.SIGKILL)  # leftovers of the group never outlive the run
+        child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
     child.wait_for_stderr(timeout=2.0)
     status, error = outcome(child, ingestor, cancelled)
     return finish_run(run.pk, status, error, ingestor.summary)

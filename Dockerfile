@@ -1,0 +1,17 @@
+# The controller image (web and worker): Python 3.11, CPU torch, the project installed in
+# place (editable) so settings find templates/, static/ and configs/ next to the code.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+
+COPY pyproject.toml manage.py ./
+COPY learner ./learner
+COPY controller ./controller
+COPY configs ./configs
+COPY templates ./templates
+COPY static ./static
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .
+
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "controller.asgi:application"]
