@@ -1,0 +1,114 @@
+"""Train/inference mismatch and the sampled-version check.
+
+The rollout engine reports, for every sampled token y_t, its behavior log-prob
+b_t = log π_engine(y_t | y_<t). The learner recomputes l_t = log π_θ(y_t | y_<t) in its own
+forward. With the same weights the two differ only by kernels and precision; with different
+weights they differ by the policy change. Per step we report, over the policy tokens whose
+turn was sampled by the version the learner holds at the barrier (so the number is the
+engine/learner mismatch proper, not staleness):
+
+    mismatch/kl       mean_t k3(r_t),  r_t = exp(l_t − b_t),  k3(r) = (r − 1) − log r  (≥ 0)
+                      the unbiased sample estimate of KL(π_engine ‖ π_θ) from y_t ~ π_engine
+    mismatch/max_abs  max_t |l_t − b_t|
+    mismatch/tokens   how many tokens entered (0 when every turn came from another version,
+                      as in async steps after the first; kl and max_abs are then NaN, like
+                      any metric with nothing to measure)
+
+``check_sampled_versions`` is the loud half: a turn that says it was sampled by version v,
+while the learner holds v, must reproduce the learner's log-probs; if it does not, the
+recorded version is wrong (a replica sampled with other weights), and the run stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from learner.objectives import token_logprobs
+from learner.trajectory import Trajectory
+
+# |l − b| above this on a same-version token cannot be float32 kernel noise (measured
+# ~1e-6 on the tiny model, docs/vllm.md) but is well below one optimizer step's change.
+SAME_VERSION_TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-3}
+
+
+class VersionMismatchError(RuntimeError):
+    """A trajectory was sampled by another policy version than the one recorded or expected."""
+
+
+def k3(learner_logp: torch.Tensor, behavior_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(π_b ‖ π_θ): (r − 1) − log r with r = exp(l − b); same shape."""
+    log_r = learner_logp - behavior_logp
+    return torch.expm1(log_r) - log_r
+
+
+@torch.no_grad()
+def learner_logprobs(model: torch.nn.Module, trajs: Sequence[Trajectory]) -> list[torch.Tensor]:
+    """log π_θ(token_t | tokens_<t) per trajectory, (T_i,) float64, from one right-padded
+    forward (causal: padding after a row never changes its earlier positions)."""
+    if not trajs:
+        return []
+    device = next(model.parameters()).device
+    width = max(len(t.input_ids) for t in trajs)
+    ids = torch.zeros((len(trajs), width), dtype=torch.long, device=device)  # (B, T)
+    for b, t in enumerate(trajs):
+        ids[b, :len(t.input_ids)] = torch.tensor(t.input_ids, device=device)
+    logp, _ = token_logprobs(model, ids)  # (B, T)
+    return [logp[b, :len(t.input_ids)].double().cpu() for b, t in enumerate(trajs)]
+
+
+def _same_version_mask(traj: Trajectory, version: int) -> torch.Tensor:
+    """(T,) bool: policy tokens of the turns sampled by ``version``."""
+    keep = torch.zeros(len(traj.input_ids), dtype=torch.bool)
+    for (start, end), v in zip(traj.turn_spans, traj.turn_versions):
+        if v == version:
+            keep[start:end] = True
+    return keep & torch.tensor(traj.loss_mask, dtype=torch.bool)
+
+
+def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: int,
+                  tolerance: float | None = None) -> dict[str, float]:
+    """The step's ``mismatch/*`` metrics against the learner's current weights (= ``version``);
+    raises ``VersionMismatchError`` when a same-version token is off by more than ``tolerance``
+    (default: SAME_VERSION_TOLERANCE for the model's dtype; no check for other dtypes, where
+    bf16 kernels legitimately differ by more)."""
+    dtype = next(model.parameters()).dtype
+    tol = tolerance if tolerance is not None else SAME_VERSION_TOLERANCE.get(dtype)
+    kl_sum, max_abs, n = 0.0, 0.0, 0
+    for traj, logp in zip(trajs, learner_logprobs(model, trajs)):
+        keep = _same_version_mask(traj, version)
+        if not bool(keep.any()):
+            continue
+        behavior = torch.tensor(traj.behavior_logprobs, dtype=torch.float64)[keep]
+        learner = logp[keep]
+        diff = (learner - behavior).abs()
+        worst = float(diff.max())
+        if tol is not None and worst > tol:
+            t = int(keep.nonzero()[int(diff.argmax())])
+            turn = next(i for i, (s, e) in enumerate(traj.turn_spans) if s <= t < e)
+            raise VersionMismatchError(
+                f"trajectory {traj.id} turn {turn}: recorded as sampled by version {version}, but its behavior "
+                f"log-prob at position {t} differs from the learner's version-{version} log-prob by {worst:.3g} "
+                f"(> {tol:g}); the replica sampled with other weights")
+        kl_sum += float(k3(learner, behavior).sum())
+        max_abs = max(max_abs, worst)
+        n += int(keep.sum())
+    if n == 0:
+        return {"mismatch/kl": float("nan"), "mismatch/max_abs": float("nan"), "mismatch/tokens": 0.0}
+    return {"mismatch/kl": kl_sum / n, "mismatch/max_abs": max_abs, "mismatch/tokens": float(n)}
+
+
+def check_sampled_versions(trajs: Sequence[Trajectory], expected: dict[int, int]) -> None:
+    """Every turn of a trajectory dispatched for step s was sampled by ``expected[s]``
+    (sync/streaming: the version being trained; async: the version the fleet acknowledged
+    before the batch was dispatched)."""
+    for traj in trajs:
+        want = expected.get(traj.step)
+        if want is None:
+            continue
+        for turn, v in enumerate(traj.turn_versions):
+            if v != want:
+                raise VersionMismatchError(
+                    f"trajectory {traj.id} turn {turn}: sampled by version {v}, but step {traj.step} was "
+                    f"dispatched to a fleet acknowledged at version {want}")
