@@ -26,6 +26,7 @@ import torch
 
 from learner.config import RunConfig
 from learner.learner import OffPolicyLearner, StreamingLearner
+from learner.mismatch import check_sampled_versions, step_mismatch
 from learner.rollout.env import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
@@ -47,6 +48,7 @@ class StepRecord:
     trained_version: int = 0
     first_backward: float | None = None
     learner_stats: dict = field(default_factory=dict)
+    mismatch: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -60,6 +62,7 @@ class Trainer:
         self.next_traj = 0
         self.next_group = 0
         self.rewards: list[float] = []
+        self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
 
     # -- clock and spans -----------------------------------------------------------
     def now(self) -> float:
@@ -110,11 +113,13 @@ class Trainer:
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
         self.env = make_env(cfg.task)
         self.store = WeightStore(dict(self.model.named_parameters()))
-        worker_cores = [cores[1 + w % (n_cpu - 1)] if pin else None for w in range(cfg.rollout.workers)]
+        # one worker process per torch worker, or per vLLM replica (each owns one engine)
+        n_workers = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
+        worker_cores = [cores[1 + w % (n_cpu - 1)] if pin else None for w in range(n_workers)]
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, worker_cores)
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
-                        "policy_dir": str(self.policy_dir), "workers": cfg.rollout.workers})
+                        "policy_dir": str(self.policy_dir), "workers": n_workers})
 
     # -- rollout side --------------------------------------------------------------
     def new_groups(self, n: int, step: int) -> list[int]:
@@ -128,6 +133,8 @@ class Trainer:
                 items.append((self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
                 self.next_traj += 1
             groups.append(g)
+        if step >= 0:
+            self.dispatch_versions[step] = self.version
         self.fleet.dispatch(step, items)
         return groups
 
@@ -153,6 +160,9 @@ class Trainer:
     def optimizer_step(self, wait_for_replicas: bool) -> None:
         """Barrier: (dump), clip the final gradient, one optimizer step, publish."""
         rec = self.rec
+        # before the weights move: sampled versions as expected, engine vs learner log-probs
+        check_sampled_versions(rec.trajs, self.dispatch_versions)
+        rec.mismatch = step_mismatch(self.model, rec.trajs, self.version)
         if self.dump_dir and rec.step == 0:
             from learner.audit import write_dump
 
@@ -176,6 +186,19 @@ class Trainer:
     def ensure_fleet_version(self) -> None:
         """Every replica loads the current version and acknowledges it (one span each)."""
         for w, t0, t1 in self.fleet.load_all(self.version, on_other=self._unexpected):
+            self.emit_span(Span(step=self.rec.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",
+                                policy_version=self.version))
+
+    def settle_fleet(self) -> None:
+        """End of an off-policy run (publishes there do not wait): every replica loads the
+        final version and acknowledges it, so each publish reaches each replica and shows as
+        its span; rollouts still in flight are discarded, no step would train them."""
+        def late(msg) -> None:
+            if msg[0] == "spans":
+                for s in msg[1]:
+                    self.emit_span(s)
+
+        for w, t0, t1 in self.fleet.load_all(self.version, on_other=late):
             self.emit_span(Span(step=self.rec.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",
                                 policy_version=self.version))
 
@@ -213,6 +236,7 @@ class Trainer:
             "actor/grad_norm": rec.learner_stats.get("grad_norm", 0.0),
             "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "policy/version": float(self.version),
+            **rec.mismatch,
         })
         for k in ("clip_frac", "peak_buffers"):
             if k in rec.learner_stats:
@@ -316,8 +340,10 @@ class Trainer:
                 self.run_on_policy(streaming=schedule == "streaming")
             elif schedule == "async":
                 self.run_async()
+                self.settle_fleet()
             else:
                 self.run_fully_async()
+                self.settle_fleet()
         finally:
             self.fleet.close()
         summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,

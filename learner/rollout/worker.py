@@ -30,6 +30,8 @@ from learner.rollout.models import stop_token_ids
 from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
 
+IDLE_POLL_S = 0.05
+
 
 @dataclass
 class LoopState:
@@ -68,8 +70,8 @@ class AgentWorker:
         self.loops: dict[int, LoopState] = {}
         self.spans: list[dict] = []
         self.stop_ids = stop_token_ids(tokenizer)
-        self.max_len = getattr(getattr(engine, "model", None), "config", None)
-        self.max_len = getattr(self.max_len, "max_position_embeddings", 10**9)
+        model_config = getattr(getattr(engine, "model", None), "config", None)
+        self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
         self.follow_latest = cfg.train.schedule == "fully-async"
 
     def now(self) -> float:
@@ -199,6 +201,8 @@ class AgentWorker:
         while True:
             if self.loops:
                 wait = max(0.0, min(lp.ready_at for lp in self.loops.values()) - self.now())
+            elif self.follow_latest:
+                wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
             else:
                 wait = None  # idle: block until the driver says something
             try:
@@ -210,6 +214,9 @@ class AgentWorker:
                         return
             except queue.Empty:
                 pass
+            if not self.loops:
+                self.maybe_follow_latest()
+                self.flush_spans()
             self.step_loops()
 
 
