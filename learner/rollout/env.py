@@ -31,7 +31,7 @@ from learner.rollout.tokenizer import ANS, ANS_END, BOS, CALL, CALL_END, EOS, OB
 
 STOP_TOKENS: tuple[str, ...] = (CALL_END, EOS)
 
-_INT = r"-?\d{1,12}"
+_INT = r"-?\d{1,40}"  # bounded so int() stays cheap; 999 to the 5th has 15 digits
 _BINARY_OP = re.compile(rf"^\s*({_INT})\s*([+\-*])\s*({_INT})\s*$")
 _CALL_TURN = re.compile(rf"^{re.escape(CALL)}(.*?){re.escape(CALL_END)}$", re.DOTALL)
 _ANS_TURN = re.compile(rf"^{re.escape(ANS)}(.*?){re.escape(ANS_END)}(?:{re.escape(EOS)})?$", re.DOTALL)

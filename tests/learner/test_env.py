@@ -27,14 +27,15 @@ from learner.rollout.env import (
 
 @pytest.mark.parametrize(
     ("call", "expected"),
-    [("3*4", "12"), ("12+12", "24"), ("5-17", "-12"), ("-14+2", "-12"), (" 7 * -3 ", "-21")],
+    [("3*4", "12"), ("12+12", "24"), ("5-17", "-12"), ("-14+2", "-12"), (" 7 * -3 ", "-21"),
+     ("999999999999999*999", "998999999999999001")],
 )
 def test_calculator_does_one_binary_operation(call, expected):
     assert calculator(call) == expected
 
 
 @pytest.mark.parametrize(
-    "call", ["1+2+3", "2**3", "8/2", "", "12", "__import__('os').system('true')", "1e3+1", "(1+2)"]
+    "call", ["1+2+3", "2**3", "8/2", "", "12", "__import__('os').system('true')", "1e3+1", "(1+2)", "1" * 41 + "+1"]
 )
 def test_calculator_answers_error_to_anything_else(call):
     assert calculator(call) == "error"
