@@ -7,9 +7,11 @@ driver's per-step metrics, docs/architecture.md); the first ``warmup`` steps are
     R           rollout_s: median over the *sync* run's steps of (last reward - step start).
                 In sync the learner waits for the last reward, so the batch rolls out alone:
                 this is the rollout makespan with nothing else on the machine's other core.
-    L           learner_s: median over the *sync* run's steps of ``timing_s/learner``, the
-                union of learner spans (backward, group close, optimizer, publish including
-                the replicas' weight-load acks): the learner's work with every reward in hand.
+    L           learner_s: median over the *sync* run's steps of (step end - first backward).
+                Sync starts learning only with every reward in hand, so this is the learner's
+                wall time alone: backward passes, group closes, the barrier's checks, optimizer,
+                publish and the replicas' weight-load acks, whether or not the driver wraps each
+                of them in a span (``learner_busy_s``, the union of learner spans, is beside it).
     bound_s     max(R, L): no schedule can beat it, since each step must both roll out and
                 learn its batch (DESIGN §1); efficiency = bound_s / step_s.
 
@@ -92,6 +94,7 @@ def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None)
         "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
         "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
         "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),
+        "learner_phase_s": median_of(lambda v: v["step/t_end"] - v["step/first_backward_t"]),
         "trainer_idle_ratio": idle["trainer/idle_ratio"],
         "rollouter_idle_ratio": idle["rollouter/idle_ratio"],
         "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
@@ -105,7 +108,7 @@ def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None)
 def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Add the workload's R, L, bound and each schedule's efficiency and speedup (needs sync)."""
     sync = summaries["sync"]
-    rollout_s, learner_s = sync["last_reward_s"], sync["learner_busy_s"]
+    rollout_s, learner_s = sync["last_reward_s"], sync["learner_phase_s"]
     bound = max(rollout_s, learner_s)
     return {
         name: {**s, "rollout_s": rollout_s, "learner_s": learner_s, "bound_s": bound,
@@ -196,6 +199,6 @@ def calibrate(events: list[dict[str, Any]], warmup: int, scale_run: float) -> Ca
         if not end:
             raise BenchError(f"calibration: step {v['step']} has no rollout spans")
         per_step.append([(end[t] - tool.get(t, 0.0), tool.get(t, 0.0) / scale_run) for t in end])
-    learner_s = statistics.median(v["timing_s/learner"] for v in steps)
+    learner_s = statistics.median(v["step/t_end"] - v["step/first_backward_t"] for v in steps)
     return Calibration(learner_s, scale_run, per_step)
 

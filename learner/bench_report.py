@@ -123,7 +123,8 @@ def _description(doc: dict[str, Any]) -> str:
         f"<p>Machine: {m.get('cpus', '?')} cpus, learner on core {m.get('learner_core', '?')}, rollout on "
         f"{m.get('rollout_cores', '?')}, torch {html.escape(str(m.get('torch', '?')))}{load}.</p>"
         "<p>R: the sync run's median time from step start to the last reward (the rollout running alone); "
-        "L: the sync run's median learner busy time per step (backward, group close, optimizer, publish). "
+        "L: the sync run's median time from its first backward to the end of the step (the learner alone, "
+        "every reward in hand). "
         "bound = max(R, L); efficiency = bound / step time. See docs/bench.md.</p>"
     )
 

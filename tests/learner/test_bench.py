@@ -97,7 +97,7 @@ def _metrics(step, t_start, step_s, learner_s, last_reward, staleness=0.0):
     return {"type": "metrics", "step": step, "values": {
         "timing_s/step": step_s, "timing_s/learner": learner_s, "timing_s/gen": last_reward,
         "timing_s/tail": step_s - last_reward, "step/t_start": t_start, "step/t_end": t_start + step_s,
-        "step/last_reward_t": t_start + last_reward, "step/first_backward_t": t_start + 0.1,
+        "step/last_reward_t": t_start + last_reward, "step/first_backward_t": t_start + last_reward,
         "trainer/idle_ratio": 1 - learner_s / step_s, "rollouter/idle_ratio": 1 - last_reward / step_s,
         "staleness/mean": staleness, "staleness/max": staleness, "reward/mean": 0.5, "memory/peak_rss_mb": 300.0 + step}}
 
@@ -116,13 +116,14 @@ def test_summary_drops_warmup_and_drain_and_takes_idle_from_all_spans_of_the_win
 
 
 def test_compare_holds_every_schedule_against_the_sync_runs_rollout_and_learner():
+    # sync: rewards until 2.5 s, then the learner alone until 6.0 s
     sync = summarize([_metrics(1, 0, 6.0, 3.0, 2.5)], warmup=1)
-    streaming = summarize([_metrics(1, 0, 3.2, 3.0, 3.1)], warmup=1)
+    streaming = summarize([_metrics(1, 0, 3.8, 3.0, 3.1)], warmup=1)
     out = compare({"sync": sync, "streaming": streaming})
-    assert out["streaming"]["rollout_s"] == 2.5 and out["streaming"]["learner_s"] == 3.0
-    assert out["streaming"]["bound_s"] == 3.0
-    assert out["streaming"]["efficiency"] == pytest.approx(3.0 / 3.2)
-    assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.2)
+    assert out["streaming"]["rollout_s"] == 2.5 and out["streaming"]["learner_s"] == 3.5
+    assert out["streaming"]["bound_s"] == 3.5
+    assert out["streaming"]["efficiency"] == pytest.approx(3.5 / 3.8)
+    assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.8)
 
 
 def test_only_the_pipelined_schedules_have_drain_steps():
@@ -135,7 +136,7 @@ def _span(step, traj, kind, t0, t1):
 
 def test_calibration_scales_only_the_tool_latency_part_of_each_trajectory():
     # step 1 starts at 10 s: trajectory 0 = 0.5 s generation + 1.0 s tool; trajectory 1 = 1.2 s generation
-    events = [_metrics(0, 0, 10.0, 2.0, 5.0), _metrics(1, 10.0, 5.0, 2.0, 1.5),
+    events = [_metrics(0, 0, 10.0, 2.0, 5.0), _metrics(1, 10.0, 3.5, 2.0, 1.5),
               _span(1, 0, "rollout.generate", 10.0, 10.3), _span(1, 0, "rollout.tool", 10.3, 11.3),
               _span(1, 0, "rollout.generate", 11.3, 11.5), _span(1, 0, "rollout.verify", 11.5, 11.5),
               _span(1, 1, "rollout.generate", 10.0, 11.2), _span(1, 1, "rollout.verify", 11.2, 11.2)]
