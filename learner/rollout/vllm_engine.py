@@ -30,6 +30,7 @@ from learner.rollout.vllm_layout import serving_dir
 
 KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs a few MiB; vLLM's CPU default is 4 GiB
 BLOCK_SIZE = 32  # CPU attention kernels take multiples of 32
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams range
 
 
 class WeightPublishError(RuntimeError):
@@ -70,6 +71,9 @@ class VllmEngine:
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RopeCacheReloadNotice())
 
+        if cfg.rollout.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"rollout.temperature: the vllm engine samples at temperature <= {MAX_TEMPERATURE}, "
+                             f"got {cfg.rollout.temperature}")
         self.replica, self.version, self.stats = replica, 0, EngineStats()
         self.pad_id = tokenizer.pad_token_id
         self._tmp = tempfile.TemporaryDirectory(prefix=f"thundersync-vllm-{replica}-")
