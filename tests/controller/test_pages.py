@@ -1,7 +1,13 @@
 """Page views: login, ownership, forms (context per docs/web-contract.md)."""
 
+from pathlib import Path
+
+import plotly
 import pytest
+from asgiref.testing import ApplicationCommunicator
 from django.test import Client
+
+from controller.asgi import application
 
 from controller.models import Experiment, Run
 
@@ -131,8 +137,15 @@ def test_compare_without_runs_shows_the_picker(alice_client, alice_run):
     assert response.status_code == 200 and response.context["runs"] == []
 
 
-def test_plotly_is_served_from_the_installed_package(alice_client):
-    from django.contrib.staticfiles import finders
-
-    found = finders.find("plotly.min.js")
-    assert found.endswith("plotly/package_data/plotly.min.js")
+async def test_plotly_js_is_served_over_asgi_from_the_plotly_package():
+    scope = {"type": "http", "method": "GET", "path": "/static/plotly.min.js", "query_string": b"", "headers": []}
+    app = ApplicationCommunicator(application, scope)
+    await app.send_input({"type": "http.request", "body": b""})
+    start = await app.receive_output(timeout=30)
+    body, more = b"", True
+    while more:  # a streamed file response
+        message = await app.receive_output(timeout=30)
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    assert start["status"] == 200
+    assert body == (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()

@@ -1,0 +1,74 @@
+"""The embedded default: demo command, in-memory broker worker thread, thread-safe layer."""
+
+import asyncio
+import re
+
+import pytest
+from asgiref.sync import async_to_sync
+from celery import Celery
+from django.contrib.auth import authenticate
+from django.core.management import call_command
+
+from controller.embedded_layer import EmbeddedChannelLayer
+from controller.embedded_worker import EmbeddedWorker
+from controller.models import Experiment, Run, Schedule
+
+from .conftest import QUICKSTART, make_run, wait_for_status
+
+
+@pytest.mark.django_db
+def test_demo_setup_prints_a_working_login(capsys):
+    call_command("demo", "--setup-only")
+    out = capsys.readouterr().out
+    password = re.search(r"^password: (\S+)$", out, re.M).group(1)
+    assert "url: http://127.0.0.1:8000/" in out
+    user = authenticate(username="demo", password=password)
+    assert user is not None
+    assert Experiment.objects.get(owner=user).config == QUICKSTART
+    assert {"sync", "streaming"} <= set(Schedule.objects.filter(owner=None).values_list("kind", flat=True))
+
+
+@pytest.mark.django_db
+def test_demo_setup_can_run_twice(capsys):
+    call_command("demo", "--setup-only")
+    call_command("demo", "--setup-only")
+    assert Experiment.objects.count() == 1 and Schedule.objects.count() == 4
+
+
+async def test_the_embedded_layer_takes_sends_from_another_thread():
+    layer = EmbeddedChannelLayer()
+    channel = await layer.new_channel()
+    await layer.group_add("run_1", channel)
+    received = asyncio.ensure_future(layer.receive(channel))
+    await asyncio.sleep(0)  # the receiver waits on this loop, as daphne's consumers do
+    # The embedded Celery worker publishes from its own thread and its own event loop.
+    await asyncio.to_thread(async_to_sync(layer.group_send), "run_1", {"type": "run.frame", "frame": {"n": 1}})
+    assert await asyncio.wait_for(received, timeout=5) == {"type": "run.frame", "frame": {"n": 1}}
+
+
+@pytest.fixture
+def memory_broker_app(settings):
+    """A Celery app configured like the embedded settings: broker memory:// (this process only)."""
+    app = Celery("embedded-test")
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.broker_url = "memory://"
+    app.conf.broker_transport_options = {}
+    return app
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_memory_broker_worker_thread_runs_the_run_task(
+    memory_broker_app, settings, tmp_path, alice_experiment, sync_preset
+):
+    settings.THUNDERSYNC_RUN_DIR = tmp_path
+    settings.THUNDERSYNC_LEARNER_COMMAND = [str(tmp_path / "no-such-learner")]
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED)
+    worker = EmbeddedWorker(memory_broker_app, queues=["runs"]).start()
+    try:
+        memory_broker_app.send_task("controller.tasks.run_training", args=[run.pk], queue="runs")
+        failed = wait_for_status(run.pk, {"failed"}, timeout=60)
+    finally:
+        worker.stop()
+    assert failed.started is not None  # the worker claimed it...
+    assert failed.error.startswith(f"could not start the learner {tmp_path / 'no-such-learner'}")
+    assert (tmp_path / f"run-{run.pk}" / "config.yaml").exists()
