@@ -28,7 +28,7 @@ from learner.config import RunConfig
 from learner.rollout.engine import Completion, EngineStats, SamplingParams
 from learner.rollout.vllm_layout import serving_dir
 
-KV_CACHE_BYTES = 64 * 2**20  # the tiny model needs a few MiB; vLLM's CPU default is 4 GiB
+KV_CACHE_BYTES_MAX = 2**30  # vLLM's CPU default is 4 GiB per engine; ours fit their batch
 BLOCK_SIZE = 32  # CPU attention kernels take multiples of 32
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams range
 
@@ -80,16 +80,23 @@ class VllmEngine:
         model_dir, self.layout = serving_dir(policy_dir, self._tmp.name)
         from transformers import AutoConfig
 
-        self.max_model_len = AutoConfig.from_pretrained(str(model_dir), local_files_only=True).max_position_embeddings
+        hf = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        self.max_model_len = hf.max_position_embeddings
         # vLLM has no float64; bf16 learners get a bf16 engine, everything else float32.
         dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
+        max_seqs = max(8, cfg.train.prompts_per_step * cfg.train.group_size)
+        # K and V of every layer for a full batch of full-length sequences, 16 MiB at least
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        per_token = 2 * hf.num_hidden_layers * kv_heads * head_dim * (2 if dtype == "bfloat16" else 4)
+        kv_bytes = min(KV_CACHE_BYTES_MAX, max(16 * 2**20, per_token * max_seqs * self.max_model_len))
         t0 = time.monotonic()
         self.llm = LLM(
             model=str(model_dir), dtype=dtype, seed=cfg.seed, max_model_len=self.max_model_len,
             enforce_eager=True, enable_prefix_caching=enable_prefix_caching, block_size=BLOCK_SIZE,
-            kv_cache_memory_bytes=KV_CACHE_BYTES, logprobs_mode="raw_logprobs", skip_tokenizer_init=True,
+            kv_cache_memory_bytes=kv_bytes, logprobs_mode="raw_logprobs", skip_tokenizer_init=True,
             generation_config="vllm",  # no sampling defaults from generation_config.json
-            max_num_seqs=max(8, cfg.train.prompts_per_step * cfg.train.group_size),
+            max_num_seqs=max_seqs,
         )
         self.stats.extra["startup_s"] = time.monotonic() - t0
 
