@@ -339,39 +339,35 @@ class OffPolicyLearner:
 def reference_gradient(
     model: torch.nn.Module, trajs: Sequence[Trajectory], algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
-    """Batch-synchronous on-policy gradient straight from DESIGN §3: one padded forward, one loss, one backward.
+    """Batch-synchronous on-policy gradient straight from DESIGN §3: one loss over the batch, one backward.
 
     loss = normaliser · Σ_i Σ_t w_{i,t} (ℓ_{i,t} + aux_{i,t}), ℓ = −A_i ρ (GRPO, advantages up front)
-    or (stopgrad logp − logp^T) ρ (OPD). Does not touch p.grad.
+    or (stopgrad logp − logp^T) ρ (OPD); no accumulators, no group sums. Each trajectory's forward
+    runs at its own length (no padding), as the learner's does, so that in float32 the comparison
+    measures the streaming algebra rather than the rounding of differently shaped matmuls (the
+    independent audit in ``learner.audit`` does use a padded batch). Does not touch p.grad.
     """
     _check_ref(algo, ref_model)
     if not trajs:
         raise ValueError("trajs: a batch needs at least one trajectory")
     device = _device(model)
-    rows = [trajectory_tensors(t, device) for t in trajs]
-    width = max(ids.shape[1] for ids, _ in rows)
-
-    def pad(x: torch.Tensor) -> torch.Tensor:  # right padding: the model is causal, so earlier positions are unaffected
-        return torch.nn.functional.pad(x, (0, width - x.shape[-1]))
-
-    ids = torch.cat([pad(i) for i, _ in rows])  # (B, T)
-    mask = torch.stack([pad(m) for _, m in rows])  # (B, T)
-    logp, aux = forward_terms(model, ref_model, algo, ids)  # (B, T)
-    weights = torch.stack([agg_weights(m, algo.loss_agg_mode, dtype=logp.dtype) for m in mask])  # (B, T)
-    if algo.objective == "grpo":
-        adv_by_traj = batch_advantages(trajs, algo.advantage)
-        adv = torch.tensor([adv_by_traj[t.id] for t in trajs], dtype=logp.dtype, device=device)[:, None]  # (B, 1)
-        terms = pg_token_loss(logp, adv)
-    else:
-        teacher = torch.stack([
-            pad(_per_position(t.teacher_logprobs, t.loss_mask, "teacher_logprobs", f"trajectory {t.id}", logp.dtype, device))
-            for t in trajs
-        ])  # (B, T)
-        terms = opd_token_loss(logp, teacher)
-    if aux is not None:
-        terms = terms + aux
-    normaliser = batch_normaliser(algo.loss_agg_mode, int(mask.sum()), len(trajs), algo.loss_scale_constant)
-    loss = normaliser * (weights * terms).sum()
+    adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
+    traj_losses, n_tokens = [], 0
+    for traj in trajs:
+        ids, mask = trajectory_tensors(traj, device)  # (1, T), (T,)
+        logp, aux = forward_terms(model, ref_model, algo, ids)
+        logp = logp[0]  # (T,)
+        if algo.objective == "grpo":
+            terms = pg_token_loss(logp, adv_by_traj[traj.id])
+        else:
+            owner = f"trajectory {traj.id}"
+            terms = opd_token_loss(logp, _per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner, logp.dtype, device))
+        if aux is not None:
+            terms = terms + aux[0]
+        traj_losses.append((agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype) * terms).sum())
+        n_tokens += int(mask.sum())
+    normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
+    loss = normaliser * torch.stack(traj_losses).sum()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {n: (torch.zeros_like(p) if g is None else g) for (n, p), g in zip(named, grads)}
