@@ -25,7 +25,7 @@ const metrics = new Map(); // step -> values
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
 let status = root.dataset.status;
-let ws = null, connects = 0, retryMs = 500, replayDone = false;
+let ws = null, connects = 0, retryMs = 500, replayDone = false, connectedMs = 0;
 let spansDrawn = 0, barsDrawn = 0, draws = 0;
 let followEpoch = 0; // bumping it tells plotly to drop the user's zoom and follow again
 
@@ -60,9 +60,11 @@ async function drawGantt() {
   drawStats();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
 }
-// During a replay the frames arrive back to back: draw rarely (progress) until replay_done,
-// draw at once when it comes, then live at most four times a second.
-const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : 1500));
+// During a replay the frames arrive back to back: draw only to show progress on a replay that
+// takes long, then at once on replay_done, then live at most four times a second. Every redraw
+// also costs rasterisation outside this thread (software WebGL on GPU-less machines).
+const REPLAY_PROGRESS_MS = 3000;
+const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY_PROGRESS_MS));
 
 el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
 el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
@@ -144,7 +146,8 @@ function handleFrame(frame) {
       if (spans.length) {
         frameLog.push({ n: spans.length, firstSeq: spans[0].seq, lastSeq: spans[spans.length - 1].seq, recvMs: epochMs(), drawnMs: null });
       }
-      if (store.add(spans)) requestGantt();
+      if (store.add(spans) && (replayDone || epochMs() - connectedMs > REPLAY_PROGRESS_MS)) requestGantt();
+      if (!replayDone) el.spansDrawn.textContent = `receiving: ${store.size}`;
       break;
     }
     case "metrics":
@@ -172,7 +175,7 @@ function connect() {
   ws = socket;
   connects++;
   replayDone = false;
-  socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; };
+  socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; connectedMs = epochMs(); };
   socket.onmessage = (ev) => handleFrame(JSON.parse(ev.data));
   socket.onclose = () => {
     if (ws !== socket) return; // replaced by reconnect()

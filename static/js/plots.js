@@ -9,7 +9,8 @@ export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
  */
 export function throttledRedraw(draw, minIntervalMs = 250) {
   const interval = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
-  let pending = false, last = 0, running = false, again = false;
+  // ``last`` starts now: the first redraw also waits an interval unless requested with ``now``.
+  let pending = false, last = performance.now(), running = false, again = false;
   const run = async () => {
     running = true;
     try { await draw(); } finally {
