@@ -19,6 +19,25 @@ def _summary_line(m: dict) -> str:
             f"staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f}  tail {m['timing_s/tail']:.2f}s")
 
 
+def check_resolvable(cfg) -> None:
+    """What the schema cannot see: the environment is registered, local model dirs exist."""
+    from pathlib import Path
+
+    from learner.rollout.env import make_env
+    from learner.rollout.models import BUILTIN_PREFIX, is_model_dir
+
+    try:
+        make_env(cfg.task)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    specs = {"model.policy": cfg.model.policy}
+    if cfg.algorithm.objective == "opd":
+        specs["model.teacher"] = cfg.model.teacher
+    for field, spec in specs.items():
+        if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
+            raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
+
+
 def cmd_train(args) -> int:
     overrides = {}
     if args.schedule:
@@ -28,6 +47,7 @@ def cmd_train(args) -> int:
     if args.engine:
         overrides["rollout.engine"] = args.engine
     cfg = load_config(args.config, overrides)
+    check_resolvable(cfg)
     if cfg.train.steps == 0:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0

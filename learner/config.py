@@ -48,7 +48,8 @@ class ToolLatency(Strict):
 
 
 class TaskConfig(Strict):
-    name: Literal["arith-tool"] = "arith-tool"
+    name: str = Field("arith-tool", min_length=1, max_length=100,
+                      description="a registered environment (learner.rollout.env.register_env)")
     min_ops: int = Field(1, ge=1, le=4)
     max_ops: int = Field(2, ge=1, le=4)
     max_operand: int = Field(20, ge=2, le=999)
@@ -59,6 +60,9 @@ class TaskConfig(Strict):
     def _ops_ordered(self) -> "TaskConfig":
         if self.min_ops > self.max_ops:
             raise ValueError("min_ops must be <= max_ops")
+        if self.name == "arith-tool" and self.max_turns < self.max_ops + 1:
+            # n operators need n single-operation calls plus the answer turn
+            raise ValueError(f"max_turns must be >= max_ops + 1 = {self.max_ops + 1} so arith-tool tasks are solvable")
         return self
 
 
