@@ -10,6 +10,7 @@ import threading
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController, state
+from django.db import connections
 
 
 class ThreadWorker(WorkController):
@@ -29,7 +30,13 @@ class EmbeddedWorker:
             app=app, hostname=anon_nodename(hostname="embedded"), pool="solo", concurrency=1,
             queues=queues, loglevel=loglevel, without_heartbeat=True, without_mingle=True, without_gossip=True,
         )
-        self.thread = threading.Thread(target=self.worker.start, name="celery-embedded-worker", daemon=True)
+        self.thread = threading.Thread(target=self._work, name="celery-embedded-worker", daemon=True)
+
+    def _work(self) -> None:
+        try:
+            self.worker.start()
+        finally:
+            connections.close_all()  # this thread's database connections die with it
 
     def start(self, timeout: float = 30.0) -> "EmbeddedWorker":
         self.thread.start()

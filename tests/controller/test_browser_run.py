@@ -47,6 +47,7 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     page.wait_for_function(f"{STATE}.spansDrawn > 0", timeout=RUN_TIMEOUT_S * 1000, polling=50)
     assert Run.objects.get(pk=run_id).status == Run.Status.RUNNING
     assert page.text_content("#status-badge") == "running"
+    page.wait_for_function(f"{STATE}.spansDrawn >= 100 || {STATE}.status !== 'running'", timeout=RUN_TIMEOUT_S * 1000)
     screenshot(page, "run-live")
 
     # Drop the socket mid-run; the page resumes from its last seq.

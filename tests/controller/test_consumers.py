@@ -1,7 +1,7 @@
 """The run websocket through the real ASGI stack: session auth, origin check, replay + live."""
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
@@ -22,7 +22,7 @@ def session_headers(user, origin=b"http://testserver"):
 
 
 async def connect(run, user=None, after=None, origin=b"http://testserver"):
-    headers = await sync_to_async(session_headers)(user, origin) if user else [(b"origin", origin)]
+    headers = await database_sync_to_async(session_headers)(user, origin) if user else [(b"origin", origin)]
     path = f"/ws/runs/{run.pk}/" + (f"?after={after}" if after is not None else "")
     communicator = WebsocketCommunicator(application, path, headers=headers)
     connected, code = await communicator.connect(timeout=5)
@@ -47,7 +47,7 @@ def store_spans_range(run, start: int, stop: int) -> None:
     ])
 
 
-@sync_to_async
+@database_sync_to_async
 def span_dicts(run, start: int, stop: int) -> list[dict]:
     return spans_json(Span.objects.filter(run=run, seq__gte=start, seq__lt=stop))
 
@@ -73,8 +73,8 @@ async def test_it_refuses_a_malformed_cursor(alice_run, alice):
 
 
 async def test_it_replays_everything_then_status(alice_run, alice):
-    await sync_to_async(store_spans)(alice_run, 2500)
-    await sync_to_async(store_metrics)(alice_run, 2)
+    await database_sync_to_async(store_spans)(alice_run, 2500)
+    await database_sync_to_async(store_metrics)(alice_run, 2)
     communicator, connected, _ = await connect(alice_run, user=alice)
     assert connected
     frames = await receive_until_replay_done(communicator)
@@ -87,23 +87,23 @@ async def test_it_replays_everything_then_status(alice_run, alice):
 
 
 async def test_reconnecting_delivers_every_span_exactly_once(alice_run, alice):
-    await sync_to_async(store_spans)(alice_run, 10)
+    await database_sync_to_async(store_spans)(alice_run, 10)
     seen = []
 
     first, _, _ = await connect(alice_run, user=alice, after=4)
     seen += span_seqs(await receive_until_replay_done(first))
     # Live frames may overlap what the replay already sent: the overlap is dropped.
-    await sync_to_async(store_spans_range)(alice_run, 10, 13)
-    await sync_to_async(publish)(alice_run.pk, {"type": "spans", "spans": await span_dicts(alice_run, 8, 13)})
+    await database_sync_to_async(store_spans_range)(alice_run, 10, 13)
+    await database_sync_to_async(publish)(alice_run.pk, {"type": "spans", "spans": await span_dicts(alice_run, 8, 13)})
     seen += span_seqs([await first.receive_json_from(timeout=5)])
     # A frame that never arrived (spans 13-14 stored, not published) is read back from the database.
-    await sync_to_async(store_spans_range)(alice_run, 13, 17)
-    await sync_to_async(publish)(alice_run.pk, {"type": "spans", "spans": await span_dicts(alice_run, 15, 17)})
+    await database_sync_to_async(store_spans_range)(alice_run, 13, 17)
+    await database_sync_to_async(publish)(alice_run.pk, {"type": "spans", "spans": await span_dicts(alice_run, 15, 17)})
     seen += span_seqs([await first.receive_json_from(timeout=5)])
     await first.disconnect()
 
     # The client reconnects after the highest seq it drew; more spans were stored meanwhile.
-    await sync_to_async(store_spans_range)(alice_run, 17, 20)
+    await database_sync_to_async(store_spans_range)(alice_run, 17, 20)
     second, _, _ = await connect(alice_run, user=alice, after=max(seen))
     seen += span_seqs(await receive_until_replay_done(second))
     await second.disconnect()
@@ -115,7 +115,7 @@ async def test_reconnecting_delivers_every_span_exactly_once(alice_run, alice):
 async def test_it_forwards_live_metrics_and_status(alice_run, alice):
     communicator, _, _ = await connect(alice_run, user=alice)
     await receive_until_replay_done(communicator)
-    await sync_to_async(publish)(alice_run.pk, {"type": "metrics", "metrics": [{"step": 0, "values": {"a": 1}}]})
+    await database_sync_to_async(publish)(alice_run.pk, {"type": "metrics", "metrics": [{"step": 0, "values": {"a": 1}}]})
     assert await communicator.receive_json_from(timeout=5) == {"type": "metrics",
                                                                "metrics": [{"step": 0, "values": {"a": 1}}]}
     await communicator.disconnect()

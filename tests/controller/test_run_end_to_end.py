@@ -6,7 +6,7 @@ from configs/quickstart.yaml, so they are marked slow; CI runs them.
 import os
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from controller.asgi import application
@@ -28,8 +28,8 @@ def launch(client, experiment, schedule, steps):
 async def test_a_launched_run_trains_and_streams_every_span_once(
     celery_worker, alice, alice_client, alice_experiment, streaming_preset
 ):
-    run_id = await sync_to_async(launch)(alice_client, alice_experiment, streaming_preset, 1)
-    headers = await sync_to_async(session_headers)(alice)
+    run_id = await database_sync_to_async(launch)(alice_client, alice_experiment, streaming_preset, 1)
+    headers = await database_sync_to_async(session_headers)(alice)
     page = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
     assert (await page.connect(timeout=60))[0]
     frames = [await page.receive_json_from(timeout=60)]
@@ -37,21 +37,21 @@ async def test_a_launched_run_trains_and_streams_every_span_once(
         frames.append(await page.receive_json_from(timeout=240))
     await page.disconnect()
 
-    run = await sync_to_async(Run.objects.get)(pk=run_id)
+    run = await database_sync_to_async(Run.objects.get)(pk=run_id)
     assert run.status == "succeeded", run.error
-    stored = await sync_to_async(lambda: list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True)))()
+    stored = await database_sync_to_async(lambda: list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True)))()
     streamed = [s["seq"] for f in frames if f["type"] == "spans" for s in f["spans"]]
     assert streamed == sorted(stored) == list(range(len(stored)))  # replay + live: each span once, in order
     assert run.summary["spans"] == len(stored)  # the learner's own count agrees with what was ingested
     assert run.summary["steps"] == 1 and 0.0 <= run.summary["mean/trainer/idle_ratio"] <= 1.0
     assert {"learner.backward", "rollout.generate"} <= {s["kind"] for f in frames if f["type"] == "spans"
                                                         for s in f["spans"]}
-    metrics = await sync_to_async(lambda: list(StepMetric.objects.filter(run_id=run_id)))()
+    metrics = await database_sync_to_async(lambda: list(StepMetric.objects.filter(run_id=run_id)))()
     assert [m.step for m in metrics] == [0] and "timing_s/step" in metrics[0].values
     statuses = [f["status"] for f in frames if f["type"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
 
-    trace = (await sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")).json()
+    trace = (await database_sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")).json()
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == len(stored)
 
 
