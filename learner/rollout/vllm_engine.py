@@ -66,7 +66,7 @@ class VllmEngine:
         # Engine core in this process: publishes pass tensors by reference, no extra processes.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker is already pinned
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU start-up warnings are benign here
         from vllm import LLM
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RopeCacheReloadNotice())
