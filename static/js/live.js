@@ -52,7 +52,8 @@ async function drawGantt() {
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
   barsDrawn = allBars.length;
   el.spansDrawn.textContent = `spans drawn: ${spansDrawn}`;
-  el.barsHint.textContent = `${barsDrawn} bars on ${store.lanes.size} lanes`;
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(store.lanes.size, "lane")}`;
   const drawnMs = epochMs();
   drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
   for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;

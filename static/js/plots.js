@@ -51,7 +51,7 @@ export function seriesFigure(series, { kind = "line", xTitle = "step", yTitle = 
     data,
     layout: {
       height, barmode: "group", margin: { l: 56, r: 16, t: 12, b: 44 },
-      xaxis: { title: { text: xTitle }, ...(xTitle === "step" ? { dtick: 1, tickformat: "d" } : {}) },
+      xaxis: { title: { text: xTitle }, zeroline: false, ...(xTitle === "step" ? { dtick: 1, tickformat: "d" } : {}) },
       yaxis: { title: { text: yTitle }, ...(yRange ? { range: yRange } : { rangemode: "tozero" }) },
       legend: { orientation: "h", y: 1.02, yanchor: "bottom", font: { size: 11 } },
       paper_bgcolor: "#fff", plot_bgcolor: "#fff", font: { size: 12 }, uirevision: "metrics",
