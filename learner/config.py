@@ -116,6 +116,14 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
+    def _opd_has_no_per_sequence_mean(self) -> "RunConfig":
+        # 1/|o_i| is unknown until the last turn is scored, so a turn's backward cannot apply it
+        if self.algorithm.objective == "opd" and self.algorithm.loss_agg_mode == "seq-mean-token-mean":
+            raise ValueError("algorithm.loss_agg_mode: seq-mean-token-mean is not available for opd "
+                             "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
+        return self
+
+    @model_validator(mode="after")
     def _streaming_takes_one_step(self) -> "RunConfig":
         # Streaming's exactness rests on one optimizer step per batch (DESIGN §3).
         if self.train.schedule in ("sync", "streaming"):
