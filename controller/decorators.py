@@ -7,6 +7,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 
 from .api_errors import ApiError, json_error
+from .limits import MAX_JSON_DEPTH, nesting_depth
 
 
 def api_view(*methods: str):
@@ -34,8 +35,6 @@ def api_view(*methods: str):
 
 
 JSON_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object"}
-
-
 def read_json(request, fields: dict[str, tuple[type, ...]]) -> dict:
     """The request body as a JSON object whose keys are in ``fields`` and whose values have
     one of the listed JSON types (no silent coercion: 5.0 is not an integer); else ApiError."""
@@ -47,6 +46,11 @@ def read_json(request, fields: dict[str, tuple[type, ...]]) -> dict:
         payload = json.loads(body or b"{}")
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, {"body": f"malformed JSON: {err}"}) from None
+    except RecursionError:
+        raise ApiError(400, {"body": f"nested deeper than {MAX_JSON_DEPTH} levels"}) from None
+    if nesting_depth(payload) > MAX_JSON_DEPTH:
+        # Configs are a few levels deep; deeper input would only exhaust the stack later.
+        raise ApiError(400, {"body": f"nested deeper than {MAX_JSON_DEPTH} levels"})
     if not isinstance(payload, dict):
         raise ApiError(400, {"body": f"expected a JSON object, got {type(payload).__name__}"})
     errors = {name: "unknown field" for name in payload if name not in fields}

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 
 from learner.config import ConfigError, parse_config
 
+from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
 
 MAX_CONFIG_CHARS = 100_000
@@ -26,6 +27,8 @@ class ConfigField(forms.Field):
             raise ValidationError(f"longer than {MAX_CONFIG_CHARS} characters")
         try:
             data = yaml.safe_load(value)
+        except RecursionError:
+            raise ValidationError("not valid YAML: nested too deeply") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -35,6 +38,8 @@ class ConfigField(forms.Field):
             return {}
         if not isinstance(data, dict):
             raise ValidationError(f"expected a mapping of config sections, got {type(data).__name__}")
+        if nesting_depth(data) > MAX_JSON_DEPTH:
+            raise ValidationError(f"nested deeper than {MAX_JSON_DEPTH} levels")
         return data
 
     def validate(self, value):

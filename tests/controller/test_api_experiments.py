@@ -103,3 +103,27 @@ def test_it_enforces_csrf_for_session_posts(alice):
     response = post_json(client, URL, {"name": "x"})
     assert response.status_code == 403
     assert "CSRF" in response.json()["errors"]["csrf"]
+
+
+def test_it_rejects_a_body_over_the_upload_limit(alice_client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    response = post_json(alice_client, URL, {"name": "x", "description": "y" * 2000})
+    assert response.status_code == 413
+    assert response.json() == {"errors": {"body": "request body too large"}}
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "x", "config": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"name": "x", "config": {"train": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}}",
+])
+def test_it_rejects_deeply_nested_json(alice_client, body):
+    response = post_json(alice_client, URL, body)
+    assert response.status_code == 400
+    assert "nested deeper than 32 levels" in response.json()["errors"]["body"]
+
+
+@pytest.mark.parametrize("config", ["a: " + "[" * 50_000, "a: " + "[" * 40 + "]" * 40])
+def test_it_rejects_deeply_nested_yaml(alice_client, config):
+    response = post_json(alice_client, URL, {"name": "x", "config": config})
+    assert response.status_code == 400
+    assert "nested" in response.json()["errors"]["config"]

@@ -1,0 +1,14 @@
+"""Input limits shared by the JSON API and the forms."""
+
+MAX_JSON_DEPTH = 32
+
+
+def nesting_depth(value) -> int:
+    """How deeply lists and objects nest in ``value`` (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
