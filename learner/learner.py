@@ -120,6 +120,24 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+class LogprobLedger:
+    """The learner's own detached log-probs, per trajectory, as its forward computed them
+    (OPD: the longest prefix seen). The train/inference mismatch metric reads them at the
+    barrier instead of running another forward."""
+
+    def __init__(self) -> None:
+        self._by_traj: dict[int, torch.Tensor] = {}
+
+    def keep(self, traj: int, logp: torch.Tensor) -> None:  # logp: (T,)
+        old = self._by_traj.get(traj)
+        if old is None or len(old) < len(logp):
+            self._by_traj[traj] = logp.detach().double().cpu()
+
+    def take(self) -> dict[int, torch.Tensor]:
+        taken, self._by_traj = self._by_traj, {}
+        return taken
+
+
 # ---------------------------------------------------------------- sync / streaming
 
 
@@ -142,6 +160,7 @@ class StreamingLearner:
         self.model, self.algo, self.ref_model = model, algo, ref_model
         self.acc = GradAccumulator(_trainable(model))
         self._batch: _Batch | None = None
+        self.logprobs = LogprobLedger()
 
     def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
         """Start a batch of the given groups; discards any gradient left in p.grad."""
@@ -187,6 +206,7 @@ class StreamingLearner:
             self.acc.open_group(traj.group)
             state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
         logp, aux = forward_terms(self.model, self.ref_model, self.algo, ids)  # (1, T), (1, T) | None
+        self.logprobs.keep(traj.id, logp[0])
         w = agg_weights(mask, self.algo.loss_agg_mode, dtype=logp.dtype)  # (T,)
         (w * pg_token_loss(logp[0], 1.0)).sum().backward(retain_graph=aux is not None)
         self.acc.add_to_group(traj.group, traj.reward)
@@ -243,6 +263,7 @@ class StreamingLearner:
 
         t0 = time.monotonic()
         logp, aux = forward_terms(self.model, self.ref_model, self.algo, ids)  # (1, end)
+        self.logprobs.keep(turn.traj, logp[0])
         teacher = teacher.to(logp.dtype)  # (end - start,)
         terms = opd_token_loss(logp[0, start:], teacher)
         if aux is not None:
@@ -287,6 +308,7 @@ class OffPolicyLearner:
         _check_ref(algo, ref_model)
         self.model, self.algo, self.ref_model = model, algo, ref_model
         self.acc = GradAccumulator(_trainable(model))
+        self.logprobs = LogprobLedger()
 
     def train_batch(self, trajs: Sequence[Trajectory], on_phase: PhaseCallback | None = None) -> dict:
         if not trajs:
@@ -302,6 +324,7 @@ class OffPolicyLearner:
             t0 = time.monotonic()
             logp, aux = forward_terms(self.model, self.ref_model, algo, ids)
             logp = logp[0]  # (T,)
+            self.logprobs.keep(traj.id, logp)
             behavior = _per_position(traj.behavior_logprobs, traj.loss_mask, "behavior_logprobs", owner, logp.dtype, device)
             if algo.objective == "grpo":
                 adv = adv_by_traj[traj.id]

@@ -68,15 +68,22 @@ def _same_version_mask(traj: Trajectory, version: int) -> torch.Tensor:
 
 
 def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: int,
-                  tolerance: float | None = None) -> dict[str, float]:
+                  tolerance: float | None = None,
+                  known: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
     """The step's ``mismatch/*`` metrics against the learner's current weights (= ``version``);
     raises ``VersionMismatchError`` when a same-version token is off by more than ``tolerance``
     (default: SAME_VERSION_TOLERANCE for the model's dtype; no check for other dtypes, where
-    bf16 kernels legitimately differ by more)."""
+    bf16 kernels legitimately differ by more). ``known``: the learner's log-probs per
+    trajectory id from its own forward (``LogprobLedger``); only the others are recomputed."""
     dtype = next(model.parameters()).dtype
     tol = tolerance if tolerance is not None else SAME_VERSION_TOLERANCE.get(dtype)
     kl_sum, max_abs, n = 0.0, 0.0, 0
-    for traj, logp in zip(trajs, learner_logprobs(model, trajs)):
+    lengths = {t.id: len(t.input_ids) for t in trajs}
+    logps = {i: lp for i, lp in (known or {}).items() if lengths.get(i) == len(lp)}  # whole trajectories only
+    missing = [t for t in trajs if t.id not in logps]
+    logps.update(zip((t.id for t in missing), learner_logprobs(model, missing)))
+    for traj in trajs:
+        logp = logps[traj.id]
         keep = _same_version_mask(traj, version)
         if not bool(keep.any()):
             continue

@@ -162,7 +162,7 @@ class Trainer:
         rec = self.rec
         # before the weights move: sampled versions as expected, engine vs learner log-probs
         check_sampled_versions(rec.trajs, self.dispatch_versions)
-        rec.mismatch = step_mismatch(self.model, rec.trajs, self.version)
+        rec.mismatch = step_mismatch(self.model, rec.trajs, self.version, known=self.learner.logprobs.take())
         if self.dump_dir and rec.step == 0:
             from learner.audit import write_dump
 
