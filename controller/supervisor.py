@@ -23,6 +23,7 @@ from .ingestion import RunIngestor, finish_run
 from .models import Run
 
 log = logging.getLogger(__name__)
+ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SIGKILL
 
 
 class LearnerProcess:
@@ -125,7 +126,7 @@ def supervise(run: Run) -> Run:
 def pump(child: LearnerProcess, ingestor: RunIngestor, run_id: int) -> bool:
     """Feed events until the learner exits; returns whether it was cancelled."""
     poll_s, grace_s = settings.THUNDERSYNC_CANCEL_POLL_S, settings.THUNDERSYNC_CANCEL_GRACE_S
-    next_poll, kill_at, cancelled = 0.0, None, False
+    next_poll, kill_at, cancelled, leader_gone_at = 0.0, None, False, None
     while not child.exited():
         line = child.next_line(timeout=settings.THUNDERSYNC_INGEST_FLUSH_S)
         if line:
@@ -142,6 +143,11 @@ def pump(child: LearnerProcess, ingestor: RunIngestor, run_id: int) -> bool:
             log.info("run %s: still alive %.1fs after SIGTERM, sending SIGKILL", run_id, grace_s)
             child.signal_group(signal.SIGKILL)
             kill_at = None
+        if child.proc.poll() is not None:
+            # The learner is gone; orphans of its group must not keep its stdout open.
+            leader_gone_at = leader_gone_at or now
+            if now - leader_gone_at > ORPHAN_GRACE_S:
+                child.signal_group(signal.SIGKILL)
     return cancelled
 
 

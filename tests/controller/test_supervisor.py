@@ -1,0 +1,80 @@
+"""Process-group handling of the supervisor with small shell process trees standing in for
+misbehaving learners (the real learner is exercised in test_run_end_to_end.py)."""
+
+import json
+import os
+import time
+
+import pytest
+
+from controller.models import Run
+from controller.supervisor import supervise
+
+from .conftest import make_run
+
+pytestmark = pytest.mark.django_db
+
+STARTED = json.dumps({"type": "run", "status": "started", "config": {}, "t": 0.0})
+FINISHED = json.dumps({"type": "run", "status": "finished", "summary": {"wall_s": 0.1}})
+
+
+@pytest.fixture
+def shell_learner(settings, tmp_path):
+    """Use ``sh -c SCRIPT`` as the learner; the train arguments become $1.. of the script."""
+    settings.THUNDERSYNC_RUN_DIR = tmp_path
+
+    def use(script: str):
+        settings.THUNDERSYNC_LEARNER_COMMAND = ["sh", "-c", script, "learner"]
+
+    return use
+
+
+def group_is_gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_orphans_holding_stdout_do_not_keep_a_finished_run_open(shell_learner, alice_experiment, sync_preset):
+    # The "learner" reports the end and exits, leaving a child that holds its stdout open.
+    shell_learner(f"sleep 300 & echo '{FINISHED}'")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    started = time.monotonic()
+    finished = supervise(run)
+    assert finished.status == "succeeded", finished.error
+    assert time.monotonic() - started < 30
+    assert group_is_gone(finished.pids[0])
+
+
+def test_a_learner_ignoring_sigterm_is_killed_after_the_grace_period(
+    shell_learner, settings, alice_experiment, sync_preset
+):
+    settings.THUNDERSYNC_CANCEL_GRACE_S = 1.0
+    shell_learner(f"trap '' TERM; echo '{STARTED}'; sleep 300 & wait")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING, cancel_requested=True)
+    started = time.monotonic()
+    finished = supervise(run)
+    assert finished.status == "cancelled"
+    assert 1.0 <= time.monotonic() - started < 30
+    assert group_is_gone(finished.pids[0])
+
+
+def test_exit_without_an_end_event_fails_with_the_stderr_tail(shell_learner, alice_experiment, sync_preset):
+    shell_learner(f"echo '{STARTED}'; echo 'not an event'; echo 'Traceback: boom' >&2; exit 3")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    finished = supervise(run)
+    assert finished.status == "failed"
+    assert finished.error.splitlines()[0] == "the learner exited with code 3"
+    assert "1 malformed event line(s)" in finished.error
+    assert finished.error.endswith("last stderr lines:\nTraceback: boom")
+
+
+def test_the_learner_gets_the_merged_config_file(shell_learner, alice_experiment, sync_preset, tmp_path):
+    # The script checks its own arguments: train --config <run dir>/config.yaml --events -
+    shell_learner(f'[ "$1 $2 $4 $5" = "train --config --events -" ] && grep -q "schedule: sync" "$3" '
+                  f"&& echo '{FINISHED}'")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    assert supervise(run).status == "succeeded"
+    assert (tmp_path / f"run-{run.pk}" / "config.yaml").exists()
