@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from plotly.offline import get_plotlyjs_version
 
 from learner.bench_measure import Calibration, calibrate, compare, drain_steps, summarize
 from learner.cli import main
@@ -85,8 +86,8 @@ def test_the_simulator_replays_the_sync_run_beside_the_measurement(tiny_bench):
 @pytest.mark.slow
 def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
     _, page, _ = tiny_bench
-    assert "cdn.plot.ly" not in page and "https://cdn" not in page
-    assert "Plotly.newPlot" in page and page.count("plotly-graph-div") >= 3
+    assert "<script src" not in page and "<link" not in page  # plotly.js is inline, nothing fetched
+    assert f"v{get_plotlyjs_version()}" in page and "Plotly.newPlot" in page and page.count("plotly-graph-div") >= 3
     assert "streaming" in page and "bound max(R, L)" in page
 
 
