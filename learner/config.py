@@ -175,7 +175,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config: {p} is not valid YAML: {str(err).splitlines()[0]}") from None
-    data = data or {}
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

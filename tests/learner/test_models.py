@@ -185,7 +185,7 @@ def test_builtin_policy_loads_in_eval_mode_and_stops_at_turn_ends(shared_builtin
     path = shared_builtins["tiny"]
     model, tok = load_model(path), load_tokenizer(path)
     assert type(model).__name__ == "LlamaForCausalLM" and not model.training
-    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
+    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 3
     assert list(model.generation_config.eos_token_id) == stop_token_ids(tok)
     env = ArithToolEnv(TaskConfig())
     contexts = [tok.encode(env.sample_task(random.Random(i)).prompt_text, add_special_tokens=False) for i in range(16)]
