@@ -48,8 +48,9 @@ async def test_the_embedded_layer_takes_sends_from_another_thread():
 
 @pytest.fixture
 def memory_broker_app(settings):
-    """A Celery app configured like the embedded settings: broker memory:// (this process only)."""
-    app = Celery("embedded-test")
+    """A Celery app configured like the embedded settings: broker memory:// (this process only).
+    Not made the current app, so later tests still enqueue through the Redis-backed one."""
+    app = Celery("embedded-test", set_as_current=False)
     app.config_from_object("django.conf:settings", namespace="CELERY")
     app.conf.broker_url = "memory://"
     app.conf.broker_transport_options = {}
