@@ -7,6 +7,7 @@ import json
 import sys
 
 from learner.config import SCHEDULES, ConfigError, load_config
+from learner.timeline import JsonlSink
 
 
 class UsageError(Exception):
@@ -46,15 +47,20 @@ def cmd_train(args) -> int:
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
-    cfg = load_config(args.config, overrides)
-    check_resolvable(cfg)
+    try:
+        cfg = load_config(args.config, overrides)
+        check_resolvable(cfg)
+    except ConfigError as err:
+        if args.events:  # whoever reads the stream learns why there is no run
+            JsonlSink(args.events).emit({"type": "run", "status": "failed", "error": f"invalid config: {err}"})
+        raise
     if cfg.train.steps == 0:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
     from tqdm import tqdm
 
     from learner.schedules import train
-    from learner.timeline import FanoutSink, JsonlSink, MemorySink
+    from learner.timeline import FanoutSink, MemorySink
 
     sinks = [JsonlSink(args.events)] if args.events else []
     sink = FanoutSink(*sinks) if sinks else MemorySink()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import resource
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,8 @@ class Trainer:
         self.cfg, self.sink, self.dump_dir, self.on_step = cfg, sink, dump_dir, on_step
         self.origin = time.monotonic()
         self.seq = 0
-        self.recent: list[Span | dict] = []  # spans of the current and previous step (metrics)
+        self.recent: list[dict] = []  # span events still inside a step window (metrics)
+        self.pending: deque = deque()  # trajectories/turns read early (while draining spans)
         self.version = 0
         self.next_traj = 0
         self.next_group = 0
@@ -69,12 +71,13 @@ class Trainer:
         return time.monotonic() - self.origin
 
     def emit_span(self, span: Span | dict) -> None:
-        if isinstance(span, dict):
-            span = Span(**{k: v for k, v in span.items() if k != "seq"})
-        span.seq = self.seq
+        """Number the span and pass it on; worker spans arrive as dicts and stay dicts (this
+        runs on the learner's core, once per span)."""
+        event = span.to_event() if isinstance(span, Span) else {"type": "span", **span}
+        event["seq"] = self.seq
         self.seq += 1
-        self.sink.emit(span)
-        self.recent.append(span)
+        self.sink.emit(event)
+        self.recent.append(event)
 
     def learner_span(self, kind: str, t0: float, t1: float, traj=None, group=None, tokens=0) -> None:
         self.emit_span(Span(step=self.rec.step, kind=kind, t0=t0, t1=t1, lane=LEARNER_LANE, traj=traj,
@@ -140,15 +143,29 @@ class Trainer:
 
     def receive(self, timeout: float | None = None):
         """Next trajectory or scored turn from the fleet; spans are emitted on the way."""
+        if self.pending:
+            return self.pending.popleft()
         while True:
-            msg = self.fleet.get(timeout)
-            if msg[0] == "spans":
-                for s in msg[1]:
-                    self.emit_span(s)
-            elif msg[0] in ("traj", "turn"):
-                return msg[1]
-            elif msg[0] == "ack":
-                raise RuntimeError(f"unexpected weight ack from replica {msg[1]}")
+            item = self._take(self.fleet.get(timeout))
+            if item is not None:
+                return item
+
+    def _take(self, msg):
+        if msg[0] == "spans":
+            for s in msg[1]:
+                self.emit_span(s)
+            return None
+        if msg[0] in ("traj", "turn"):
+            return msg[1]
+        raise RuntimeError(f"unexpected rollout message {msg[0]!r} from replica {msg[1]}")
+
+    def drain_spans(self) -> None:
+        """Emit every span the fleet has already sent (async rollouts run beside the learner:
+        their spans belong in this step's metrics); keep trajectories for later."""
+        while (msg := self.fleet.poll()) is not None:
+            item = self._take(msg)
+            if item is not None:
+                self.pending.append(item)
 
     # -- learner side --------------------------------------------------------------
     def learn(self, item: Trajectory | ScoredTurn) -> None:
@@ -160,6 +177,7 @@ class Trainer:
     def optimizer_step(self, wait_for_replicas: bool) -> None:
         """Barrier: (dump), clip the final gradient, one optimizer step, publish."""
         rec = self.rec
+        t0 = self.now()  # the barrier's checks are learner work: inside the optimizer span
         # before the weights move: sampled versions as expected, engine vs learner log-probs
         check_sampled_versions(rec.trajs, self.dispatch_versions)
         rec.mismatch = step_mismatch(self.model, rec.trajs, self.version, known=self.learner.logprobs.take())
@@ -168,7 +186,7 @@ class Trainer:
 
             grads = {n: p.grad.detach().float().clone() for n, p in self.model.named_parameters() if p.grad is not None}
             write_dump(self.dump_dir, self.model, self.tokenizer, rec.trajs, self.cfg.algorithm, grads)
-        t0 = self.now()
+            t0 = self.now()  # the audit dump is not training work
         clip = self.cfg.train.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
         self.optimizer.step()
@@ -212,7 +230,8 @@ class Trainer:
     # -- metrics -------------------------------------------------------------------
     def finish_step(self) -> dict:
         rec, t_end = self.rec, self.now()
-        window = [s for s in self.recent if s.t1 > rec.t_start]
+        self.drain_spans()
+        window = [s for s in self.recent if s["t1"] > rec.t_start]
         values = window_metrics(window, rec.t_start, t_end)
         staleness = [rec.trained_version - v for t in rec.trajs for v in t.turn_versions]
         rewards = [t.reward for t in rec.trajs]
@@ -242,7 +261,7 @@ class Trainer:
             if k in rec.learner_stats:
                 values[f"actor/{k}"] = float(rec.learner_stats[k])
         self.sink.emit(StepMetrics(rec.step, values))
-        self.recent = [s for s in self.recent if s.t1 > t_end]
+        self.recent = [s for s in self.recent if s["t1"] > t_end]
         self.rewards.append(values["reward/mean"])
         if self.on_step:
             self.on_step({"step": rec.step, **values})

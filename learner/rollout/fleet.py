@@ -65,6 +65,20 @@ class Fleet:
             self.load[self._owner.pop(msg[1].id)] -= 1
         return msg
 
+    def poll(self) -> tuple | None:
+        """A message already waiting, or None (never blocks)."""
+        if self._early:
+            return self._early.pop(0)
+        try:
+            msg = self.out_q.get_nowait()
+        except queue.Empty:
+            return None
+        if msg[0] == "error":
+            raise RolloutError(f"rollout worker {msg[1]}: {msg[2]}")
+        if msg[0] == "traj":
+            self.load[self._owner.pop(msg[1].id)] -= 1
+        return msg
+
     def dispatch(self, step: int, items: list[tuple[int, int, Any, int]]) -> None:
         """Spread (traj, group, task, seed) items over the workers, least-loaded first."""
         per_worker: dict[int, list] = {}

@@ -19,7 +19,7 @@ import queue
 import random
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +27,6 @@ from learner.config import RunConfig
 from learner.rollout.engine import SamplingParams
 from learner.rollout.env import Task, make_env
 from learner.rollout.models import stop_token_ids
-from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
 
 IDLE_POLL_S = 0.05
@@ -79,11 +78,12 @@ class AgentWorker:
 
     # -- spans ---------------------------------------------------------------------
     def span(self, kind: str, t0: float, t1: float, loop: LoopState | None, turn=None, tokens=0, lane=None):
-        self.spans.append(asdict(Span(
-            step=loop.step if loop else -1, kind=kind, t0=t0, t1=t1,
-            lane=lane or f"rollout/{self.wid}/{loop.slot}", traj=loop.traj if loop else None,
-            group=loop.group if loop else None, turn=turn, policy_version=self.engine.version, tokens=tokens,
-        )))
+        self.spans.append({  # the fields of timeline.Span, as a dict: cheap to pickle and emit
+            "step": loop.step if loop else -1, "kind": kind, "t0": t0, "t1": t1,
+            "lane": lane or f"rollout/{self.wid}/{loop.slot}", "traj": loop.traj if loop else None,
+            "group": loop.group if loop else None, "turn": turn, "policy_version": self.engine.version,
+            "tokens": tokens,
+        })
 
     def flush_spans(self) -> None:
         if self.spans:
