@@ -1,23 +1,8 @@
 """Build the config a run trains with: experiment config + schedule preset + run overrides."""
 
-import copy
 from typing import Any
 
-from learner.config import ConfigError, parse_config
-
-
-def apply_overrides(config: dict, overrides: dict[str, Any]) -> dict:
-    """A copy of ``config`` with each dotted path ('train.steps') set to its value."""
-    merged = copy.deepcopy(config)
-    for dotted, value in overrides.items():
-        node = merged
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{dotted}: cannot set a field inside a non-mapping")
-        node[leaf] = value
-    return merged
+from learner.config import apply_overrides, parse_config
 
 
 def run_config(experiment_config: dict, schedule_overrides: dict[str, Any], steps: int, name: str) -> dict:

@@ -29,6 +29,7 @@ from learner.bench_measure import (
     BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
 )
 from learner.config import SCHEDULES, RunConfig, load_config
+from learner.cli_args import number, schedule_list
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
 QUICK_STEPS = 4  # one warm-up step + three measured ones
@@ -37,50 +38,29 @@ MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 PROG = "thundersync bench"
 
 
-def _number(lo: float, strict: bool, kind: type = float):
-    """argparse type: a number >= lo (> lo if strict); argparse names the flag on error."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if value < lo or (strict and value == lo):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo:g}, got {text}")
-        return value
-    return parse
-
-
-def _schedules(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SCHEDULES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SCHEDULES)}, got {text!r}")
-    return list(dict.fromkeys(names))
-
-
 def _balances(text: str) -> list[float]:
-    parse = _number(0.0, strict=True)
+    parse = number(float, 0.0, strict=True)
     return sorted({parse(t.strip()) for t in text.split(",") if t.strip()}) or list(SWEEP_BALANCES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="workload: a run config [configs/bench.yaml]")
-    parser.add_argument("--schedules", type=_schedules, default=list(SCHEDULES), metavar="LIST",
+    parser.add_argument("--schedules", type=schedule_list, default=list(SCHEDULES), metavar="LIST",
                         help=f"comma list; sync always runs as the baseline [{','.join(SCHEDULES)}]")
-    parser.add_argument("--steps", type=_number(2, False, int), help="optimizer steps per schedule, warm-up included "
+    parser.add_argument("--steps", type=number(int, 2), help="optimizer steps per schedule, warm-up included "
                         f"[train.steps of the config; {QUICK_STEPS} with --quick]")
-    parser.add_argument("--warmup", type=_number(0, False, int), default=1, help="first steps left out [1]")
+    parser.add_argument("--warmup", type=number(int, 0), default=1, help="first steps left out [1]")
     knob = parser.add_mutually_exclusive_group()
-    knob.add_argument("--balance", type=_number(0.0, True), default=1.0, metavar="X",
+    knob.add_argument("--balance", type=number(float, 0.0, strict=True), default=1.0, metavar="X",
                       help="target R/L: tool-latency scale calibrated so rollout R = X * learner L [1]")
-    knob.add_argument("--scale", type=_number(0.0, False), metavar="S",
+    knob.add_argument("--scale", type=number(float, 0.0), metavar="S",
                       help="use this tool-latency scale as is (no calibration run)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule (under 5 minutes on 2 cores)")
     parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
                         metavar="LIST", help="also measure speedup vs R/L at these balances "
                         f"[{','.join(map(str, SWEEP_BALANCES))}], simulated beside")
-    parser.add_argument("--sweep-schedules", type=_schedules, default=["streaming"], metavar="LIST",
+    parser.add_argument("--sweep-schedules", type=schedule_list, default=["streaming"], metavar="LIST",
                         help="schedules of each sweep point, sync always runs [streaming]")
     parser.add_argument("--json", metavar="FILE", help='write {"schedules": {...}, "workload": {...}, "machine": {...}}')
     parser.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")

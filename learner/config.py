@@ -7,6 +7,7 @@ default. ``load_config`` turns a YAML/JSON file or a dict into a ``RunConfig`` a
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -164,6 +165,20 @@ def parse_config(data: Any) -> RunConfig:
         raise ConfigError(describe_validation_error(err)) from None
 
 
+def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    """A copy of ``data`` with each dotted path ('train.steps') set to its value."""
+    merged = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = merged
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{dotted}: cannot set a field inside a non-mapping")
+        node[leaf] = value
+    return merged
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read YAML/JSON at ``path``; ``overrides`` maps dotted names ('train.steps') to values."""
     p = Path(path)
@@ -178,12 +193,4 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{dotted}: cannot override inside a non-mapping")
-        node[leaf] = value
-    return parse_config(data)
+    return parse_config(apply_overrides(data, overrides or {}))

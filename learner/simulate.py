@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.config import SCHEDULES
+from learner.cli_args import number, schedule_list
 from learner.sim_engine import ASSIGN_POLICIES
 from learner.sim_results import ScheduleResult, report, simulate, simulate_all, simulate_spans, simulated_events
 from learner.sim_workload import (
@@ -53,27 +54,6 @@ Steps run from publish to publish; the summary is over the steps after --warmup.
 """
 
 
-def _number(kind: type, lo: float, strict: bool = False):
-    """argparse type: a number >= lo (> lo if strict); argparse names the flag on error."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if value < lo or (strict and value == lo):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo:g}, got {text}")
-        return value
-    return parse
-
-
-def _schedules(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SCHEDULES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SCHEDULES)}, got {text!r}")
-    return list(dict.fromkeys(names))
-
-
 # flag -> SyntheticSpec field; these describe a modelled workload, so --spans refuses them
 SPEC_FLAGS = {
     "--prompts": "prompts", "--group-size": "group_size", "--rollout-makespan": "rollout_makespan_s",
@@ -89,8 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    pos_int, nonneg_int = _number(int, 1), _number(int, 0)
-    pos_s, nonneg_s = _number(float, 0.0, strict=True), _number(float, 0.0)
+    pos_int, nonneg_int = number(int, 1), number(int, 0)
+    pos_s, nonneg_s = number(float, 0.0, strict=True), number(float, 0.0)
     src = parser.add_argument_group("workload source")
     src.add_argument("--spans", metavar="FILE", help="replay a recorded JSONL event file (thundersync train --events)")
     src.add_argument("--preset", choices=["paper"], help="ThunderSyncRL paper workload (the defaults; see below)")
@@ -117,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--assign", choices=ASSIGN_POLICIES, default="least-loaded",
                    help="trajectory -> rank: first free rank, or static sharding by index [least-loaded]")
     s = parser.add_argument_group("simulation")
-    s.add_argument("--schedules", type=_schedules, default=list(SCHEDULES), metavar="LIST",
+    s.add_argument("--schedules", type=schedule_list, default=list(SCHEDULES), metavar="LIST",
                    help=f"comma list [{','.join(SCHEDULES)}]")
     s.add_argument("--steps", type=pos_int, default=10, metavar="N", help="optimizer steps to simulate [10]")
     s.add_argument("--warmup", type=nonneg_int, default=2, metavar="N", help="first steps left out of the summary [2]")
