@@ -1,7 +1,7 @@
 // Compare page: 2-4 runs side by side, all figures from the JSON API (metrics and spans).
 import { SpanStore, orderLanes } from "./spans.js";
-import { ganttFigure, storeBarriers, mergeBars } from "./gantt.js";
-import { PLOTLY_CONFIG, drawFigure, metricSeries, seriesFigure } from "./plots.js";
+import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
+import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
 import { fetchSpans, getJSON } from "./api.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
@@ -103,12 +103,11 @@ async function drawTimelines(step) {
       return;
     }
     const bars = mergeBars([...p.store.spans()], width / TIMELINE_PX);
-    const figure = ganttFigure({
+    new GanttChart(div).draw({
       bars, lanes: orderLanes(p.store.lanes), barriers: storeBarriers(p.store), shift: p.start,
       xRange: [0, width * 1.02], title: `${label(p.run)} · step ${step} · ${p.store.size} spans`,
       showLegend: i === per.length - 1, maxHeight: 420, uirevision: `step-${step}`,
     });
-    Plotly.react(div, figure.data, figure.layout, PLOTLY_CONFIG);
   });
   container.dataset.step = String(step);
 }

@@ -1,18 +1,21 @@
-// Gantt chart of spans: one plotly trace per span kind (never one trace per span) on a
-// categorical lane axis, so a run with tens of thousands of spans stays one cheap figure.
-// Bars too small to see are merged (see mergeBars).
+// Gantt chart of spans on a categorical lane axis: plotly for axes, barriers, legend, zoom and
+// pan, a 2D canvas for the bars (GanttChart), so tens of thousands of spans redraw in
+// milliseconds. Bars too small to see are merged (see mergeBars).
 import { kindColour, orderKinds } from "./spans.js";
+import { PLOTLY_CONFIG } from "./plots.js";
 
 const LANE_PX = 16;
 // Above this many bars inside the window, bars are merged at pixel resolution there too.
 const MAX_DETAILED_BARS = 40000;
+
+const escapeHtml = (text) => String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
 function fmt(v) { return v === null || v === undefined ? "–" : v; }
 
 /** Hover text of one span, built once per span and cached on it. */
 function hoverText(s) {
   if (!s._hover) {
-    s._hover = `<b>${s.kind}</b> · ${s.lane}<br>` +
+    s._hover = `<b>${escapeHtml(s.kind)}</b> · ${escapeHtml(s.lane)}<br>` +
       `step ${fmt(s.step)} · traj ${fmt(s.traj)} · group ${fmt(s.group)} · turn ${fmt(s.turn)}<br>` +
       `policy v${fmt(s.policy_version)} · tokens ${fmt(s.tokens)}<br>` +
       `${s.t0.toFixed(3)}–${s.t1.toFixed(3)} s (${((s.t1 - s.t0) * 1000).toFixed(1)} ms) · seq ${s.seq}`;
@@ -87,38 +90,33 @@ export function storeBarriers(store) {
     .map(([step, info]) => ({ step, t: info.optimizerStart }));
 }
 
-/** WebGL draws tens of thousands of bars in one call; without it fall back to SVG (same data). */
-const TRACE_TYPE = (() => {
-  try { return document.createElement("canvas").getContext("webgl") ? "scattergl" : "scatter"; } catch { return "scatter"; }
-})();
+/** Legend entries and lane axis as plotly traces; the bars themselves are not plotly data. */
+function axisTraces(bars, lanes, kinds, shift, showLegend, lanePx) {
+  let lo = Infinity, hi = -Infinity;
+  for (const b of bars) { lo = Math.min(lo, b.t0 - shift); hi = Math.max(hi, b.t1 - shift); }
+  if (!(hi >= lo)) { lo = 0; hi = 1; }
+  const legend = orderKinds(kinds).map((kind, i) => ({
+    type: "scatter", mode: "lines", name: kind, x: [null], y: [null], showlegend: showLegend,
+    line: { color: kindColour(kind, i), width: Math.max(2, Math.round(lanePx * 0.7)) }, hoverinfo: "skip",
+  }));
+  // One invisible point per lane puts every lane on the category axis, and the first and last
+  // lane's points span the bars' time extent so that autorange covers them.
+  const axis = {
+    type: "scatter", mode: "markers", x: lanes.map((_, i) => (i === lanes.length - 1 ? hi : lo)), y: lanes,
+    marker: { opacity: 0, size: 1 }, hoverinfo: "skip", showlegend: false, name: "",
+  };
+  return [...legend, axis];
+}
 
 /**
- * Plotly figure of bars on lanes. Each kind is one trace of thick line segments
- * [t0, midpoint, t1, gap] on the categorical lane axis: one WebGL draw per kind however many
- * spans (the midpoint vertex lets hover find long bars away from their ends).
+ * Plotly figure of a Gantt without its bars (GanttChart paints them): axes with one category
+ * per lane, the legend of kinds, batch barriers as dashed lines labelled with their step.
  * bars: [{lane, kind, t0, t1, n, span}], lanes: ordered lane names, barriers: [{step, t}],
  * xRange: [lo, hi] or null for autorange, shift: seconds subtracted from every time (compare page).
  */
 export function ganttFigure({ bars, lanes, barriers, xRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900 }) {
   const lanePx = Math.max(4, Math.min(LANE_PX, (maxHeight - 120) / Math.max(lanes.length, 1)));
-  const byKind = new Map();
-  for (const b of bars) {
-    if (!byKind.has(b.kind)) byKind.set(b.kind, { x: [], y: [], text: [] });
-    const t = byKind.get(b.kind);
-    const a = b.t0 - shift, z = b.t1 - shift;
-    const text = b.span ? hoverText(b.span) : `<b>${b.n} × ${b.kind}</b> · ${b.lane}<br>merged: widen the step window to see each span`;
-    t.x.push(a, (a + z) / 2, z, null);
-    t.y.push(b.lane, b.lane, b.lane, null);
-    t.text.push(text, text, text, null);
-  }
-  const data = orderKinds(byKind.keys()).map((kind, i) => {
-    const t = byKind.get(kind);
-    return {
-      type: TRACE_TYPE, mode: "lines", name: kind, x: t.x, y: t.y, connectgaps: false,
-      line: { color: kindColour(kind, i), width: Math.max(2, Math.round(lanePx * 0.7)) },
-      hovertext: t.text, hovertemplate: "%{hovertext}<extra></extra>", showlegend: showLegend,
-    };
-  });
+  const kinds = new Set(bars.map((b) => b.kind));
   const shapes = barriers.map((b) => ({
     type: "line", xref: "x", yref: "paper", x0: b.t - shift, x1: b.t - shift, y0: 0, y1: 1,
     line: { color: "#5f6b7c", width: 1, dash: "dash" },
@@ -134,10 +132,175 @@ export function ganttFigure({ bars, lanes, barriers, xRange = null, shift = 0, t
     xaxis: { title: { text: shift ? "seconds since step start" : "seconds since run start" }, zeroline: false,
       ...(xRange ? { range: xRange, autorange: false } : { autorange: true }) },
     yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed",
-      tickfont: { family: "ui-monospace, monospace", size: 10 }, showgrid: false },
+      tickfont: { family: "ui-monospace, monospace", size: 10 }, showgrid: false, fixedrange: false },
     legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", font: { size: 11 } },
-    hovermode: "closest", shapes, annotations, uirevision,
+    hovermode: false, shapes, annotations, uirevision,
     paper_bgcolor: "#fff", plot_bgcolor: "#fff", font: { size: 12 },
   };
-  return { data, layout };
+  return { data: axisTraces(bars, lanes, kinds, shift, showLegend, lanePx), layout };
+}
+
+/** Pixel position of a linear axis value, for the axis range ``range`` over ``len`` pixels. */
+function axisToPx(range, len, vertical) {
+  const [r0, r1] = range, scale = len / (r1 - r0);
+  return vertical ? (v) => (r1 - v) * scale : (v) => (v - r0) * scale;
+}
+
+const HOVER_PX = 3;
+
+/**
+ * A Gantt chart: plotly draws axes, barriers, legend and handles zoom and pan; the bars are
+ * painted on a 2D canvas laid between plotly's plot layer and its top layer, and hover is
+ * looked up per lane by time. Painting tens of thousands of rectangles this way costs a few
+ * milliseconds, where plotly's WebGL lines cost seconds per redraw on software WebGL (no GPU)
+ * and its SVG lines hundreds of milliseconds of script.
+ */
+export class GanttChart {
+  constructor(div) {
+    this.div = div;
+    this.canvas = document.createElement("canvas");
+    this.canvas.className = "gantt-bars";
+    this.tip = document.createElement("div");
+    this.tip.className = "gantt-tip";
+    this.tip.hidden = true;
+    this.bars = [];
+    this.shift = 0;
+    this.byKind = new Map(); // kind -> bars, painted one fill per kind
+    this.byLane = new Map(); // lane -> bars sorted by t0, for hover
+    this.listening = false;
+  }
+
+  /** Counts of drawn bars per kind (merged bars count once). */
+  barsByKind() {
+    return Object.fromEntries([...this.byKind].map(([kind, list]) => [kind, list.length]));
+  }
+
+  async draw({ bars, ...options }) {
+    const figure = ganttFigure({ bars, ...options });
+    this.shift = options.shift ?? 0;
+    this.setBars(bars);
+    this.painted = false;
+    await Plotly.react(this.div, figure.data, figure.layout, PLOTLY_CONFIG);
+    this.listen();
+    if (!this.painted) this.paint();
+  }
+
+  /** An empty chart with a centred note, e.g. before the first spans arrive. */
+  async note(text) {
+    this.setBars([]);
+    const { data, layout } = ganttFigure({ bars: [], lanes: [], barriers: [] });
+    layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
+    layout.xaxis.visible = false;
+    layout.yaxis.visible = false;
+    await Plotly.react(this.div, data, layout, PLOTLY_CONFIG);
+    this.listen();
+    this.paint();
+  }
+
+  setBars(bars) {
+    this.bars = bars;
+    this.byKind = new Map();
+    this.byLane = new Map();
+    for (const b of bars) {
+      if (!this.byKind.has(b.kind)) this.byKind.set(b.kind, []);
+      this.byKind.get(b.kind).push(b);
+      if (!this.byLane.has(b.lane)) this.byLane.set(b.lane, []);
+      this.byLane.get(b.lane).push(b);
+    }
+    for (const list of this.byLane.values()) list.sort((a, b) => a.t0 - b.t0);
+  }
+
+  listen() {
+    if (this.listening) return;
+    this.listening = true;
+    // Replots after zoom, pan, resize and legend clicks; during a drag, plotly reports the
+    // ranges in progress, so the bars move with the axes.
+    this.div.on("plotly_afterplot", () => this.paint());
+    this.div.on("plotly_restyle", () => this.paint());
+    this.div.on("plotly_relayouting", (ev) => this.paint(ev));
+    this.div.addEventListener("mousemove", (ev) => this.hover(ev));
+    this.div.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+  }
+
+  /** Axis range of ``name`` ("xaxis"/"yaxis"), from a drag in progress when there is one. */
+  range(name, dragging) {
+    const ax = this.div._fullLayout[name];
+    const lo = dragging?.[`${name}.range[0]`], hi = dragging?.[`${name}.range[1]`];
+    return lo !== undefined && hi !== undefined ? [ax.r2l(lo), ax.r2l(hi)] : ax.range.map((v) => ax.r2l(v));
+  }
+
+  /** Paints every bar in the current axis ranges (or those of a drag in progress). */
+  paint(dragging = null) {
+    this.painted = true;
+    const layout = this.div._fullLayout;
+    if (!layout || !layout.xaxis) return;
+    const container = this.div.querySelector(".svg-container");
+    const top = container && container.querySelectorAll(":scope > svg.main-svg")[1];
+    if (!top) return;
+    // Between plotly's plot layer (grid, axes) and its top layer (barriers, legend, hover).
+    if (this.canvas.nextSibling !== top) container.insertBefore(this.canvas, top);
+    if (this.tip.parentNode !== container) container.appendChild(this.tip);
+    const xa = layout.xaxis, ya = layout.yaxis;
+    const w = xa._length, h = ya._length, dpr = window.devicePixelRatio || 1;
+    Object.assign(this.canvas.style, { left: `${xa._offset}px`, top: `${ya._offset}px`, width: `${w}px`, height: `${h}px` });
+    if (this.canvas.width !== Math.round(w * dpr) || this.canvas.height !== Math.round(h * dpr)) {
+      this.canvas.width = Math.round(w * dpr);
+      this.canvas.height = Math.round(h * dpr);
+    }
+    const ctx = this.canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    const px = axisToPx(this.range("xaxis", dragging), w, false);
+    const py = axisToPx(this.range("yaxis", dragging), h, true);
+    const laneY = new Map([...this.byLane.keys()].map((lane) => [lane, py(ya.d2l(lane))]));
+    const thickness = Math.max(1, Math.abs(py(1) - py(0)) * 0.7);
+    const hidden = new Set((this.div._fullData || []).filter((t) => t.visible === "legendonly").map((t) => t.name));
+    const kinds = orderKinds(this.byKind.keys());
+    kinds.forEach((kind, i) => {
+      if (hidden.has(kind)) return;
+      ctx.fillStyle = kindColour(kind, i);
+      ctx.beginPath();
+      for (const b of this.byKind.get(kind)) {
+        const x0 = px(b.t0 - this.shift), x1 = px(b.t1 - this.shift), y = laneY.get(b.lane);
+        if (x1 < 0 || x0 > w || y < -thickness || y > h + thickness) continue;
+        // A span shorter than a pixel still gets one pixel, as a line would.
+        ctx.rect(x0, y - thickness / 2, Math.max(1, x1 - x0), thickness);
+      }
+      ctx.fill();
+    });
+  }
+
+  /** The bar under the pointer (lane from y, time from x within HOVER_PX), shown in a tooltip. */
+  hover(ev) {
+    const layout = this.div._fullLayout;
+    if (!layout || !layout.xaxis || !this.bars.length) return;
+    const box = this.canvas.getBoundingClientRect();
+    const x = ev.clientX - box.left, y = ev.clientY - box.top;
+    const xa = layout.xaxis, ya = layout.yaxis;
+    const bar = x >= 0 && y >= 0 && x <= box.width && y <= box.height
+      ? this.barAt(ya.p2l(y), xa.p2l(x) + this.shift, HOVER_PX * Math.abs(xa.p2l(1) - xa.p2l(0)), ya)
+      : null;
+    if (!bar) { this.tip.hidden = true; return; }
+    this.tip.innerHTML = bar.span ? hoverText(bar.span)
+      : `<b>${bar.n} × ${escapeHtml(bar.kind)}</b> · ${escapeHtml(bar.lane)}<br>merged: widen the step window to see each span`;
+    const host = this.tip.parentNode.getBoundingClientRect();
+    Object.assign(this.tip.style, { left: `${ev.clientX - host.left + 12}px`, top: `${ev.clientY - host.top + 12}px` });
+    this.tip.hidden = false;
+  }
+
+  barAt(laneValue, t, tolerance, ya) {
+    const lane = ya._categories[Math.round(laneValue)];
+    const list = lane === undefined ? null : this.byLane.get(lane);
+    if (!list) return null;
+    // Last bar starting at or before t + tolerance; bars of one lane rarely overlap, so the
+    // nearest candidates are just before it.
+    let lo = 0, hi = list.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid].t0 <= t + tolerance) lo = mid + 1; else hi = mid; }
+    let best = null, bestGap = Infinity;
+    for (let i = lo - 1; i >= 0 && i >= lo - 64; i--) {
+      const b = list[i], gap = t < b.t0 ? b.t0 - t : t > b.t1 ? t - b.t1 : 0;
+      if (gap <= tolerance && gap < bestGap) { best = b; bestGap = gap; }
+    }
+    return best;
+  }
 }

@@ -1,8 +1,8 @@
 // Live run page: websocket client (replay after the last seq held, then live frames), the Gantt of
 // spans and the per-step metric charts. Protocol: docs/web-contract.md, "Websocket".
 import { SpanStore, orderLanes } from "./spans.js";
-import { WindowedBars, ganttFigure, storeBarriers, windowRange } from "./gantt.js";
-import { PLOTLY_CONFIG, drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+import { GanttChart, WindowedBars, storeBarriers, windowRange } from "./gantt.js";
+import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -21,6 +21,7 @@ const el = {
 
 const store = new SpanStore();
 const bars = new WindowedBars();
+const gantt = new GanttChart(el.gantt);
 const metrics = new Map(); // step -> values
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
@@ -42,12 +43,11 @@ async function drawGantt() {
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
   const allBars = bars.build(store, lo, plotPx);
   const follow = el.follow.checked;
-  const figure = ganttFigure({
+  const builtMs = epochMs();
+  await gantt.draw({
     bars: allBars, lanes: orderLanes(store.lanes), barriers: storeBarriers(store),
     xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}`,
   });
-  const builtMs = epochMs();
-  await Plotly.react(el.gantt, figure.data, figure.layout, PLOTLY_CONFIG);
   draws++;
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
   barsDrawn = allBars.length;
@@ -75,19 +75,6 @@ function watchUserZoom() {
   el.gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
   });
-}
-
-function showGanttNote(text) {
-  // One invisible point of the Gantt's trace type, so the WebGL context and shaders are set up
-  // while the replay is still on the wire rather than on the first real draw.
-  const { data, layout } = ganttFigure({ bars: [{ lane: "", kind: "", t0: 0, t1: 0, n: 1, span: null }], lanes: [""], barriers: [] });
-  data[0].showlegend = false;
-  data[0].hoverinfo = "skip";
-  data[0].line.width = 0;
-  layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
-  layout.xaxis.visible = false;
-  layout.yaxis.visible = false;
-  return Plotly.react(el.gantt, data, layout, PLOTLY_CONFIG);
 }
 
 // ---- Metrics -----------------------------------------------------------------------------
@@ -131,7 +118,7 @@ const requestMetrics = throttledRedraw(drawMetrics, 400);
 // ---- Status ------------------------------------------------------------------------------
 function setStatus(next, error) {
   status = next;
-  if (!store.size) showGanttNote(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
+  if (!store.size) gantt.note(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
   el.badge.textContent = next;
   el.badge.className = `badge status-${next}`;
   root.dataset.status = next;
@@ -207,6 +194,7 @@ window.__thundersync = {
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
   frames: () => frameLog,
   draws: () => drawLog,
+  barsByKind: () => gantt.barsByKind(),
 };
 
 setStatus(status, "");

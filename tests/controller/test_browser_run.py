@@ -22,11 +22,8 @@ RUN_TIMEOUT_S = 600  # the tiny model is built on first use; CI machines are sma
 
 
 def plotted_bars(page) -> Counter:
-    """Bars per span kind in the Gantt figure itself (each bar is 4 points: t0, mid, t1, gap)."""
-    counts = page.evaluate(
-        "() => Object.fromEntries(document.getElementById('gantt').data.map(t => [t.name, t.x.length / 4]))"
-    )
-    return Counter({kind: int(n) for kind, n in counts.items()})
+    """Bars per span kind that the Gantt painted on its canvas in the last draw."""
+    return Counter(page.evaluate("window.__thundersync.barsByKind()"))
 
 
 def test_live_run_page_draws_every_span_once_across_reconnects(
