@@ -188,11 +188,14 @@ def test_builtin_policy_loads_in_eval_mode_and_stops_at_turn_ends(shared_builtin
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 3
     assert list(model.generation_config.eos_token_id) == stop_token_ids(tok)
     env = ArithToolEnv(TaskConfig())
-    contexts = [tok.encode(env.sample_task(random.Random(i)).prompt_text, add_special_tokens=False) for i in range(16)]
+    tasks = [env.sample_task(random.Random(i)) for i in range(16)]
+    contexts = [tok.encode(t.prompt_text, add_special_tokens=False) for t in tasks]
     torch.manual_seed(0)
     turns = generate_turns(model, tok, contexts, temperature=0.0, max_new_tokens=24)
     assert all(turn[-1] in stop_token_ids(tok) for turn in turns)
-    assert all(tok.decode(turn).startswith("<call>") for turn in turns)
+    # the warm start mixes tool calls and direct answers (models.BuildRecipe): both well formed
+    kinds = [env.parse_turn(t, tok.decode(turn)).kind for t, turn in zip(tasks, turns)]
+    assert set(kinds) <= {"tool", "final"} and "tool" in kinds, kinds
 
 
 def test_policy_starts_nonzero_but_imperfect_and_teacher_is_clearly_stronger(shared_builtins):
