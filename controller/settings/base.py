@@ -95,7 +95,7 @@ THUNDERSYNC_LEARNER_COMMAND = (
 )
 THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
-THUNDERSYNC_INGEST_FLUSH_S = 0.2  # batch DB writes and websocket frames at most this long
+THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
