@@ -2,7 +2,7 @@
 // pan, a 2D canvas for the bars (GanttChart), so tens of thousands of spans redraw in
 // milliseconds. Bars too small to see are merged (see mergeBars).
 import { kindColour, orderKinds } from "./spans.js";
-import { PLOTLY_CONFIG } from "./plots.js";
+import { PLOTLY_CONFIG, plotlyLoaded } from "./plots.js";
 
 const LANE_PX = 16;
 // Above this many bars inside the window, bars are merged at pixel resolution there too.
@@ -168,6 +168,13 @@ export class GanttChart {
     this.byKind = new Map(); // kind -> bars, painted one fill per kind
     this.byLane = new Map(); // lane -> bars sorted by t0, for hover
     this.listening = false;
+    this.handlers = []; // [event, fn] for plotly events, attached once the div is a plotly graph
+  }
+
+  /** Listens to a plotly event of the chart (e.g. "plotly_relayout"), now or after the first draw. */
+  on(event, fn) {
+    this.handlers.push([event, fn]);
+    if (this.listening) this.div.on(event, fn);
   }
 
   /** Counts of drawn bars per kind (merged bars count once). */
@@ -180,6 +187,7 @@ export class GanttChart {
     this.shift = options.shift ?? 0;
     this.setBars(bars);
     this.painted = false;
+    await plotlyLoaded;
     await Plotly.react(this.div, figure.data, figure.layout, PLOTLY_CONFIG);
     this.listen();
     if (!this.painted) this.paint();
@@ -192,6 +200,7 @@ export class GanttChart {
     layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
     layout.xaxis.visible = false;
     layout.yaxis.visible = false;
+    await plotlyLoaded;
     await Plotly.react(this.div, data, layout, PLOTLY_CONFIG);
     this.listen();
     this.paint();
@@ -218,6 +227,7 @@ export class GanttChart {
     this.div.on("plotly_afterplot", () => this.paint());
     this.div.on("plotly_restyle", () => this.paint());
     this.div.on("plotly_relayouting", (ev) => this.paint(ev));
+    for (const [event, fn] of this.handlers) this.div.on(event, fn);
     this.div.addEventListener("mousemove", (ev) => this.hover(ev));
     this.div.addEventListener("mouseleave", () => { this.tip.hidden = true; });
   }

@@ -27,7 +27,7 @@ const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
 let status = root.dataset.status;
 let ws = null, connects = 0, retryMs = 500, replayDone = false, connectedMs = 0;
-let spansDrawn = 0, barsDrawn = 0, draws = 0;
+let spansDrawn = 0, barsDrawn = 0, draws = 0, chartsDrawnMs = null;
 let followEpoch = 0; // bumping it tells plotly to drop the user's zoom and follow again
 
 const epochMs = () => performance.timeOrigin + performance.now();
@@ -72,7 +72,7 @@ el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch+
 
 function watchUserZoom() {
   // A user zoom or pan stops following the live edge until "follow live" is ticked again.
-  el.gantt.on("plotly_relayout", (ev) => {
+  gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
   });
 }
@@ -113,7 +113,7 @@ async function drawMetrics() {
     ], { yTitle: "policy versions" })),
   ]);
 }
-const requestMetrics = throttledRedraw(drawMetrics, 400);
+const requestMetrics = throttledRedraw(async () => { await drawMetrics(); chartsDrawnMs = epochMs(); }, 400);
 
 // ---- Status ------------------------------------------------------------------------------
 function setStatus(next, error) {
@@ -140,7 +140,7 @@ function handleFrame(frame) {
     }
     case "metrics":
       for (const m of frame.metrics || []) metrics.set(m.step, m.values);
-      requestMetrics();
+      if (replayDone) requestMetrics(); // during a replay the Gantt goes first, at replay_done
       break;
     case "status":
       setStatus(frame.status, frame.error);
@@ -188,7 +188,7 @@ window.__thundersync = {
   reconnect,
   state: () => ({
     spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,
-    watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone,
+    watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone, chartsDrawnMs,
     open: !!ws && ws.readyState === WebSocket.OPEN,
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
@@ -197,6 +197,7 @@ window.__thundersync = {
   barsByKind: () => gantt.barsByKind(),
 };
 
+// The socket first: the server's replay overlaps the evaluation of plotly.js (deferred script).
+connect();
 setStatus(status, "");
 watchUserZoom();
-connect();

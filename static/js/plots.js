@@ -3,6 +3,17 @@
 export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
 
 /**
+ * Resolves once plotly.js has run. The run page loads it with ``defer`` after its own module, so
+ * the websocket replay is already on the wire while the browser evaluates the 4.8 MB script.
+ */
+export const plotlyLoaded = window.Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
+  const script = document.querySelector('script[src$="plotly.min.js"]');
+  if (!script) { reject(new Error("plotly.min.js is not on this page")); return; }
+  script.addEventListener("load", () => resolve(), { once: true });
+  script.addEventListener("error", () => reject(new Error("plotly.min.js failed to load")), { once: true });
+});
+
+/**
  * Calls ``draw`` (sync or async) from requestAnimationFrame, at most once per ``minIntervalMs``
  * (a number or a function returning one), however often ``request`` is called: bursts of
  * websocket frames cost one redraw, and a redraw never overlaps the previous one.
@@ -60,7 +71,8 @@ export function seriesFigure(series, { kind = "line", xTitle = "step", yTitle = 
 }
 
 /** Draws a figure, or a short "no data" note when every series is empty. */
-export function drawFigure(el, figure, emptyText = "No data yet.") {
+export async function drawFigure(el, figure, emptyText = "No data yet.") {
+  await plotlyLoaded;
   const hasData = figure.data.some((t) => (t.x && t.x.length) || (t.y && t.y.length));
   el.dataset.empty = hasData ? "0" : "1";
   if (!hasData) figure = { data: [], layout: { ...figure.layout,
