@@ -26,6 +26,10 @@ async def connect(run, user=None, after=None, origin=b"http://testserver"):
     path = f"/ws/runs/{run.pk}/" + (f"?after={after}" if after is not None else "")
     communicator = WebsocketCommunicator(application, path, headers=headers)
     connected, code = await communicator.connect(timeout=5)
+    if not connected:
+        # a refused consumer still waits on its channel layer: end it here, not in the
+        # event loop's teardown, where cancelling a blocked channels-redis receive can hang
+        await communicator.disconnect()
     return communicator, connected, code
 
 
