@@ -146,7 +146,11 @@ class Trainer:
         if self.pending:
             return self.pending.popleft()
         while True:
-            item = self._take(self.fleet.get(timeout))
+            msg = self.fleet.poll()
+            if msg is None:  # about to wait: the sink writes its queued events meanwhile
+                self.sink.idle(self.fleet.has_message)
+                msg = self.fleet.get(timeout)
+            item = self._take(msg)
             if item is not None:
                 return item
 

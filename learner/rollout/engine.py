@@ -10,7 +10,7 @@ corrects it in the off-policy schedules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import torch
 
@@ -40,12 +40,27 @@ class EngineStats:
     extra: dict = field(default_factory=dict)
 
 
+# on_done(i, completion): prompt i's completion is final (called once per prompt)
+OnDone = Callable[[int, Completion], None]
+
+
+def report_all(completions: list[Completion], on_done: OnDone | None) -> list[Completion]:
+    """For engines that finish a batch at once: every row is final when the call returns."""
+    if on_done is not None:
+        for i, c in enumerate(completions):
+            on_done(i, c)
+    return completions
+
+
 class Engine(Protocol):
     version: int  # policy version of the weights the engine samples with
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None) -> list[Completion]:
-        """``seeds``: one per prompt; the same (prompt, seed, weights) samples the same tokens."""
+                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
+        """``seeds``: one per prompt; the same (prompt, seed, weights) samples the same tokens.
+        ``on_done`` is called once per prompt as soon as its completion is final, so a caller
+        can act on a finished row (run its tool, verify it, ship the trajectory) while the rest
+        of the batch still decodes; engines that finish a batch at once call it on return."""
         ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None: ...
@@ -85,7 +100,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None) -> list[Completion]:
+                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
         if not prompts:
             return []
         B, width = len(prompts), max(len(p) for p in prompts)
@@ -102,8 +117,7 @@ class TorchEngine:
         out_logp: list[list[float]] = [[] for _ in range(B)]
         done = torch.zeros(B, dtype=torch.bool)
         stopped = torch.zeros(B, dtype=torch.bool)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1].float()  # (B, V)
+        cache, logits = self._prefill(prompts, ids, attn, pos)  # cache of B rows, (B, V)
         next_pos = pos[:, -1:] + 1
         for _ in range(params.max_new_tokens):
             u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])  # (B,)
@@ -115,6 +129,9 @@ class TorchEngine:
             hit = torch.isin(tok, stop) & ~done
             stopped |= hit
             done |= hit
+            if on_done is not None:  # a stopped row takes no more tokens: its completion is final
+                for b in hit.nonzero().flatten().tolist():
+                    on_done(b, Completion(out_tokens[b], out_logp[b], True))
             if bool(done.all()):
                 break
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
@@ -125,7 +142,30 @@ class TorchEngine:
             next_pos = next_pos + 1
         self.stats.calls += 1
         self.stats.tokens_out += sum(len(t) for t in out_tokens)
-        return [Completion(t, lp, bool(s)) for t, lp, s in zip(out_tokens, out_logp, stopped.tolist())]
+        result = [Completion(t, lp, bool(s)) for t, lp, s in zip(out_tokens, out_logp, stopped.tolist())]
+        if on_done is not None:  # rows that ran to max_new_tokens end with the call
+            for b in (~stopped).nonzero().flatten().tolist():
+                on_done(b, result[b])
+        return result
+
+    def _prefill(self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
+        """Forward the prompts once per distinct prompt, then give each row its copy of the KV
+        cache: a GRPO group's trajectories share their first-turn prompt, so a batch of P
+        groups of G prefills P rows, not P*G (prefix sharing, as vLLM's prefix cache and
+        SGLang's radix cache do). The forward of a row does not depend on the other rows, so
+        every row sees the same cache and logits as if it had been prefilled itself."""
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(p), len(first)) for p in prompts]  # row -> distinct prompt
+        if len(first) == len(prompts):
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            return out.past_key_values, out.logits[:, -1].float()
+        lead = torch.tensor([rows.index(u) for u in range(len(first))])  # a row holding each prompt
+        out = self.model(input_ids=ids[lead], attention_mask=attn[lead], position_ids=pos[lead], use_cache=True)
+        select = torch.tensor(rows)
+        cache = out.past_key_values
+        cache.batch_select_indices(select)
+        self.stats.extra["prefill_rows_shared"] = self.stats.extra.get("prefill_rows_shared", 0) + len(rows) - len(first)
+        return cache, out.logits[:, -1].float()[select]
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
         params = dict(self.model.named_parameters())

@@ -65,6 +65,10 @@ class Fleet:
             self.load[self._owner.pop(msg[1].id)] -= 1
         return msg
 
+    def has_message(self) -> bool:
+        """A message is waiting (never blocks, consumes nothing)."""
+        return bool(self._early) or not self.out_q.empty()
+
     def poll(self) -> tuple | None:
         """A message already waiting, or None (never blocks)."""
         if self._early:

@@ -25,7 +25,7 @@ from typing import Mapping
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.engine import Completion, EngineStats, SamplingParams
+from learner.rollout.engine import Completion, EngineStats, OnDone, SamplingParams, report_all
 from learner.rollout.vllm_layout import serving_dir
 
 KV_CACHE_BYTES_MAX = 2**30  # vLLM's CPU default is 4 GiB per engine; ours fit their batch
@@ -108,7 +108,7 @@ class VllmEngine:
                    detokenize=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None) -> list[Completion]:
+                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
         if not prompts:
             return []
         seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
@@ -126,7 +126,7 @@ class VllmEngine:
             result.append(Completion(list(c.token_ids), logps, c.finish_reason == "stop"))
         self.stats.calls += 1
         self.stats.tokens_out += sum(len(c.token_ids) for c in result)
-        return result
+        return report_all(result, on_done)  # LLM.generate returns the whole batch at once
 
     def push_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy the tensors into the served model (no cache reset: ``load_weights`` is the

@@ -5,7 +5,9 @@ trajectory it was handed as an agent loop: generate a turn -> (OPD: teacher scor
 the scored turn goes to the learner at once) -> the tool runs while the other loops keep
 generating -> observation -> next turn ... -> final answer -> verifier -> the finished
 trajectory goes to the learner. Turns of all loops that are ready are batched into one
-engine call. Every phase is reported as a span on the trajectory's slot lane.
+engine call; a row that stops is handled at once (its tool starts, or it is verified and
+sent to the learner) while the rest of the call decodes. Every phase is reported as a span
+on the trajectory's slot lane.
 
 Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn),
 ("traj", Trajectory), ("ack", worker, version, t0, t1), ("ready", worker), ("error", worker, text).
@@ -131,11 +133,13 @@ class AgentWorker:
         params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
         seeds = [lp.seed * 1000 + len(lp.turn_spans) for lp in ready]
         t0 = self.now()
-        outs = self.engine.generate([lp.ids for lp in ready], params, seeds=seeds)
-        t1 = self.now()
-        for lp, out in zip(ready, outs):
-            turn = len(lp.turn_spans)
-            self.span("rollout.generate", t0, t1, lp, turn=turn, tokens=len(out.token_ids))
+
+        def turn_done(i: int, out) -> None:
+            # called the moment row i stops, while the rest of the batch still decodes: a
+            # direct answer is verified and shipped (and a tool call starts) without waiting
+            # for the batch's longest row
+            lp, turn = ready[i], len(ready[i].turn_spans)
+            self.span("rollout.generate", t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
             start = len(lp.ids)
             lp.ids += out.token_ids
             lp.mask += [1] * len(out.token_ids)
@@ -145,6 +149,8 @@ class AgentWorker:
             if self.teacher is not None:
                 self.score_turn(lp, turn)
             self.advance(lp, out)
+
+        self.engine.generate([lp.ids for lp in ready], params, seeds=seeds, on_done=turn_done)
         self.flush_spans()
 
     def score_turn(self, lp: LoopState, turn: int) -> None:

@@ -45,9 +45,9 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
         for field in FIELDS:
             assert isinstance(r[field], (int, float)), (name, field)
         assert r["steps_measured"] == 1
-        # async samples batch s+1 with older weights than the sync run that defines R, so its
-        # trajectories (and rollout time) differ; sync and streaming sample the same ones
-        assert 0 < r["efficiency"] <= (1.05 if name != "async" else 1.5), (name, r["efficiency"])
+        # definitions, not timings (one 4-trajectory step is all noise on a shared machine)
+        assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_s"])
+        assert r["speedup_vs_sync"] == pytest.approx(doc["schedules"]["sync"]["step_s"] / r["step_s"])
         assert 0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollouter_idle_ratio"] <= 1.0
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
         assert r["bound_s"] == max(r["rollout_s"], r["learner_s"]) > 0

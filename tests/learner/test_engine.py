@@ -37,6 +37,40 @@ def test_a_trajectory_samples_the_same_tokens_whatever_batch_it_is_in():
     assert len({tuple(t) for t in other_seed}) > 1  # the seed, not the batch, decides
 
 
+def test_each_row_is_reported_once_the_moment_it_stops():
+    engine = TorchEngine(tiny_model(), pad_id=0)
+    prompts, seeds = PROMPTS * 4, list(range(12))
+    seen: list[tuple[int, int, list[int]]] = []  # (row, engine decode steps so far, its tokens)
+    steps = {"n": 0}
+    forward = engine.model.forward
+
+    def counting_forward(*args, **kwargs):
+        steps["n"] += 1
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counting_forward
+    outs = engine.generate(prompts, PARAMS, seeds=seeds,
+                           on_done=lambda i, c: seen.append((i, steps["n"], list(c.token_ids))))
+    assert sorted(i for i, _, _ in seen) == list(range(len(prompts)))  # each row exactly once
+    for i, at_step, tokens in seen:
+        assert tokens == outs[i].token_ids  # what the callback got is the final completion
+        if outs[i].stopped:  # reported after the forward that sampled its stop token, not at the end
+            assert at_step == len(tokens)
+    stopped_early = [at for i, at, _ in seen if outs[i].stopped and len(outs[i].token_ids) < max(len(o.token_ids) for o in outs)]
+    assert stopped_early and min(stopped_early) < steps["n"]
+
+
+def test_rows_sharing_a_prompt_share_its_prefill_and_sample_as_if_alone():
+    engine = TorchEngine(tiny_model(), pad_id=0)
+    a, b = PROMPTS[0], PROMPTS[2]
+    outs = engine.generate([a, b, a, a], PARAMS, seeds=[5, 6, 7, 8])
+    assert engine.stats.extra["prefill_rows_shared"] == 2  # a is forwarded once for three rows
+    for prompt, seed, out in zip([a, b, a, a], [5, 6, 7, 8], outs):
+        alone = TorchEngine(engine.model, pad_id=0).generate([prompt], PARAMS, seeds=[seed])[0]
+        assert out.token_ids == alone.token_ids
+        assert max(abs(x - y) for x, y in zip(out.logprobs, alone.logprobs)) < 1e-5
+
+
 def test_top_p_keeps_only_the_nucleus():
     engine = TorchEngine(tiny_model(), pad_id=0)
     params = SamplingParams(max_new_tokens=1, stop_token_ids=[], top_p=1e-6)
