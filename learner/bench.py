@@ -32,7 +32,7 @@ from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
-QUICK_STEPS = 4  # one warm-up step + three measured ones
+QUICK_STEPS = 6  # one warm-up step + five measured ones
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 PROG = "thundersync bench"

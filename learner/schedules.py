@@ -232,8 +232,13 @@ class Trainer:
             raise RuntimeError(f"rollout message {msg[0]} while replicas load weights")
 
     # -- metrics -------------------------------------------------------------------
-    def finish_step(self) -> dict:
-        rec, t_end = self.rec, self.now()
+    def finish_step(self, t_end: float | None = None) -> dict:
+        """Metrics of the step that ended at ``t_end`` (its publish; default now). The next
+        step starts there too (``self.t_step_end``), so steps tile the run: bookkeeping
+        after a publish belongs to the next step, never to no step."""
+        rec = self.rec
+        t_end = self.now() if t_end is None else t_end
+        self.t_step_end = t_end
         self.drain_spans()
         window = [s for s in self.recent if s["t1"] > rec.t_start]
         values = window_metrics(window, rec.t_start, t_end)
@@ -274,11 +279,12 @@ class Trainer:
     # -- schedules -----------------------------------------------------------------
     def run_on_policy(self, streaming: bool) -> None:
         """sync and streaming: identical except *when* each trajectory's backward runs."""
-        P, G = self.cfg.train.prompts_per_step, self.cfg.train.group_size
+        P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
         opd = self.cfg.algorithm.objective == "opd"
-        for step in range(self.cfg.train.steps):
-            self.rec = StepRecord(step, self.now())
-            groups = self.new_groups(P, step)
+        self.t_step_end = self.now()
+        groups = self.new_groups(P, 0)
+        for step in range(steps):
+            self.rec = StepRecord(step, self.t_step_end)
             self.learner.begin_batch({g: G for g in groups})
             held: list = []
             while len(self.rec.trajs) < P * G:
@@ -300,7 +306,10 @@ class Trainer:
                     self.learn(item)
             self.rec.learner_stats = self.learner.finish_batch()
             self.optimizer_step(wait_for_replicas=True)
-            self.finish_step()
+            published = self.now()
+            if step + 1 < steps:  # the next batch's first turn generates while this step's metrics are made
+                groups = self.new_groups(P, step + 1)
+            self.finish_step(t_end=published)
 
     def train_off_policy(self) -> None:
         self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
@@ -310,9 +319,10 @@ class Trainer:
     def run_async(self) -> None:
         """One-step off-policy: batch s+1 rolls out with weights s while batch s trains."""
         P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
+        self.t_step_end = self.now()
         self.new_groups(P, 0)
         for step in range(steps):
-            self.rec = StepRecord(step, self.now())
+            self.rec = StepRecord(step, self.t_step_end)
             while len(self.rec.trajs) < P * G:
                 item = self.receive()
                 if isinstance(item, Trajectory):
@@ -329,9 +339,9 @@ class Trainer:
         members: dict[int, list[Trajectory]] = {}
         complete: list[int] = []
         dispatched, dropped = 0, 0
-        t_prev = self.now()
+        self.t_step_end = self.now()
         for step in range(steps):
-            self.rec = StepRecord(step, t_prev)
+            self.rec = StepRecord(step, self.t_step_end)
             while len(complete) < P:
                 # a group dispatched now is trained at version >= dispatched // P
                 while dispatched < min((self.version + bound + 1) * P, steps * P + dropped):
@@ -353,7 +363,6 @@ class Trainer:
                     t.step = step
                     self.rec.trajs.append(t)
             self.train_off_policy()
-            t_prev = self.now()
         self.dropped_groups = dropped
 
     def run(self) -> dict:

@@ -76,7 +76,7 @@ class JsonlSink:
     waits writes then), run status events are written at once, and the order is kept.
     """
 
-    MAX_DELAY_S = 0.5
+    MAX_DELAY_S = 2.0
     CHUNK = 64  # events per write between checks for fleet messages
 
     def __init__(self, path: str):
