@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="target R/L: tool-latency scale calibrated so rollout R = X * learner L [1]")
     knob.add_argument("--scale", type=number(float, 0.0), metavar="S",
                       help="use this tool-latency scale as is (no calibration run)")
+    parser.add_argument("--rounds", type=number(int, 1), default=2, metavar="N",
+                        help="runs per schedule, in alternating order; their steps are pooled [2]")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule (under 5 minutes on 2 cores)")
     parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
                         metavar="LIST", help="also measure speedup vs R/L at these balances "
@@ -99,15 +101,19 @@ class Runner:
         return events
 
 
-def simulated(sync_events: list[dict[str, Any]], schedules: list[str], warmup: int) -> dict[str, Any]:
-    """The simulator's step time per schedule, replaying the measured steps of the sync run."""
+def simulated(sync_runs: list[list[dict[str, Any]]], schedules: list[str], warmup: int) -> dict[str, Any]:
+    """The simulator's step time per schedule, replaying the measured steps of the sync runs
+    (their batches pooled, in round order)."""
+    from dataclasses import replace
+
     from learner.simulate import simulate_all, workload_from_spans
     from learner.sim_workload import SimInputError
 
-    measured = [e for e in sync_events if e.get("type") not in ("span", "metrics") or e["step"] >= warmup]
-    n_steps = sum(1 for e in measured if e.get("type") == "metrics")
     try:
-        results = simulate_all(workload_from_spans(measured), schedules, steps=n_steps + warmup, warmup=warmup)
+        workloads = [workload_from_spans([e for e in events if e.get("type") not in ("span", "metrics")
+                                          or e["step"] >= warmup]) for events in sync_runs]
+        pooled = replace(workloads[0], batches=[b for w in workloads for b in w.batches])
+        results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
     except (SimInputError, ValueError) as err:
         return {"error": str(err)}
     return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
@@ -116,17 +122,22 @@ def simulated(sync_events: list[dict[str, Any]], schedules: list[str], warmup: i
 
 
 def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
-                      scale: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure every schedule (sync first) at one scale; per-schedule results and the simulation."""
-    events, summaries = {}, {}
-    for name in dict.fromkeys(["sync", *schedules]):
-        drain = drain_steps(name, runner.cfg.train.max_staleness)
-        events[name] = runner.train(f"{label}-{name}", name, steps + drain, scale)
-        summaries[name] = summarize(events[name], warmup, end=steps)
+                      scale: float, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure every schedule at one scale, ``rounds`` times in alternating order (sync first,
+    then last, ...): a shared machine's speed drifts over minutes, and alternating puts the
+    drift on every schedule alike. Per-schedule results (steps pooled) and the simulation."""
+    order = list(dict.fromkeys(["sync", *schedules]))
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in order}
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            drain = drain_steps(name, runner.cfg.train.max_staleness)
+            run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
+            runs[name].append(runner.train(run_label, name, steps + drain, scale))
+    summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
     results = compare(summaries)
-    sim = simulated(events["sync"], list(results), warmup)
+    sim = simulated(runs["sync"], list(results), warmup)
     for name, r in results.items():
-        r["timeline"] = step_timeline(events[name], warmup)
+        r["timeline"] = step_timeline(runs[name][0], warmup)
         if name in sim:
             r["simulated_step_s"] = sim[name]["step_s"]
             r["simulated_error"] = sim[name]["step_s"] / r["step_s"] - 1.0
@@ -149,7 +160,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def workload_info(cfg: RunConfig, steps: int, warmup: int, scale: float, balance: float | None,
+def workload_info(cfg: RunConfig, steps: int, warmup: int, rounds: int, scale: float, balance: float | None,
                   calibration: Calibration | None, sync: dict[str, Any]) -> dict[str, Any]:
     lat = cfg.task.tool_latency
     return {
@@ -159,7 +170,7 @@ def workload_info(cfg: RunConfig, steps: int, warmup: int, scale: float, balance
         "trajectories_per_step": cfg.train.prompts_per_step * cfg.train.group_size,
         "ops": [cfg.task.min_ops, cfg.task.max_ops], "max_turns": cfg.task.max_turns,
         "max_new_tokens": cfg.rollout.max_new_tokens, "rollout_workers": cfg.rollout.workers,
-        "steps_per_schedule": steps, "warmup_steps": warmup,
+        "steps_per_schedule": steps, "warmup_steps": warmup, "rounds": rounds,
         "drain_steps": {s: drain_steps(s, cfg.train.max_staleness) for s in SCHEDULES},
         "tool_latency": {"distribution": lat.distribution, "median_s": lat.median_s, "sigma": lat.sigma,
                          "scale": scale, "modelled": True},
@@ -249,12 +260,12 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
         events = runner.train("calibration", "sync", steps, 1.0)
         calibration = calibrate(events, warmup, 1.0)
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
-    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale)
+    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds)
     balance = None if args.scale is not None else args.balance
     doc = {
         "schedules": {name: results[name] for name in dict.fromkeys(["sync", *args.schedules])},
         "simulated": sim,
-        "workload": workload_info(cfg, steps, warmup, scale, balance, calibration, results["sync"]),
+        "workload": workload_info(cfg, steps, warmup, args.rounds, scale, balance, calibration, results["sync"]),
     }
     if args.sweep:
         doc["sweep"] = sweep(runner, args, steps, calibration, main=(args.balance, results, sim))
@@ -270,7 +281,8 @@ def sweep(runner: Runner, args: argparse.Namespace, steps: int, calibration: Cal
         if balance == main[0]:
             results, sim = main[1], main[2]
         else:
-            results, sim = compare_schedules(runner, f"sweep-{balance:g}", args.sweep_schedules, steps, args.warmup, scale)
+            results, sim = compare_schedules(runner, f"sweep-{balance:g}", args.sweep_schedules, steps, args.warmup,
+                                             scale, args.rounds)
         sync = results["sync"]
         points.append({
             "balance_target": balance, "scale": scale, "balance_measured": sync["rollout_s"] / sync["learner_s"],

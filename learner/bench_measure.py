@@ -66,25 +66,36 @@ def _spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "iqr": [q1, q3], "min": min(values), "max": max(values)}
 
 
-def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None) -> dict[str, Any]:
-    """What one schedule's run did, over its measured steps ``warmup .. end-1``.
+def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None) -> dict[str, Any]:
+    """What one schedule's runs did, over their measured steps ``warmup .. end-1``, pooled.
 
-    Idle ratios are recomputed from every recorded span over the measured window (the
-    driver's step windows tile it), not read from the per-step metrics: the driver computes
-    those when the step ends, before the rollout spans still running beside the learner
-    (async, fully-async) have reached it. staleness_mean is the mean of the per-step means
-    (every step trains the same number of trajectories).
+    ``runs``: one event list per run of the schedule (the bench repeats each schedule in
+    rounds of alternating order, so slow drifts of a shared machine fall on every schedule
+    alike). Medians are over the pooled steps. Idle ratios are recomputed from every recorded
+    span over each run's measured window (the driver's step windows tile it) and pooled by
+    window length; they are not read from the per-step metrics: the driver computes those
+    when the step ends, before the rollout spans still running beside the learner (async,
+    fully-async) have reached it. staleness_mean is the mean of the per-step means (every
+    step trains the same number of trajectories).
     """
-    steps = measured_steps(events, warmup, end)
+    steps, idle_s, window_s = [], {"trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.0}, 0.0
+    for events in runs:
+        kept = measured_steps(events, warmup, end)
+        steps += kept
+        t0, t1 = kept[0]["step/t_start"], kept[-1]["step/t_end"]
+        idle = window_metrics([e for e in events if e.get("type") == "span"], t0, t1)
+        for key in idle_s:
+            idle_s[key] += idle[key] * (t1 - t0)
+        window_s += t1 - t0
     step_s = [v["timing_s/step"] for v in steps]
     spread = _spread(step_s)
-    idle = window_metrics([e for e in events if e.get("type") == "span"], steps[0]["step/t_start"], steps[-1]["step/t_end"])
 
     def median_of(fn) -> float:
         return statistics.median(fn(v) for v in steps)
 
     return {
         "steps_measured": len(steps),
+        "runs": len(runs),
         "step_s": spread["median"],
         "step_s_iqr": spread["iqr"],
         "step_s_min": spread["min"],
@@ -95,8 +106,8 @@ def summarize(events: list[dict[str, Any]], warmup: int, end: int | None = None)
         "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
         "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),
         "learner_phase_s": median_of(lambda v: v["step/t_end"] - v["step/first_backward_t"]),
-        "trainer_idle_ratio": idle["trainer/idle_ratio"],
-        "rollouter_idle_ratio": idle["rollouter/idle_ratio"],
+        "trainer_idle_ratio": idle_s["trainer/idle_ratio"] / window_s,
+        "rollouter_idle_ratio": idle_s["rollouter/idle_ratio"] / window_s,
         "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
         "staleness_max": int(max(v["staleness/max"] for v in steps)),
         "tail_s": median_of(lambda v: v["timing_s/tail"]),

@@ -44,7 +44,7 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     for name, r in doc["schedules"].items():
         for field in FIELDS:
             assert isinstance(r[field], (int, float)), (name, field)
-        assert r["steps_measured"] == 1
+        assert r["steps_measured"] == 2 and r["runs"] == 2  # one measured step in each of two rounds
         # definitions, not timings (one 4-trajectory step is all noise on a shared machine)
         assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_s"])
         assert r["speedup_vs_sync"] == pytest.approx(doc["schedules"]["sync"]["step_s"] / r["step_s"])
@@ -109,17 +109,25 @@ def test_summary_drops_warmup_and_drain_and_takes_idle_from_all_spans_of_the_win
               _metrics(2, 11, 4.0, 1.0, 3.0), _metrics(3, 15, 0.5, 0.5, 0.0),
               # a rollout span of the measured window that reached the driver only after it
               _span(3, 7, "rollout.generate", 12.0, 15.0)]
-    s = summarize(events, warmup=1, end=3)
+    s = summarize([events], warmup=1, end=3)
     assert s["steps_measured"] == 2 and s["step_s_all"] == [2.0, 4.0] and s["step_s"] == 3.0
     assert s["trainer_idle_ratio"] == pytest.approx(1 - 2.0 / 6.0)  # 2 s busy in the 6 s window 9..15
     assert s["rollouter_idle_ratio"] == pytest.approx(1 - 3.0 / 6.0)
     assert s["peak_rss_mb"] == 302.0 and s["last_reward_s"] == 2.0
 
 
+def test_rounds_pool_their_steps_and_weight_idle_by_window_length():
+    first = [_metrics(0, 0, 9.0, 1.0, 8.0), _metrics(1, 9, 2.0, 1.0, 1.0), _span(1, None, "learner.backward", 9.0, 10.0)]
+    second = [_metrics(0, 0, 9.0, 1.0, 8.0), _metrics(1, 9, 6.0, 1.0, 1.0), _span(1, None, "learner.backward", 9.0, 15.0)]
+    s = summarize([first, second], warmup=1)
+    assert s["runs"] == 2 and s["steps_measured"] == 2 and s["step_s_all"] == [2.0, 6.0] and s["step_s"] == 4.0
+    assert s["trainer_idle_ratio"] == pytest.approx(1 - (1.0 + 6.0) / (2.0 + 6.0))
+
+
 def test_compare_holds_every_schedule_against_the_sync_runs_rollout_and_learner():
     # sync: rewards until 2.5 s, then the learner alone until 6.0 s
-    sync = summarize([_metrics(1, 0, 6.0, 3.0, 2.5)], warmup=1)
-    streaming = summarize([_metrics(1, 0, 3.8, 3.0, 3.1)], warmup=1)
+    sync = summarize([[_metrics(1, 0, 6.0, 3.0, 2.5)]], warmup=1)
+    streaming = summarize([[_metrics(1, 0, 3.8, 3.0, 3.1)]], warmup=1)
     out = compare({"sync": sync, "streaming": streaming})
     assert out["streaming"]["rollout_s"] == 2.5 and out["streaming"]["learner_s"] == 3.5
     assert out["streaming"]["bound_s"] == 3.5
