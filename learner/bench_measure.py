@@ -78,12 +78,14 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
     fully-async) have reached it. staleness_mean is the mean of the per-step means (every
     step trains the same number of trajectories).
     """
-    steps, idle_s, window_s = [], {"trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.0}, 0.0
+    steps, idle_s, window_s = [], {"trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.0, "trainer/wait_ratio": 0.0}, 0.0
     for events in runs:
         kept = measured_steps(events, warmup, end)
         steps += kept
         t0, t1 = kept[0]["step/t_start"], kept[-1]["step/t_end"]
         idle = window_metrics([e for e in events if e.get("type") == "span"], t0, t1)
+        # blocked-on-data time is only known to the driver: per-step, weighted by step length
+        idle["trainer/wait_ratio"] = sum(v.get("trainer/wait_ratio", 0.0) * v["timing_s/step"] for v in kept) / (t1 - t0)
         for key in idle_s:
             idle_s[key] += idle[key] * (t1 - t0)
         window_s += t1 - t0
@@ -108,6 +110,7 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "learner_phase_s": median_of(lambda v: v["step/t_end"] - v["step/first_backward_t"]),
         "trainer_idle_ratio": idle_s["trainer/idle_ratio"] / window_s,
         "rollouter_idle_ratio": idle_s["rollouter/idle_ratio"] / window_s,
+        "trainer_wait_ratio": idle_s["trainer/wait_ratio"] / window_s,
         "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
         "staleness_max": int(max(v["staleness/max"] for v in steps)),
         "tail_s": median_of(lambda v: v["timing_s/tail"]),

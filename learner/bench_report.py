@@ -13,6 +13,7 @@ COLORS = {"sync": "#7f7f7f", "async": "#1f77b4", "fully-async": "#9467bd", "stre
 TABLE = [("step_s (median)", "step_s", "{:.2f}"), ("min-max", None, None), ("R rollout_s", "rollout_s", "{:.2f}"),
          ("L learner_s", "learner_s", "{:.2f}"), ("bound_s", "bound_s", "{:.2f}"), ("efficiency", "efficiency", "{:.2f}"),
          ("speedup vs sync", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
+         ("trainer wait", "trainer_wait_ratio", "{:.1%}"),
          ("rollouter idle", "rollouter_idle_ratio", "{:.1%}"), ("staleness mean/max", None, None),
          ("first backward s", "first_backward_s", "{:.2f}"), ("tail_s", "tail_s", "{:.2f}"),
          ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("simulated step_s", "simulated_step_s", "{:.2f}"),
@@ -59,6 +60,7 @@ def _idle_figure(schedules: dict[str, dict[str, Any]]) -> go.Figure:
     names = list(schedules)
     fig = go.Figure([
         go.Bar(x=names, y=[schedules[n]["trainer_idle_ratio"] for n in names], name="learner idle"),
+        go.Bar(x=names, y=[schedules[n].get("trainer_wait_ratio", 0.0) for n in names], name="learner waiting for data"),
         go.Bar(x=names, y=[schedules[n]["rollouter_idle_ratio"] for n in names], name="rollout idle"),
     ])
     fig.update_layout(title="Idle share of the measured steps", yaxis_tickformat=".0%", barmode="group", height=380)

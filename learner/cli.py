@@ -16,7 +16,7 @@ class UsageError(Exception):
 
 def _summary_line(m: dict) -> str:
     return (f"step {m['step']:>3}  reward {m['reward/mean']:.3f}  step {m['timing_s/step']:.2f}s  "
-            f"learner idle {100 * m['trainer/idle_ratio']:.1f}%  rollout idle {100 * m['rollouter/idle_ratio']:.1f}%  "
+            f"learner idle {100 * m['trainer/idle_ratio']:.1f}% (waiting {100 * m['trainer/wait_ratio']:.1f}%)  rollout idle {100 * m['rollouter/idle_ratio']:.1f}%  "
             f"staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f}  tail {m['timing_s/tail']:.2f}s")
 
 

@@ -33,7 +33,7 @@ from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
 from learner.rollout.worker import pin_to_core
-from learner.timeline import EventSink, Span, StepMetrics, window_metrics
+from learner.timeline import EventSink, Span, StepMetrics, union_length, window_metrics
 from learner.trajectory import ScoredTurn, Trajectory
 
 LEARNER_LANE = "learner/0"
@@ -60,6 +60,7 @@ class Trainer:
         self.seq = 0
         self.recent: list[dict] = []  # span events still inside a step window (metrics)
         self.pending: deque = deque()  # trajectories/turns read early (while draining spans)
+        self.waits: list[tuple[float, float]] = []  # run-clock intervals blocked on the fleet for data
         self.version = 0
         self.next_traj = 0
         self.next_group = 0
@@ -149,7 +150,9 @@ class Trainer:
             msg = self.fleet.poll()
             if msg is None:  # about to wait: the sink writes its queued events meanwhile
                 self.sink.idle(self.fleet.has_message)
+                t0 = self.now()
                 msg = self.fleet.get(timeout)
+                self.waits.append((t0, self.now()))
             item = self._take(msg)
             if item is not None:
                 return item
@@ -242,6 +245,11 @@ class Trainer:
         self.drain_spans()
         window = [s for s in self.recent if s["t1"] > rec.t_start]
         values = window_metrics(window, rec.t_start, t_end)
+        # verl's fully-async trainer/idle_ratio: the share of the step spent blocked waiting
+        # for rollout data (ours above is stricter: no learner span running, so the learner's
+        # own bookkeeping between spans counts as idle too)
+        values["trainer/wait_ratio"] = union_length(self.waits, rec.t_start, t_end) / max(t_end - rec.t_start, 1e-12)
+        self.waits = [w for w in self.waits if w[1] > t_end]
         staleness = [rec.trained_version - v for t in rec.trajs for v in t.turn_versions]
         rewards = [t.reward for t in rec.trajs]
         last_reward = max(t.t_reward for t in rec.trajs)

@@ -10,7 +10,8 @@ Two sources:
   holds its slot (KV cache, sandbox) for the whole envelope, gaps between turns included,
   and OPD's teacher.score runs concurrently with the tool call, so a sum would count that
   time twice. Its backward duration is the sum of its learner.backward spans (OPD streams
-  one per turn). Group close, optimizer and publish costs are per group / per step, the
+  one per turn) plus the learner's uncovered time just before it once its reward was in
+  (dequeueing it, building its input: work a replay must keep, waiting excluded). Group close, optimizer and publish costs are per group / per step, the
   largest per-lane total (all ranks run them together). The reduction is inside the
   recorded optimizer span, so ``reduce_s`` is 0. Slots = distinct ``rollout/...`` lanes,
   ranks = distinct ``learner/...`` lanes; dispatch order = recorded start order.
@@ -228,6 +229,26 @@ def _max_lane_total(spans: list[dict[str, Any]]) -> float:
     return max(per_lane.values(), default=0.0)
 
 
+def _learner_overheads(spans: list[dict[str, Any]], reward_at: dict[int, float]) -> dict[int, float]:
+    """Per trajectory: learner time just before its first backward that no span covers but
+    the learner spent on it (taking it off the queue, building its input): the gap after
+    the previous learner span on the lane, counted only from when its reward had arrived,
+    so waiting for the rollout is not counted as work."""
+    out: dict[int, float] = {}
+    lanes: dict[str, list[dict]] = {}
+    for s in spans:
+        if s["kind"].startswith("learner.") and s["lane"].startswith("learner/"):
+            lanes.setdefault(s["lane"], []).append(s)
+    for lane_spans in lanes.values():
+        lane_spans.sort(key=lambda s: (s["t0"], s["t1"]))
+        for prev, s in zip(lane_spans, lane_spans[1:]):
+            traj = s.get("traj")
+            if s["kind"] != "learner.backward" or traj is None or traj in out:
+                continue
+            out[traj] = max(0.0, s["t0"] - max(prev["t1"], reward_at.get(traj, prev["t1"])))
+    return out
+
+
 def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
     rollout: dict[int, list[dict]] = {}
     backward: dict[int, float] = {}
@@ -243,11 +264,14 @@ def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
             group_of[s["traj"]] = s["group"]
         elif s["kind"] == "learner.group_close" and s.get("group") is not None:
             closes.setdefault(s["group"], []).append(s)
+    missing = [t for t in backward if not rollout.get(t)]
+    if missing:
+        raise SimInputError(f"spans: trajectory {missing[0]} of step {step} has learner.backward but no rollout spans")
+    overhead = _learner_overheads(spans, {t: max(p["t1"] for p in parts) for t, parts in rollout.items()})
     trajs = []
     for traj, bw in backward.items():
-        parts = rollout.get(traj)
-        if not parts:
-            raise SimInputError(f"spans: trajectory {traj} of step {step} has learner.backward but no rollout spans")
+        parts = rollout[traj]
+        bw += overhead.get(traj, 0.0)
         start = min(p["t0"] for p in parts)
         segments = tuple(
             Segment(p["kind"], p["t0"] - start, p["t1"] - start, p.get("turn"), int(p.get("tokens") or 0))

@@ -75,3 +75,17 @@ def test_every_step_emits_the_span_kinds_and_verl_metrics(streaming_run):
         assert 0.0 <= m["values"]["trainer/idle_ratio"] <= 1.0
     backward = [s for s in sink.spans() if s["kind"] == "learner.backward"]
     assert len(backward) == 3 * 4 * 4  # one per trajectory
+
+
+def test_steps_tile_the_run_and_waiting_for_data_is_part_of_idle(sync_run, streaming_run):
+    for trainer, sink in (sync_run, streaming_run):
+        values = [m["values"] for m in sink.metrics()]
+        for prev, cur in zip(values, values[1:]):  # publish to publish: no time belongs to no step
+            assert cur["step/t_start"] == prev["step/t_end"]
+        for v in values:
+            # blocked on the fleet, the learner runs no span: waiting is a part of idle
+            assert 0.0 <= v["trainer/wait_ratio"] <= v["trainer/idle_ratio"] + 1e-9
+    for v in (m["values"] for m in sync_run[1].metrics()):
+        # sync waits for the whole rollout of its batch before it learns
+        wait_s = v["trainer/wait_ratio"] * v["timing_s/step"]
+        assert wait_s >= 0.5 * (v["step/first_backward_t"] - v["step/t_start"])
