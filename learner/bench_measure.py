@@ -190,7 +190,7 @@ class Calibration:
         return hi
 
     def as_dict(self) -> dict[str, Any]:
-        return {"learner_s": self.learner_s, "scale_run": self.scale_run,
+        return {"learner_s": self.learner_s, "scale_run": self.scale_run,  # the scale of the run it was read from
                 "rollout_s_at_run_scale": self.rollout_at(self.scale_run),
                 "rollout_s_without_tool_latency": self.rollout_at(0.0)}
 

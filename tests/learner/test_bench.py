@@ -91,6 +91,22 @@ def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
     assert "streaming" in page and "bound max(R, L)" in page
 
 
+@pytest.mark.slow
+def test_balance_is_calibrated_in_two_sync_runs_and_the_measured_ratio_is_reported(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    rc = main(["bench", "--config", str(tmp_path / "tiny.yaml"), "--schedules", "streaming", "--steps", "2",
+               "--rounds", "1", "--balance", "20", "--json", str(tmp_path / "out.json"), "--events-dir", str(tmp_path / "ev")])
+    assert rc == 0
+    w = json.loads((tmp_path / "out.json").read_text())["workload"]
+    runs = sorted(p.name for p in (tmp_path / "ev").glob("*.jsonl"))
+    assert runs == ["calibration-2.jsonl", "calibration.jsonl", "main-streaming.jsonl", "main-sync.jsonl"]
+    # the refined estimate is read from the second run, made at the first estimate
+    assert w["calibration"]["scale_run"] > 0 and w["calibration"]["scale_run"] != 1.0
+    assert w["balance_target"] == 20.0 and w["balance_measured"] == pytest.approx(w["rollout_s"] / w["learner_s"])
+    # the scale used solves R(scale) = 20 L on the refined model
+    assert w["rollout_s_predicted"] == pytest.approx(20.0 * w["calibration"]["learner_s"], rel=1e-6)
+
+
 # ------------------------------------------------------------------ measurement maths
 
 
