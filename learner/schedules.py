@@ -297,6 +297,10 @@ class Trainer:
             held: list = []
             while len(self.rec.trajs) < P * G:
                 item = self.receive()
+                if streaming and not self.pending:
+                    # take every message already waiting in one go, so the backward passes
+                    # that follow run back to back instead of each after a pipe read
+                    self.drain_spans()
                 if isinstance(item, Trajectory):
                     self.rec.trajs.append(item)
                 if opd and isinstance(item, Trajectory):

@@ -104,6 +104,7 @@ async function drawMetrics() {
   await Promise.all([
     drawFigure(el.chartIdle, seriesFigure([
       s("trainer/idle_ratio", "learner idle", 100, { colour: "#e15759" }),
+      s("trainer/wait_ratio", "learner waiting for data", 100, { colour: "#f28e2b" }),
       s("rollouter/idle_ratio", "rollout idle", 100, { colour: "#4c78a8" }),
     ], { kind: "bar", yTitle: "idle %", yRange: [0, 100] })),
     drawFigure(el.chartStepTime, seriesFigure([s("timing_s/step", "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
