@@ -92,9 +92,10 @@ class TorchEngine:
     cache, so the cost per step is O(batch) regardless of context length.
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int):
+    def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True):
         self.model = model.eval()
         self.pad_id = pad_id
+        self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/first_row.py)
         self.version = 0
         self.stats = EngineStats()
 
@@ -156,7 +157,7 @@ class TorchEngine:
         every row sees the same cache and logits as if it had been prefilled itself."""
         first: dict[tuple[int, ...], int] = {}
         rows = [first.setdefault(tuple(p), len(first)) for p in prompts]  # row -> distinct prompt
-        if len(first) == len(prompts):
+        if len(first) == len(prompts) or not self.share_prefill:
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
             return out.past_key_values, out.logits[:, -1].float()
         lead = torch.tensor([rows.index(u) for u in range(len(first))])  # a row holding each prompt
