@@ -16,6 +16,7 @@ Commands from the driver: ("load", version), ("work", step, [(traj, group, Task,
 
 from __future__ import annotations
 
+import heapq
 import os
 import queue
 import random
@@ -69,6 +70,7 @@ class AgentWorker:
         self.teacher, self.store, self.out_q, self.origin = teacher, store, out_q, origin
         self.env = make_env(cfg.task)
         self.loops: dict[int, LoopState] = {}
+        self.free_slots: list[int] = []  # heap of slot lanes given back; new ones are numbered on
         self.spans: list[dict] = []
         self.stop_ids = stop_token_ids(tokenizer)
         model_config = getattr(getattr(engine, "model", None), "config", None)
@@ -113,9 +115,13 @@ class AgentWorker:
             self.out_q.put(("ack", self.wid, self.engine.version, t0, t1))
         elif cmd[0] == "work":
             _, step, items = cmd
+            encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
             for traj, group, task, seed in items:
-                ids = self.tok.encode(task.prompt_text, add_special_tokens=False)
-                slot = min(set(range(len(self.loops) + 1)) - {lp.slot for lp in self.loops.values()})
+                if task.prompt_text not in encoded:
+                    encoded[task.prompt_text] = self.tok.encode(task.prompt_text, add_special_tokens=False)
+                ids = list(encoded[task.prompt_text])
+                # lowest free lane, so lanes stay few and dense on the Gantt
+                slot = heapq.heappop(self.free_slots) if self.free_slots else len(self.loops)
                 self.loops[traj] = LoopState(
                     traj, group, step, task, seed, slot, ids, [0] * len(ids), [0.0] * len(ids),
                     teacher=[None] * len(ids) if self.teacher is not None else None, ready_at=self.now(),
@@ -201,6 +207,7 @@ class AgentWorker:
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1,
         )))
         del self.loops[lp.traj]
+        heapq.heappush(self.free_slots, lp.slot)
 
     def serve(self, cmd_q) -> None:
         self.out_q.put(("ready", self.wid))
