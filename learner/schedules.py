@@ -157,14 +157,19 @@ class Trainer:
             if item is not None:
                 return item
 
-    def _take(self, msg):
+    @staticmethod
+    def _carried_spans(msg) -> list[dict]:
+        """The spans a fleet message carries: a batch, or those sent along with a trajectory/turn."""
         if msg[0] == "spans":
-            for s in msg[1]:
-                self.emit_span(s)
-            return None
-        if msg[0] in ("traj", "turn"):
             return msg[1]
-        raise RuntimeError(f"unexpected rollout message {msg[0]!r} from replica {msg[1]}")
+        return msg[2] if msg[0] in ("traj", "turn") and len(msg) > 2 else []
+
+    def _take(self, msg):
+        if msg[0] not in ("spans", "traj", "turn"):
+            raise RuntimeError(f"unexpected rollout message {msg[0]!r} from replica {msg[1]}")
+        for s in self._carried_spans(msg):
+            self.emit_span(s)
+        return None if msg[0] == "spans" else msg[1]
 
     def drain_spans(self) -> None:
         """Emit every span the fleet has already sent (async rollouts run beside the learner:
@@ -219,9 +224,8 @@ class Trainer:
         final version and acknowledges it, so each publish reaches each replica and shows as
         its span; rollouts still in flight are discarded, no step would train them."""
         def late(msg) -> None:
-            if msg[0] == "spans":
-                for s in msg[1]:
-                    self.emit_span(s)
+            for s in self._carried_spans(msg):
+                self.emit_span(s)
 
         for w, t0, t1 in self.fleet.load_all(self.version, on_other=late):
             self.emit_span(Span(step=self.rec.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",

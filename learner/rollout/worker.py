@@ -9,8 +9,9 @@ engine call; a row that stops is handled at once (its tool starts, or it is veri
 sent to the learner) while the rest of the call decodes. Every phase is reported as a span
 on the trajectory's slot lane.
 
-Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn),
-("traj", Trajectory), ("ack", worker, version, t0, t1), ("ready", worker), ("error", worker, text).
+Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn, [dict]),
+("traj", Trajectory, [dict]) (with the spans recorded before it), ("ack", worker, version, t0, t1),
+("ready", worker), ("error", worker, text).
 Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
 """
 
@@ -94,6 +95,12 @@ class AgentWorker:
             self.out_q.put(("spans", self.spans))
             self.spans = []
 
+    def send(self, kind: str, item) -> None:
+        """A finished trajectory or scored turn, with the spans recorded since the last send:
+        one pipe message instead of two (the learner's core reads every message)."""
+        self.out_q.put((kind, item, self.spans))
+        self.spans = []
+
     # -- weights -------------------------------------------------------------------
     def load(self, want: int | None) -> tuple[float, float]:
         t0 = self.now()
@@ -171,12 +178,11 @@ class AgentWorker:
         lp.teacher[start:end] = tlp
         t1 = self.now()
         self.span("teacher.score", t0, t1, lp, turn=turn, tokens=end - start)
-        self.flush_spans()
-        self.out_q.put(("turn", ScoredTurn(
+        self.send("turn", ScoredTurn(
             traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
             turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
             policy_version=self.engine.version, t_scored=t1,
-        )))
+        ))
 
     def advance(self, lp: LoopState, out) -> None:
         start, end = lp.turn_spans[-1]
@@ -200,12 +206,11 @@ class AgentWorker:
         reward = self.env.reward(lp.task, text) if result is not None and result.kind == "final" else 0.0
         t1 = self.now()
         self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
-        self.flush_spans()
-        self.out_q.put(("traj", Trajectory(
+        self.send("traj", Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1,
-        )))
+        ))
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
 
