@@ -89,3 +89,16 @@ def test_steps_tile_the_run_and_waiting_for_data_is_part_of_idle(sync_run, strea
         # sync waits for the whole rollout of its batch before it learns
         wait_s = v["trainer/wait_ratio"] * v["timing_s/step"]
         assert wait_s >= 0.5 * (v["step/first_backward_t"] - v["step/t_start"])
+
+
+def test_opd_streaming_learns_every_scored_turn_and_keeps_every_span():
+    cfg = load_config("configs/quickstart.yaml", {"algorithm.objective": "opd", "train.steps": 2})
+    sink = MemorySink()
+    train(cfg, sink)
+    spans = sink.spans()
+    turns = {(s["traj"], s["turn"]) for s in spans if s["kind"] == "rollout.generate"}
+    # a scored turn travels with the spans recorded before it: none is lost on the way
+    assert {(s["traj"], s["turn"]) for s in spans if s["kind"] == "teacher.score"} == turns
+    assert sum(s["kind"] == "learner.backward" for s in spans) == len(turns)  # one backward per turn
+    assert len({s["traj"] for s in spans if s["kind"] == "rollout.verify"}) == 2 * 4 * 4
+    assert [s["seq"] for s in spans] == list(range(len(spans)))
