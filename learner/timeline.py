@@ -72,8 +72,9 @@ class JsonlSink:
     brings ~1,800 rollout spans through the learner. So events are queued and written when
     the learner is about to wait for the rollout anyway (``idle``: the driver calls it before
     it blocks, e.g. while the first turn of a step generates), in chunks, until a message
-    from the fleet is waiting. Nothing waits longer than ``MAX_DELAY_S`` (a learner that never
-    waits writes then), run status events are written at once, and the order is kept.
+    from the fleet is waiting. Once the oldest queued event is ``MAX_DELAY_S`` old, the next
+    event writes the queue (a learner that never waits still reports live); run status
+    events are written at once; the order is always kept.
     """
 
     MAX_DELAY_S = 2.0
