@@ -7,6 +7,7 @@ import json
 import sys
 
 from learner.config import SCHEDULES, ConfigError, load_config
+from learner.rollout.boot import boot_fleet
 from learner.timeline import JsonlSink
 
 
@@ -47,10 +48,16 @@ def cmd_train(args) -> int:
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    booted = None
     try:
         cfg = load_config(args.config, overrides)
+        if cfg.train.steps > 0:
+            # the rollout workers import torch beside this process from here on
+            booted = boot_fleet(cfg)
         check_resolvable(cfg)
     except ConfigError as err:
+        if booted:
+            booted.close()
         if args.events:  # whoever reads the stream learns why there is no run
             JsonlSink(args.events).emit({"type": "run", "status": "failed", "error": f"invalid config: {err}"})
         raise
@@ -71,7 +78,7 @@ def cmd_train(args) -> int:
         bar.write(_summary_line(m), file=sys.stderr)
 
     try:
-        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step)
+        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted)
     except Exception as exc:
         sink.emit({"type": "run", "status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         raise

@@ -14,7 +14,6 @@ metrics are derived from the spans of the step's wall-clock window.
 
 from __future__ import annotations
 
-import os
 import random
 import resource
 from collections import deque
@@ -32,6 +31,7 @@ from learner.rollout.env import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
+from learner.rollout.boot import BootedWorkers, boot_fleet, core_plan
 from learner.rollout.worker import pin_to_core
 from learner.timeline import EventSink, Span, StepMetrics, union_length, window_metrics
 from learner.trajectory import ScoredTurn, Trajectory
@@ -92,14 +92,15 @@ class Trainer:
         self.learner_span(kind, t0, t1, traj, group)
 
     # -- set-up --------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, booted: BootedWorkers) -> None:
+        """Load the models, build the learner and the weight store, start the rollout fleet
+        (``booted``: its workers, spawned by ``boot_fleet`` as early as possible, so they
+        import torch beside us)."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        cores = _available_cores()
-        n_cpu = len(cores)
-        pin = cfg.rollout.pin_cores and n_cpu > 1
-        if pin:
-            pin_to_core(cores[0])
+        learner_core, _ = core_plan(len(booted.cmd_qs), cfg.rollout.pin_cores)
+        if learner_core is not None:
+            pin_to_core(learner_core)
         torch.set_num_threads(1)
         self.policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
         teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
@@ -116,14 +117,11 @@ class Trainer:
         on_policy = cfg.train.schedule in ("sync", "streaming")
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
         self.env = make_env(cfg.task)
-        self.store = WeightStore(dict(self.model.named_parameters()))
-        # one worker process per torch worker, or per vLLM replica (each owns one engine)
-        n_workers = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
-        worker_cores = [cores[1 + w % (n_cpu - 1)] if pin else None for w in range(n_workers)]
+        self.store = WeightStore(dict(self.model.named_parameters()), counters=booted.counters)
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
-                           self.store, self.origin, worker_cores)
+                           self.store, self.origin, booted)
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
-                        "policy_dir": str(self.policy_dir), "workers": n_workers})
+                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
     # -- rollout side --------------------------------------------------------------
     def new_groups(self, n: int, step: int) -> list[int]:
@@ -400,16 +398,15 @@ class Trainer:
         return summary
 
 
-def _available_cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
-
-
 def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
-          on_step: Callable[[dict], None] | None = None) -> tuple[Trainer, dict]:
-    """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary."""
+          on_step: Callable[[dict], None] | None = None, booted: BootedWorkers | None = None,
+          ) -> tuple[Trainer, dict]:
+    """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary.
+    ``booted``: the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None)."""
     trainer = Trainer(cfg, sink, str(dump_dir) if dump_dir else None, on_step)
-    trainer.setup()
+    booted = booted or boot_fleet(cfg)
+    try:
+        trainer.setup(booted)
+    finally:
+        booted.close()  # only if setup failed before its fleet took the workers over
     return trainer, trainer.run()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-import torch.multiprocessing as tmp
+import torch.multiprocessing  # noqa: F401  (registers the shared-memory pickling of tensors)
 
 from learner.config import RunConfig
+from learner.rollout.boot import BootedWorkers
 from learner.rollout.weights import WeightStore
-from learner.rollout.worker import worker_main
 
 
 class RolloutError(RuntimeError):
@@ -17,22 +17,20 @@ class RolloutError(RuntimeError):
 
 
 class Fleet:
+    """Takes over the workers ``booted`` (``learner.rollout.boot``): sends each its init
+    command and waits until every one is ready."""
+
     def __init__(self, cfg: RunConfig, policy_dir: str, teacher_dir: str | None, store: WeightStore,
-                 origin: float, cores: list[int | None]):
-        ctx = tmp.get_context("spawn")
-        self.out_q = ctx.Queue()
-        self.cmd_qs = [ctx.Queue() for _ in cores]
-        self.load = [0] * len(cores)  # trajectories in flight per worker (least-loaded dispatch)
+                 origin: float, booted: BootedWorkers):
+        booted.taken = True
+        self.out_q, self.cmd_qs, self.procs = booted.out_q, booted.cmd_qs, booted.procs
+        self.load = [0] * len(self.procs)  # trajectories in flight per worker (least-loaded dispatch)
         self._owner: dict[int, int] = {}  # traj -> worker
-        self.procs = [
-            ctx.Process(target=worker_main, daemon=True, name=f"rollout-{w}", args=(
-                w, cfg.model_dump_json(), policy_dir, teacher_dir, store, self.cmd_qs[w], self.out_q, origin, core))
-            for w, core in enumerate(cores)
-        ]
-        for p in self.procs:
-            p.start()
+        cfg_json = cfg.model_dump_json()
+        for q in self.cmd_qs:
+            q.put(("init", cfg_json, policy_dir, teacher_dir, store.tensors, origin))
         self._early: list[tuple] = []
-        waiting = set(range(len(cores)))
+        waiting = set(range(len(self.procs)))
         while waiting:
             msg = self._get_raw(timeout=600)
             if msg[0] == "ready":

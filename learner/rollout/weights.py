@@ -17,13 +17,26 @@ import torch
 
 
 class WeightStore:
-    def __init__(self, named_params: Mapping[str, torch.Tensor], ctx=None):
+    def __init__(self, named_params: Mapping[str, torch.Tensor], ctx=None, counters=None):
+        """``counters``: the (version, writing) ``multiprocessing.Value`` pair, when readers were
+        spawned before the store existed (``learner.rollout.boot``); made here otherwise."""
         ctx = ctx or mp.get_context("spawn")
         # fp32 wire format: engines cast on load; keeps bf16 learners compatible with fp32 engines
-        self.tensors = {n: t.detach().to(torch.float32).clone().share_memory_() for n, t in named_params.items()}
-        self._version = ctx.Value("q", 0)
-        self._writing = ctx.Value("q", 0)  # == version while stable, version+1 during a write
+        tensors = {n: t.detach().to(torch.float32).clone().share_memory_() for n, t in named_params.items()}
+        # writing == version while stable, version+1 during a write
+        self._init(tensors, *(counters or (ctx.Value("q", 0), ctx.Value("q", 0))))
+
+    def _init(self, tensors: dict[str, torch.Tensor], version, writing) -> None:
+        self.tensors, self._version, self._writing = tensors, version, writing
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @classmethod
+    def attach(cls, tensors: dict[str, torch.Tensor], version, writing) -> "WeightStore":
+        """A reader's view: the shared tensors (received through a queue) and the counters
+        (inherited at spawn)."""
+        store = cls.__new__(cls)
+        store._init(tensors, version, writing)
+        return store
 
     @property
     def version(self) -> int:

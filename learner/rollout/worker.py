@@ -18,7 +18,6 @@ Commands from the driver: ("load", version), ("work", step, [(traj, group, Task,
 from __future__ import annotations
 
 import heapq
-import os
 import queue
 import random
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from learner.config import RunConfig
+from learner.rollout.boot import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.env import Task, make_env
 from learner.rollout.models import stop_token_ids
@@ -57,11 +57,8 @@ class LoopState:
 
 
 def pin_to_core(core: int | None) -> None:
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        try:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
-        except OSError:
-            pass  # containers may forbid it; the run still works, only less isolated
+    """This process on ``core`` (None: anywhere) with one torch thread."""
+    pin_process(core)
     torch.set_num_threads(1)
 
 
@@ -240,7 +237,7 @@ class AgentWorker:
 
 def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | None, store, cmd_q, out_q,
                 origin: float, core: int | None) -> None:
-    """Entry point of a rollout worker process (spawned)."""
+    """A rollout worker process from its init command on (``learner.rollout.boot``)."""
     try:
         pin_to_core(core)
         from learner.rollout.engine_factory import make_engine

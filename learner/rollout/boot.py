@@ -1,0 +1,111 @@
+"""Start rollout worker processes before the driver has imported torch.
+
+A worker spends most of its start-up importing torch and transformers (~7 s on a 2-core
+VM), and so does the driver. Spawned only once the driver has its model (the old order),
+the worker imported after the driver, and every run started ~7 s later than it had to.
+``boot_workers`` spawns the workers first, from a module that needs only the standard
+library, so both processes import side by side on their own cores; each worker then waits
+for its ``("init", ...)`` command (config, model directories, the shared weight tensors,
+the run clock's origin), which ``Fleet`` sends once the driver has built its weight store.
+
+The weight store's two version counters (``multiprocessing.Value``) can only reach a child
+by inheritance, so they are made here and passed at spawn; the weight tensors, made later,
+travel in the init command through torch's shared-memory pickling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def available_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def core_plan(n_workers: int, pin: bool) -> tuple[int | None, list[int | None]]:
+    """(learner core, one core per worker): the learner alone on the first core, the workers
+    round-robin over the others; no pinning on one core or when ``pin`` is off."""
+    cores = available_cores()
+    if not pin or len(cores) < 2:
+        return None, [None] * n_workers
+    return cores[0], [cores[1 + w % (len(cores) - 1)] for w in range(n_workers)]
+
+
+def pin_process(core: int | None) -> None:
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {core % os.cpu_count()})
+        except OSError:
+            pass  # containers may forbid it; the run still works, only less isolated
+
+
+@dataclass
+class BootedWorkers:
+    """Worker processes that are importing or waiting for their init command."""
+
+    ctx: Any
+    cores: list[int | None]
+    out_q: Any
+    cmd_qs: list[Any]
+    counters: tuple[Any, Any]  # (version, writing) of the weight store they will read
+    procs: list[Any] = field(default_factory=list)
+    taken: bool = False  # a Fleet owns them now and stops them
+
+    def close(self) -> None:
+        """Stop workers no Fleet took over (the driver failed before it built its fleet)."""
+        if self.taken:
+            return
+        for q in self.cmd_qs:
+            q.put(("stop",))
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        self.taken = True
+
+
+def boot_fleet(cfg) -> BootedWorkers:
+    """The workers of run config ``cfg``: one per torch worker, or per vLLM replica (each
+    owns one engine), on the cores ``core_plan`` gives them."""
+    n = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
+    return boot_workers(core_plan(n, cfg.rollout.pin_cores)[1])
+
+
+def boot_workers(cores: list[int | None]) -> BootedWorkers:
+    """Spawn one worker process per entry of ``cores`` (its core, or None)."""
+    ctx = mp.get_context("spawn")
+    booted = BootedWorkers(ctx=ctx, cores=list(cores), out_q=ctx.Queue(), cmd_qs=[ctx.Queue() for _ in cores],
+                           counters=(ctx.Value("q", 0), ctx.Value("q", 0)))
+    booted.procs = [
+        ctx.Process(target=worker_entry, daemon=True, name=f"rollout-{w}",
+                    args=(w, core, booted.cmd_qs[w], booted.out_q, booted.counters))
+        for w, core in enumerate(cores)
+    ]
+    for p in booted.procs:
+        p.start()
+    return booted
+
+
+def worker_entry(wid: int, core: int | None, cmd_q, out_q, counters) -> None:
+    """A worker process: import (beside the driver), wait for init, then serve."""
+    try:
+        pin_process(core)
+        from learner.rollout.weights import WeightStore
+        from learner.rollout.worker import worker_main
+
+        cmd = cmd_q.get()
+        if cmd[0] != "init":
+            return  # ("stop",): the driver gave up before it had a model
+        _, cfg_json, policy_dir, teacher_dir, tensors, origin = cmd
+        store = WeightStore.attach(tensors, *counters)
+    except Exception as exc:  # the driver turns this into a failed run with this text
+        out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        return
+    worker_main(wid, cfg_json, policy_dir, teacher_dir, store, cmd_q, out_q, origin, core)

@@ -1,0 +1,46 @@
+"""Rollout workers spawned before the driver imports torch (learner.rollout.boot)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from learner.config import RunConfig
+from learner.rollout.boot import boot_workers, core_plan
+from learner.rollout.fleet import Fleet, RolloutError
+from learner.rollout.weights import WeightStore
+
+
+def test_boot_module_needs_no_torch():
+    # the point of the module: the driver can spawn workers before its own heavy imports
+    code = "import sys, learner.rollout.boot; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_core_plan_puts_the_learner_alone():
+    learner, workers = core_plan(3, pin=True)
+    if learner is None:
+        pytest.skip("one core: nothing is pinned")
+    assert learner not in workers and len(workers) == 3
+    assert core_plan(2, pin=False) == (None, [None, None])
+
+
+def test_unused_boot_stops_its_workers():
+    booted = boot_workers([None, None])
+    booted.close()  # the driver failed before it built a fleet
+    assert all(not p.is_alive() for p in booted.procs)
+    assert all(p.exitcode == 0 for p in booted.procs)
+    booted.close()  # idempotent
+
+
+def test_a_worker_init_error_names_the_worker():
+    import torch
+
+    booted = boot_workers([None])
+    store = WeightStore({"w": torch.zeros(2)}, counters=booted.counters)
+    cfg = RunConfig.model_validate({"model": {"policy": "builtin:tiny"}})
+    with pytest.raises(RolloutError, match=r"rollout worker 0: .*no-such-model-dir"):
+        Fleet(cfg, "/nonexistent/no-such-model-dir", None, store, 0.0, booted)
+    booted.procs[0].join(timeout=30)
+    assert booted.taken and not booted.procs[0].is_alive()
