@@ -33,6 +33,7 @@ from learner.cli_args import number, schedule_list
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
 QUICK_STEPS = 6  # one warm-up step + five measured ones
+QUICK_CALIBRATION_STEPS = 3  # a warm-up step + two measured ones per calibration run
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 MIN_REFINE_SCALE = 0.05  # below this the tool waits are too short to re-measure the scale from
@@ -59,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="use this tool-latency scale as is (no calibration run)")
     parser.add_argument("--rounds", type=number(int, 1), default=2, metavar="N",
                         help="runs per schedule, in alternating order; their steps are pooled [2]")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule (under 5 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule, "
+                        f"{QUICK_CALIBRATION_STEPS} per calibration run (under 5 minutes on 2 cores)")
     parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
                         metavar="LIST", help="also measure speedup vs R/L at these balances "
                         f"[{','.join(map(str, SWEEP_BALANCES))}], simulated beside")
@@ -259,14 +261,15 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
         # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
         # sampling seeds are fixed per trajectory id), so its steps hold the very trajectories
         # the measured runs will have, only their waits differ
-        events = runner.train("calibration", "sync", steps, 1.0)
+        cal_steps = max(args.warmup + 2, QUICK_CALIBRATION_STEPS) if args.quick and not args.steps else steps
+        events = runner.train("calibration", "sync", cal_steps, 1.0)
         calibration = calibrate(events, warmup, 1.0)
         # the model holds generation and queueing behind generate calls fixed, which they are
         # not quite once tool waits change who shares a call: a second sync run at the first
         # estimate measures them where the bench will run, and the estimate is refined from it
         first = calibration.scale_for(args.balance, MAX_SCALE)
         if first >= MIN_REFINE_SCALE:
-            events = runner.train("calibration-2", "sync", steps, first)
+            events = runner.train("calibration-2", "sync", cal_steps, first)
             calibration = calibrate(events, warmup, first)
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
     results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds)

@@ -21,6 +21,7 @@ recorded version is wrong (a replica sampled with other weights), and the run st
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import torch
@@ -58,13 +59,11 @@ def learner_logprobs(model: torch.nn.Module, trajs: Sequence[Trajectory]) -> lis
     return [logp[b, :len(t.input_ids)].double().cpu() for b, t in enumerate(trajs)]
 
 
-def _same_version_mask(traj: Trajectory, version: int) -> torch.Tensor:
-    """(T,) bool: policy tokens of the turns sampled by ``version``."""
-    keep = torch.zeros(len(traj.input_ids), dtype=torch.bool)
-    for (start, end), v in zip(traj.turn_spans, traj.turn_versions):
-        if v == version:
-            keep[start:end] = True
-    return keep & torch.tensor(traj.loss_mask, dtype=torch.bool)
+def _same_version_positions(traj: Trajectory, version: int) -> list[int]:
+    """Positions of the policy tokens of the turns sampled by ``version``."""
+    mask = traj.loss_mask
+    return [t for (start, end), v in zip(traj.turn_spans, traj.turn_versions) if v == version
+            for t in range(start, end) if mask[t]]
 
 
 def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: int,
@@ -74,36 +73,39 @@ def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: 
     raises ``VersionMismatchError`` when a same-version token is off by more than ``tolerance``
     (default: SAME_VERSION_TOLERANCE for the model's dtype; no check for other dtypes, where
     bf16 kernels legitimately differ by more). ``known``: the learner's log-probs per
-    trajectory id from its own forward (``LogprobLedger``); only the others are recomputed."""
+    trajectory id from its own forward (``LogprobLedger``); only the others are recomputed.
+
+    The batch's same-version tokens are compared in one flat tensor: this runs at the barrier,
+    on the critical path of on-policy steps (~25 ms per 256 trajectories one by one, here)."""
     dtype = next(model.parameters()).dtype
     tol = tolerance if tolerance is not None else SAME_VERSION_TOLERANCE.get(dtype)
-    kl_sum, max_abs, n = 0.0, 0.0, 0
     lengths = {t.id: len(t.input_ids) for t in trajs}
     logps = {i: lp for i, lp in (known or {}).items() if lengths.get(i) == len(lp)}  # whole trajectories only
     missing = [t for t in trajs if t.id not in logps]
     logps.update(zip((t.id for t in missing), learner_logprobs(model, missing)))
+    owners, learner, behavior = [], [], []  # (first flat index, traj, positions); l_t; b_t
     for traj in trajs:
-        logp = logps[traj.id]
-        keep = _same_version_mask(traj, version)
-        if not bool(keep.any()):
-            continue
-        behavior = torch.tensor(traj.behavior_logprobs, dtype=torch.float64)[keep]
-        learner = logp[keep]
-        diff = (learner - behavior).abs()
-        worst = float(diff.max())
-        if tol is not None and worst > tol:
-            t = int(keep.nonzero()[int(diff.argmax())])
-            turn = next(i for i, (s, e) in enumerate(traj.turn_spans) if s <= t < e)
-            raise VersionMismatchError(
-                f"trajectory {traj.id} turn {turn}: recorded as sampled by version {version}, but its behavior "
-                f"log-prob at position {t} differs from the learner's version-{version} log-prob by {worst:.3g} "
-                f"(> {tol:g}); the replica sampled with other weights")
-        kl_sum += float(k3(learner, behavior).sum())
-        max_abs = max(max_abs, worst)
-        n += int(keep.sum())
-    if n == 0:
+        positions = _same_version_positions(traj, version)
+        if positions:
+            owners.append((len(behavior), traj, positions))
+            learner.append(logps[traj.id][torch.tensor(positions)])
+            behavior.extend(traj.behavior_logprobs[t] for t in positions)
+    if not owners:
         return {"mismatch/kl": float("nan"), "mismatch/max_abs": float("nan"), "mismatch/tokens": 0.0}
-    return {"mismatch/kl": kl_sum / n, "mismatch/max_abs": max_abs, "mismatch/tokens": float(n)}
+    learner_t, behavior_t = torch.cat(learner), torch.tensor(behavior, dtype=torch.float64)
+    diff = (learner_t - behavior_t).abs()
+    worst_at = int(diff.argmax())
+    worst = float(diff[worst_at])
+    if tol is not None and worst > tol:
+        first, traj, positions = owners[bisect.bisect_right([o[0] for o in owners], worst_at) - 1]
+        t = positions[worst_at - first]
+        turn = next(i for i, (s, e) in enumerate(traj.turn_spans) if s <= t < e)
+        raise VersionMismatchError(
+            f"trajectory {traj.id} turn {turn}: recorded as sampled by version {version}, but its behavior "
+            f"log-prob at position {t} differs from the learner's version-{version} log-prob by {worst:.3g} "
+            f"(> {tol:g}); the replica sampled with other weights")
+    n = len(behavior)
+    return {"mismatch/kl": float(k3(learner_t, behavior_t).sum()) / n, "mismatch/max_abs": worst, "mismatch/tokens": float(n)}
 
 
 def check_sampled_versions(trajs: Sequence[Trajectory], expected: dict[int, int]) -> None:
