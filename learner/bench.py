@@ -190,7 +190,8 @@ COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollou
            ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
-           ("rss_mb", "peak_rss_mb", "{:.0f}"), ("sim step_s", "simulated_step_s", "{:.2f}")]
+           ("rss_mb", "peak_rss_mb", "{:.0f}"), ("bwd ms", "backward_ms", "{:.1f}"),
+           ("sim step_s", "simulated_step_s", "{:.2f}")]
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
@@ -261,7 +262,7 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
         # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
         # sampling seeds are fixed per trajectory id), so its steps hold the very trajectories
         # the measured runs will have, only their waits differ
-        cal_steps = max(args.warmup + 2, QUICK_CALIBRATION_STEPS) if args.quick and not args.steps else steps
+        cal_steps = calibration_steps(args, steps)
         events = runner.train("calibration", "sync", cal_steps, 1.0)
         calibration = calibrate(events, warmup, 1.0)
         # the model holds generation and queueing behind generate calls fixed, which they are
@@ -282,6 +283,14 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
     if args.sweep:
         doc["sweep"] = sweep(runner, args, steps, calibration, main=(args.balance, results, sim))
     return doc
+
+
+def calibration_steps(args: argparse.Namespace, steps: int) -> int:
+    """Steps of each calibration run: the measured runs' own, or with ``--quick`` (and no
+    ``--steps``) a warm-up and two measured steps: two sync runs are a third of --quick's time."""
+    if args.quick and not args.steps:
+        return min(steps, max(args.warmup + 2, QUICK_CALIBRATION_STEPS))
+    return steps
 
 
 def sweep(runner: Runner, args: argparse.Namespace, steps: int, calibration: Calibration,

@@ -79,9 +79,13 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
     step trains the same number of trajectories).
     """
     steps, idle_s, window_s = [], {"trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.0, "trainer/wait_ratio": 0.0}, 0.0
+    backward_s = []
     for events in runs:
         kept = measured_steps(events, warmup, end)
         steps += kept
+        measured = {v["step"] for v in kept}
+        backward_s += [e["t1"] - e["t0"] for e in events if e.get("type") == "span"
+                       and e["kind"] == "learner.backward" and e["step"] in measured]
         t0, t1 = kept[0]["step/t_start"], kept[-1]["step/t_end"]
         idle = window_metrics([e for e in events if e.get("type") == "span"], t0, t1)
         # blocked-on-data time is only known to the driver: per-step, weighted by step length
@@ -104,6 +108,9 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "step_s_max": spread["max"],
         "step_s_all": step_s,
         "learner_busy_s": median_of(lambda v: v["timing_s/learner"]),
+        # the same work in every schedule (one trajectory's forward + backward): the machine's
+        # speed during this schedule's runs, to read speedups and efficiencies against
+        "backward_ms": 1000.0 * statistics.median(backward_s) if backward_s else float("nan"),
         "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
         "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
         "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),

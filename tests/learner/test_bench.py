@@ -107,6 +107,17 @@ def test_balance_is_calibrated_in_two_sync_runs_and_the_measured_ratio_is_report
     assert w["rollout_s_predicted"] == pytest.approx(20.0 * w["calibration"]["learner_s"], rel=1e-6)
 
 
+def test_quick_calibrates_on_three_steps_unless_steps_are_given():
+    from argparse import Namespace
+
+    from learner.bench import QUICK_STEPS, calibration_steps
+
+    assert calibration_steps(Namespace(quick=True, steps=None, warmup=1), QUICK_STEPS) == 3
+    assert calibration_steps(Namespace(quick=True, steps=None, warmup=3), QUICK_STEPS) == 5  # two measured steps
+    assert calibration_steps(Namespace(quick=True, steps=8, warmup=1), 8) == 8
+    assert calibration_steps(Namespace(quick=False, steps=None, warmup=1), 10) == 10
+
+
 # ------------------------------------------------------------------ measurement maths
 
 
@@ -130,6 +141,15 @@ def test_summary_drops_warmup_and_drain_and_takes_idle_from_all_spans_of_the_win
     assert s["trainer_idle_ratio"] == pytest.approx(1 - 2.0 / 6.0)  # 2 s busy in the 6 s window 9..15
     assert s["rollouter_idle_ratio"] == pytest.approx(1 - 3.0 / 6.0)
     assert s["peak_rss_mb"] == 302.0 and s["last_reward_s"] == 2.0
+    assert s["backward_ms"] == pytest.approx(1000.0)  # the measured steps' backward spans only
+
+
+def test_backward_ms_pools_the_runs_backward_spans():
+    first = [_metrics(0, 0, 9.0, 1.0, 8.0), _span(0, None, "learner.backward", 1.0, 9.0),
+             _metrics(1, 9, 2.0, 1.0, 1.0), _span(1, None, "learner.backward", 9.0, 9.01)]
+    second = [_metrics(0, 0, 9.0, 1.0, 8.0), _metrics(1, 9, 2.0, 1.0, 1.0),
+              _span(1, None, "learner.backward", 9.0, 9.02), _span(1, None, "learner.backward", 9.02, 9.05)]
+    assert summarize([first, second], warmup=1)["backward_ms"] == pytest.approx(20.0)  # median of 10, 20, 30 ms
 
 
 def test_rounds_pool_their_steps_and_weight_idle_by_window_length():
