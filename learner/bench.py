@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import yaml
 from learner.bench_measure import (
     BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
 )
+from learner.bench_plan import QUICK_BUDGET_S, RunCost, plan_steps, run_cost, step_estimates
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
@@ -60,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="use this tool-latency scale as is (no calibration run)")
     parser.add_argument("--rounds", type=number(int, 1), default=2, metavar="N",
                         help="runs per schedule, in alternating order; their steps are pooled [2]")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per schedule, "
-                        f"{QUICK_CALIBRATION_STEPS} per calibration run (under 5 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help=f"up to {QUICK_STEPS} steps per schedule, as many as "
+                        f"the calibration runs ({QUICK_CALIBRATION_STEPS} steps each) say fit in "
+                        f"{QUICK_BUDGET_S / 60:.1f} minutes on this machine")
     parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
                         metavar="LIST", help="also measure speedup vs R/L at these balances "
                         f"[{','.join(map(str, SWEEP_BALANCES))}], simulated beside")
@@ -80,6 +83,7 @@ class Runner:
 
     def __init__(self, cfg: RunConfig, workdir: Path):
         self.cfg, self.workdir = cfg, workdir
+        self.costs: list[RunCost] = []  # wall time and step times of each run, in order
 
     def train(self, label: str, schedule: str, steps: int, scale: float) -> list[dict[str, Any]]:
         cfg = self.cfg.model_copy(deep=True)
@@ -100,6 +104,7 @@ class Runner:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise BenchError(f"{label}: thundersync train exited {proc.returncode}: {last}")
         events = load_events(events_path)
+        self.costs.append(run_cost(time.monotonic() - t0, events))
         print(f"{PROG}: {label}: done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
         return events
 
@@ -222,6 +227,7 @@ def _error(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)  # ConfigError: the CLI prints it and exits 2
+    started = time.monotonic()
     steps = args.steps or (QUICK_STEPS if args.quick else cfg.train.steps)
     if steps <= args.warmup:
         return _error(f"--steps: must be larger than --warmup ({args.warmup}) to leave a measured step, got {steps}")
@@ -236,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(args.events_dir or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            doc = bench(Runner(cfg, workdir), cfg, args, steps)
+            doc = bench(Runner(cfg, workdir), cfg, args, steps, started)
         except BenchError as err:
             print(f"{PROG}: failed: {err}", file=sys.stderr)
             return 1
@@ -256,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) -> dict[str, Any]:
+def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int, started: float) -> dict[str, Any]:
     warmup, calibration = args.warmup, None
     if args.scale is None:
         # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
@@ -273,6 +279,8 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
             events = runner.train("calibration-2", "sync", cal_steps, first)
             calibration = calibrate(events, warmup, first)
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
+    if calibration and args.quick and not args.steps and not args.sweep:
+        steps = quick_steps(runner, args, calibration, scale, time.monotonic() - started)
     results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds)
     balance = None if args.scale is not None else args.balance
     doc = {
@@ -283,6 +291,22 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int) 
     if args.sweep:
         doc["sweep"] = sweep(runner, args, steps, calibration, main=(args.balance, results, sim))
     return doc
+
+
+def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibration, scale: float,
+                elapsed_s: float) -> int:
+    """Steps per run that fit what is left of --quick's budget, planned from the last
+    calibration run (the machine as it is now; bench_plan)."""
+    cost = runner.costs[-1]
+    order = list(dict.fromkeys(["sync", *args.schedules]))
+    sync_step = statistics.median(cost.step_s[1:] or cost.step_s)
+    estimates = step_estimates(order, sync_step, calibration.rollout_at(scale), calibration.learner_s)
+    drains = {name: drain_steps(name, runner.cfg.train.max_staleness) for name in order}
+    steps, total = plan_steps(QUICK_BUDGET_S - elapsed_s, cost.fixed_s, estimates, drains, args.rounds,
+                              most=QUICK_STEPS, least=args.warmup + 2)
+    print(f"{PROG}: --quick: {steps} steps per run, estimated to end {elapsed_s + total:.0f} s after the start "
+          f"(budget {QUICK_BUDGET_S:.0f} s)", file=sys.stderr, flush=True)
+    return steps
 
 
 def calibration_steps(args: argparse.Namespace, steps: int) -> int:

@@ -118,6 +118,23 @@ def test_quick_calibrates_on_three_steps_unless_steps_are_given():
     assert calibration_steps(Namespace(quick=False, steps=None, warmup=1), 10) == 10
 
 
+def test_quick_plans_the_most_steps_that_fit_the_budget():
+    from learner.bench_plan import RunCost, plan_steps, step_estimates
+
+    # a 3-step sync calibration run: 5 s warm-up, 4 s steps, 30 s in all: 18 s fixed per run
+    cost = RunCost(wall_s=30.0, step_s=[5.0, 4.0, 4.0])
+    assert cost.fixed_s == 18.0
+    est = step_estimates(["sync", "async", "streaming"], sync_step_s=4.0, rollout_s=1.5, learner_s=1.7)
+    assert est["sync"] == 4.0 and est["async"] == est["streaming"] == pytest.approx(2.0)  # 1.7 / 0.85
+    drains = {"async": 1}
+    # 2 rounds x (3 runs x 18 s fixed + (3n + 1) x ... ): n = 6 costs 2 * (54 + 24 + 14 + 12) = 208 s
+    assert plan_steps(210.0, cost.fixed_s, est, drains, rounds=2, most=6, least=3) == (6, pytest.approx(208.0))
+    # less left: the most that fits (n = 4: 2 * (54 + 16 + 10 + 8) = 176 s)
+    assert plan_steps(180.0, cost.fixed_s, est, drains, rounds=2, most=6, least=3) == (4, pytest.approx(176.0))
+    # nothing fits: the least that still measures two steps after the warm-up
+    assert plan_steps(10.0, cost.fixed_s, est, drains, rounds=2, most=6, least=3)[0] == 3
+
+
 # ------------------------------------------------------------------ measurement maths
 
 

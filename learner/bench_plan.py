@@ -1,0 +1,61 @@
+"""``--quick``'s time budget: how many steps per run fit in what is left of it.
+
+The bench's wall time is mostly fixed per run (a fresh ``thundersync train`` process: ~7 s
+of imports, model load, the warm-up step) plus steps whose length moves with the machine:
+on this 2-vCPU VM one trajectory's backward took 8 ms in one hour and 13-16 ms in the next,
+so a fixed step count finished ``--quick`` in 4.5 minutes or in 6. After the calibration
+runs, which measure both costs on the machine as it is now, the bench picks the most steps
+per run (at most ``QUICK_STEPS``, at least a warm-up and two measured ones) whose estimated
+total fits the budget.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+# the acceptance is 5 minutes; the plan keeps a margin for the VM's drift during the runs
+QUICK_BUDGET_S = 270.0
+# planning guess for a pipelined schedule's step: its bound over this efficiency (measured
+# 0.90-0.98 for async and streaming near balance; fully-async runs faster)
+PLAN_EFFICIENCY = 0.85
+
+
+@dataclass
+class RunCost:
+    """What one calibration (sync) run cost: its process wall time and its steps."""
+
+    wall_s: float
+    step_s: list[float]  # timing_s/step of every step, warm-up first
+
+    @property
+    def fixed_s(self) -> float:
+        """Start-up, teardown and the warm-up step's extra, over the steady steps."""
+        steady = statistics.median(self.step_s[1:]) if len(self.step_s) > 1 else self.step_s[0]
+        return max(self.wall_s - steady * len(self.step_s), 0.0)
+
+
+def run_cost(wall_s: float, events: list[dict[str, Any]]) -> RunCost:
+    return RunCost(wall_s, [e["values"]["timing_s/step"] for e in events if e.get("type") == "metrics"])
+
+
+def plan_steps(left_s: float, fixed_s: float, step_s: dict[str, float], drains: dict[str, int], rounds: int,
+               most: int, least: int) -> tuple[int, float]:
+    """(steps per run, estimated seconds) for ``rounds`` runs of each schedule in ``step_s``
+    (its estimated step time), each run ``steps + drains[schedule]`` steps: the most steps
+    in ``least .. most`` whose estimate fits ``left_s``; ``least`` when none does."""
+    def cost(n: int) -> float:
+        return rounds * sum(fixed_s + (n + drains.get(name, 0)) * s for name, s in step_s.items())
+
+    for n in range(most, least - 1, -1):
+        if cost(n) <= left_s:
+            return n, cost(n)
+    return least, cost(least)
+
+
+def step_estimates(schedules: list[str], sync_step_s: float, rollout_s: float, learner_s: float) -> dict[str, float]:
+    """Planning estimates: sync as measured by the calibration run; the others at their bound
+    max(R, L) over PLAN_EFFICIENCY."""
+    overlapped = max(rollout_s, learner_s) / PLAN_EFFICIENCY
+    return {name: sync_step_s if name == "sync" else overlapped for name in schedules}
