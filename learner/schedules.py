@@ -14,6 +14,7 @@ metrics are derived from the spans of the step's wall-clock window.
 
 from __future__ import annotations
 
+import gc
 import random
 import resource
 from collections import deque
@@ -120,6 +121,7 @@ class Trainer:
         self.store = WeightStore(dict(self.model.named_parameters()), counters=booted.counters)
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
+        gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
                         "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
@@ -409,4 +411,7 @@ def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
         trainer.setup(booted)
     finally:
         booted.close()  # only if setup failed before its fleet took the workers over
-    return trainer, trainer.run()
+    try:
+        return trainer, trainer.run()
+    finally:
+        gc.unfreeze()

@@ -63,11 +63,12 @@ class BootedWorkers:
         if self.taken:
             return
         for q in self.cmd_qs:
-            q.put(("stop",))
+            q.put(("stop",))  # a worker past its imports exits on it
         for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
+            p.join(timeout=2)
+            if p.is_alive():  # still importing: nothing of it is worth waiting for
                 p.terminate()
+                p.join(timeout=10)
         self.taken = True
 
 

@@ -17,6 +17,7 @@ Commands from the driver: ("load", version), ("work", step, [(traj, group, Task,
 
 from __future__ import annotations
 
+import gc
 import heapq
 import queue
 import random
@@ -248,7 +249,12 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         engine = make_engine(cfg, policy_dir, tok, wid)
         teacher = load_model(teacher_dir) if teacher_dir else None
         store.read_into(engine.load_weights, want=0)
-        AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin).serve(cmd_q)
+        worker = AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin)
+        # torch, transformers and the model are ~10^6 long-lived objects; a full collection
+        # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
+        gc.freeze()
+        worker.serve(cmd_q)
+        gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text
         out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))

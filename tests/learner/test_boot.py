@@ -28,10 +28,18 @@ def test_core_plan_puts_the_learner_alone():
 
 def test_unused_boot_stops_its_workers():
     booted = boot_workers([None, None])
-    booted.close()  # the driver failed before it built a fleet
+    booted.close()  # the driver failed before it built a fleet (the workers may still be importing)
     assert all(not p.is_alive() for p in booted.procs)
-    assert all(p.exitcode == 0 for p in booted.procs)
     booted.close()  # idempotent
+
+
+def test_a_malformed_init_is_reported_and_the_worker_exits_cleanly():
+    booted = boot_workers([None])
+    # the worker reads its init only after its imports; a malformed one is an error, not a hang
+    booted.cmd_qs[0].put(("init", "{}", "", None, {}, 0.0))
+    assert booted.out_q.get(timeout=120)[0] == "error"
+    booted.close()
+    assert booted.procs[0].exitcode == 0
 
 
 def test_a_worker_init_error_names_the_worker():
