@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,9 +102,10 @@ class Runner:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise BenchError(f"{label}: thundersync train exited {proc.returncode}: {last}")
+        wall_s = time.monotonic() - t0
         events = load_events(events_path)
-        self.costs.append(run_cost(time.monotonic() - t0, events))
-        print(f"{PROG}: {label}: done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        self.costs.append(run_cost(wall_s, events))
+        print(f"{PROG}: {label}: done in {wall_s:.0f}s", file=sys.stderr, flush=True)
         return events
 
 
@@ -299,8 +299,7 @@ def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibrati
     calibration run (the machine as it is now; bench_plan)."""
     cost = runner.costs[-1]
     order = list(dict.fromkeys(["sync", *args.schedules]))
-    sync_step = statistics.median(cost.step_s[1:] or cost.step_s)
-    estimates = step_estimates(order, sync_step, calibration.rollout_at(scale), calibration.learner_s)
+    estimates = step_estimates(order, cost.steady_step_s, calibration.rollout_at(scale), calibration.learner_s)
     drains = {name: drain_steps(name, runner.cfg.train.max_staleness) for name in order}
     steps, total = plan_steps(QUICK_BUDGET_S - elapsed_s, cost.fixed_s, estimates, drains, args.rounds,
                               most=QUICK_STEPS, least=args.warmup + 2)

@@ -30,10 +30,14 @@ class RunCost:
     step_s: list[float]  # timing_s/step of every step, warm-up first
 
     @property
+    def steady_step_s(self) -> float:
+        """Median step after the warm-up one."""
+        return statistics.median(self.step_s[1:] or self.step_s)
+
+    @property
     def fixed_s(self) -> float:
         """Start-up, teardown and the warm-up step's extra, over the steady steps."""
-        steady = statistics.median(self.step_s[1:]) if len(self.step_s) > 1 else self.step_s[0]
-        return max(self.wall_s - steady * len(self.step_s), 0.0)
+        return max(self.wall_s - self.steady_step_s * len(self.step_s), 0.0)
 
 
 def run_cost(wall_s: float, events: list[dict[str, Any]]) -> RunCost:

@@ -50,8 +50,6 @@ def pin_process(core: int | None) -> None:
 class BootedWorkers:
     """Worker processes that are importing or waiting for their init command."""
 
-    ctx: Any
-    cores: list[int | None]
     out_q: Any
     cmd_qs: list[Any]
     counters: tuple[Any, Any]  # (version, writing) of the weight store they will read
@@ -62,14 +60,20 @@ class BootedWorkers:
         """Stop workers no Fleet took over (the driver failed before it built its fleet)."""
         if self.taken:
             return
-        for q in self.cmd_qs:
-            q.put(("stop",))  # a worker past its imports exits on it
-        for p in self.procs:
-            p.join(timeout=2)
-            if p.is_alive():  # still importing: nothing of it is worth waiting for
-                p.terminate()
-                p.join(timeout=10)
+        # a worker still importing has nothing worth waiting for
+        stop_workers(self.cmd_qs, self.procs, grace_s=2.0)
         self.taken = True
+
+
+def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
+    """Ask every worker to stop; terminate those still alive after ``grace_s``."""
+    for q in cmd_qs:
+        q.put(("stop",))  # a worker reading its commands exits on it
+    for p in procs:
+        p.join(timeout=grace_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=10)
 
 
 def boot_fleet(cfg) -> BootedWorkers:
@@ -82,7 +86,7 @@ def boot_fleet(cfg) -> BootedWorkers:
 def boot_workers(cores: list[int | None]) -> BootedWorkers:
     """Spawn one worker process per entry of ``cores`` (its core, or None)."""
     ctx = mp.get_context("spawn")
-    booted = BootedWorkers(ctx=ctx, cores=list(cores), out_q=ctx.Queue(), cmd_qs=[ctx.Queue() for _ in cores],
+    booted = BootedWorkers(out_q=ctx.Queue(), cmd_qs=[ctx.Queue() for _ in cores],
                            counters=(ctx.Value("q", 0), ctx.Value("q", 0)))
     booted.procs = [
         ctx.Process(target=worker_entry, daemon=True, name=f"rollout-{w}",

@@ -8,7 +8,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory pickling of tensors)
 
 from learner.config import RunConfig
-from learner.rollout.boot import BootedWorkers
+from learner.rollout.boot import BootedWorkers, stop_workers
 from learner.rollout.weights import WeightStore
 
 
@@ -109,9 +109,4 @@ class Fleet:
         return acks
 
     def close(self) -> None:
-        for q in self.cmd_qs:
-            q.put(("stop",))
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
+        stop_workers(self.cmd_qs, self.procs, grace_s=10.0)
