@@ -38,8 +38,11 @@ def test_a_malformed_init_is_reported_and_the_worker_exits_cleanly():
     # the worker reads its init only after its imports; a malformed one is an error, not a hang
     booted.cmd_qs[0].put(("init", "{}", "", None, {}, 0.0))
     assert booted.out_q.get(timeout=120)[0] == "error"
-    booted.close()
+    # it leaves on its own (interpreter teardown after torch's imports can take seconds on a
+    # loaded machine, longer than close()'s grace, so wait for it rather than close first)
+    booted.procs[0].join(timeout=60)
     assert booted.procs[0].exitcode == 0
+    booted.close()
 
 
 def test_a_worker_init_error_names_the_worker():
