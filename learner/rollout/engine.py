@@ -94,6 +94,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True):
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # CPU here; a CUDA model samples on its GPU
         self.pad_id = pad_id
         self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/first_row.py)
         self.version = 0
@@ -104,29 +105,31 @@ class TorchEngine:
                  seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
         if not prompts:
             return []
-        B, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, width), dtype=torch.long)
+        B, width, dev = len(prompts), max(len(p) for p in prompts), self.device
+        ids = torch.full((B, width), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((B, width), dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):  # left padding keeps every row's last token at -1
             ids[b, width - len(p):] = torch.tensor(p)
             attn[b, width - len(p):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         seeds = seeds if seeds is not None else [params.seed + b for b in range(B)]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
-        stop = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
         out_tokens: list[list[int]] = [[] for _ in range(B)]
         out_logp: list[list[float]] = [[] for _ in range(B)]
-        done = torch.zeros(B, dtype=torch.bool)
-        stopped = torch.zeros(B, dtype=torch.bool)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cache, logits = self._prefill(prompts, ids, attn, pos)  # cache of B rows, (B, V)
         next_pos = pos[:, -1:] + 1
         for _ in range(params.max_new_tokens):
-            u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])  # (B,)
+            # CPU generators: a row's draws depend on its seed alone, on any device
+            u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens]).to(dev)  # (B,)
             tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (B,)
             logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)  # (B,)
+            tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step, not 2B
             for b in (~done).nonzero().flatten().tolist():
-                out_tokens[b].append(int(tok[b]))
-                out_logp[b].append(float(logp[b]))
+                out_tokens[b].append(tok_row[b])
+                out_logp[b].append(logp_row[b])
             hit = torch.isin(tok, stop) & ~done
             stopped |= hit
             done |= hit
@@ -160,9 +163,9 @@ class TorchEngine:
         if len(first) == len(prompts) or not self.share_prefill:
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
             return out.past_key_values, out.logits[:, -1].float()
-        lead = torch.tensor([rows.index(u) for u in range(len(first))])  # a row holding each prompt
+        lead = torch.tensor([rows.index(u) for u in range(len(first))], device=self.device)  # a row per prompt
         out = self.model(input_ids=ids[lead], attention_mask=attn[lead], position_ids=pos[lead], use_cache=True)
-        select = torch.tensor(rows)
+        select = torch.tensor(rows, device=self.device)
         cache = out.past_key_values
         cache.batch_select_indices(select)
         self.stats.extra["prefill_rows_shared"] = self.stats.extra.get("prefill_rows_shared", 0) + len(rows) - len(first)
@@ -180,7 +183,7 @@ class TorchEngine:
     def score(self, sequences: list[list[int]]) -> list[list[float]]:
         result = []
         for seq in sequences:  # unpadded, one at a time: exact and simple; used off the hot path
-            ids = torch.tensor([seq])
+            ids = torch.tensor([seq], device=self.device)
             logits = self.model(input_ids=ids).logits.float()[0]  # (T, V)
             lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
             result.append([0.0] + lp.tolist())

@@ -95,3 +95,16 @@ def test_published_weights_reach_the_engine_and_change_its_logprobs():
     got = engine.score([seq])[0]
     assert max(abs(a - b) for a, b in zip(got, after)) < 1e-6
     assert max(abs(a - b) for a, b in zip(got, expected)) > 1e-3
+
+
+def test_the_store_is_its_own_shared_fp32_host_copy_of_the_weights():
+    learner = tiny_model(0).to(torch.bfloat16)
+    store = WeightStore(dict(learner.named_parameters()))
+    assert all(t.is_shared() and t.device.type == "cpu" and t.dtype == torch.float32 for t in store.tensors.values())
+    name, param = next(iter(learner.named_parameters()))
+    before = store.tensors[name].clone()
+    with torch.no_grad():
+        param.add_(1.0)  # the learner's next update reaches readers only through publish
+    assert torch.equal(store.tensors[name], before)
+    store.publish(dict(learner.named_parameters()), 1)
+    assert torch.equal(store.tensors[name], param.detach().float())
