@@ -356,11 +356,25 @@ class Trainer:
         complete: list[int] = []
         dispatched, dropped = 0, 0
         self.t_step_end = self.now()
+        def fresh(groups: list[int]) -> list[int]:
+            """Those of ``groups`` still within the bound at this version; the rest are measured
+            and dropped, never trained."""
+            nonlocal dropped
+            keep = [g for g in groups if self.version - min(t.min_version() for t in members[g]) <= bound]
+            for g in set(groups) - set(keep):
+                del members[g]
+                dropped += 1
+            return keep
+
         for step in range(steps):
             self.rec = StepRecord(step, self.t_step_end)
+            # a group completed during the last step but not taken is trained one version later
+            complete = fresh(complete)
             while len(complete) < P:
-                # a group dispatched now is trained at version >= dispatched // P
-                while dispatched < min((self.version + bound + 1) * P, steps * P + dropped):
+                # a group dispatched now is trained at version >= its rank // P, its rank among
+                # the groups not dropped (a dropped group frees its place: otherwise drops would
+                # shrink the pipeline for good and, past bound * P of them, stall the run)
+                while dispatched - dropped < min((self.version + bound + 1) * P, steps * P):
                     self.new_groups(1, -1)
                     dispatched += 1
                 item = self.receive()
@@ -368,12 +382,8 @@ class Trainer:
                     continue
                 members.setdefault(item.group, []).append(item)
                 if len(members[item.group]) == G:
-                    if self.version - min(t.min_version() for t in members[item.group]) > bound:
-                        del members[item.group]  # too stale: measured and dropped, never trained
-                        dropped += 1
-                    else:
-                        complete.append(item.group)
-            batch, complete = complete[:P], complete[P:]
+                    complete += fresh([item.group])
+            batch, complete = complete[:P], complete[P:]  # the first P groups to complete
             for g in batch:
                 for t in members.pop(g):
                     t.step = step

@@ -14,11 +14,12 @@ What differs between schedules (``k``: how many versions the rollout may run ahe
   as soon as its reward arrives (and a rank is free).
 - async: batch d starts once version d-1 is published and batch d-1's rollout has
   finished (one generate call per batch), so it overlaps training of batch d-1 (k = 1).
-- fully-async: no batch barrier. A group may start only while the untrained groups ahead
-  of it, itself included, fit in the batches trained up to version ``now + max_staleness``;
-  the learner takes the ``prompts`` completed groups sampled longest ago whenever the rest
-  can still meet their deadlines (earliest-deadline-first), else it waits for stragglers.
-  This bounds every trajectory's staleness by ``max_staleness`` (measured, not assumed).
+- fully-async, the driver's policy (``Trainer.run_fully_async``): no batch barrier. A group
+  may start while the groups started so far fit in the batches up to version
+  ``now + max_staleness``; the learner takes the first ``prompts`` groups to complete; a
+  group sampled more than ``max_staleness`` versions ago when it completes, or when a step
+  forms without it, is dropped (measured, never trained), which bounds every trained
+  trajectory's staleness by ``max_staleness``.
 
 Limits of the model: a rollout's duration does not depend on how many others run (slots
 model latency, not a shared token throughput), so when a fleet is compute-bound, slots
@@ -73,6 +74,7 @@ class SimRun:
     steps: list[StepRecord]
     spans: list[Span] = field(default_factory=list)
     unfinished: list[SimTraj] = field(default_factory=list)  # started, never trained
+    dropped_groups: int = 0  # fully-async: groups too stale to train
 
 
 @dataclass
@@ -175,7 +177,8 @@ class _Run:
         self.records: list[StepRecord] = []
         self.spans: list[Span] = []
         self.groups: dict[int, _Group] = {}  # fully-async: admitted groups
-        self.untrained: list[int] = []  # admitted gids not yet taken by the learner, in admission order
+        self.complete: list[int] = []  # fully-async: completed, not yet taken, in completion order
+        self.n_dropped = 0  # fully-async: groups too stale to train
 
     # -- events
     def push(self, t: float, priority: int, payload: object) -> None:
@@ -195,7 +198,7 @@ class _Run:
             self.try_train()
             self.dispatch()
         unfinished = [t for b in self.batches for t in b if t.step < 0 and not math.isnan(t.start)]
-        return SimRun(self.schedule, self.records, self.spans, unfinished)
+        return SimRun(self.schedule, self.records, self.spans, unfinished, self.n_dropped)
 
     # -- rollout side
     def enqueue_batch(self) -> None:
@@ -211,6 +214,8 @@ class _Run:
             self.n_traj += 1
         self.batches.append(trajs)
         self.done_count.append(0)
+        if self.schedule == "fully-async":  # the driver dispatches a group's members together
+            trajs = sorted(trajs, key=lambda t: t.group)
         self.queue.extend(trajs)
         self.next_dispatch += 1
 
@@ -222,11 +227,23 @@ class _Run:
             return self.done_count[d - 1] == len(self.batches[d - 1])
         return True
 
+    def groups_through(self, step: int) -> int:
+        """Groups in the batches of steps 0..step."""
+        return sum(self.w.batch(j).n_groups for j in range(step + 1))
+
     def group_admissible(self) -> bool:
-        """fully-async: would one more group still be trained within max_staleness?"""
-        last_version_allowed = len(self.publish) + self.k
-        capacity = sum(self.w.batch(j).n_groups for j in range(self.formed, last_version_allowed + 1))
-        return len(self.untrained) + 1 <= capacity
+        """fully-async: a group started now is trained at a version >= its rank among the groups
+        not dropped // prompts; start it only if that is within max_staleness of now (and the
+        run still needs it). A dropped group frees its place, else drops would shrink the
+        pipeline for good and, past max_staleness batches of them, stall it."""
+        rank = len(self.groups) - self.n_dropped
+        return rank < min(self.groups_through(len(self.publish) + self.k), self.groups_through(self.n_steps - 1))
+
+    def fresh(self, gids: list[int]) -> list[int]:
+        """fully-async: those of ``gids`` within max_staleness at this version; drops the rest."""
+        keep = [g for g in gids if len(self.publish) - self.groups[g].version <= self.k]
+        self.n_dropped += len(gids) - len(keep)
+        return keep
 
     def dispatch(self) -> None:
         while self.free_slots:
@@ -243,7 +260,6 @@ class _Run:
                         return
                     size = sum(1 for w in self.w.batch(t.dispatch).trajs if w.group == t.work.group)
                     self.groups[t.group] = _Group(len(self.publish), size)
-                    self.untrained.append(t.group)
                 self.groups[t.group].members.append(t)
             elif not self.batch_gate_open(t.dispatch):
                 return
@@ -260,6 +276,7 @@ class _Run:
             group.done += 1
             if group.done == group.size:
                 group.completed_at = self.now
+                self.complete += self.fresh([t.group])
 
     # -- learner side
     def try_train(self) -> None:
@@ -287,24 +304,13 @@ class _Run:
         self.push(p.publish_end, 0, None)
 
     def take_groups(self, j: int) -> list[SimTraj] | None:
-        """Earliest-deadline-first batch of completed groups, or None to wait."""
+        """The first groups to complete, once a batch of them is in; None to wait."""
         want = self.w.batch(j).n_groups
-        done = [g for g in self.untrained if self.groups[g].done == self.groups[g].size]
-        if len(done) < want:
+        self.complete = self.fresh(self.complete)  # one version later than when they completed
+        if len(self.complete) < want:
             return None
-        chosen = set(done[:want])  # untrained is in admission order = deadline order
-        rest = [self.groups[g].version + self.k for g in self.untrained if g not in chosen]
-        # every remaining deadline D must fit in the steps j+1..D
-        capacity, step = 0, j
-        for deadline in sorted(rest):
-            while step < deadline:
-                step += 1
-                capacity += self.w.batch(step).n_groups
-            capacity -= 1
-            if capacity < 0:
-                return None
-        self.untrained = [g for g in self.untrained if g not in chosen]
-        return [t for g in sorted(chosen, key=lambda g: self.groups[g].completed_at) for t in self.groups[g].members]
+        chosen, self.complete = self.complete[:want], self.complete[want:]
+        return [t for g in chosen for t in self.groups[g].members]
 
 
 def run_schedule(workload: Workload, schedule: str, steps: int, max_staleness: int = 2,

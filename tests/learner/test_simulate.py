@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.sim_workload import PAPER_PRESET, BatchWork, TrajWork, Workload, synthetic_workload, with_overrides
+from learner.sim_engine import run_schedule
 from learner.simulate import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
 from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS, chrome_trace
 
@@ -229,3 +230,17 @@ def test_spans_refuses_workload_flags_and_bad_lines(tmp_path, capsys):
     path.write_text('{"type": "run"}\nnot json\n')
     assert cli(["--spans", str(path)]) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+def test_fully_async_drops_groups_too_stale_and_keeps_its_pipeline_full():
+    # one straggler per dispatch batch outlives max_staleness versions: the driver's policy
+    # drops it when a step forms without it, and a dropped group's place goes to a new one
+    def batch(b: int) -> BatchWork:
+        trajs = [TrajWork(i, 10 * b + i, 30.0 if i == 0 else 1.0, 1.0) for i in range(4)]
+        return BatchWork(trajs, {10 * b + g: 0.0 for g in range(4)}, 0.1, 0.1)
+
+    workload = Workload([batch(b) for b in range(3)], rollout_slots=8, learner_ranks=1, reduce_s=0.0)
+    run = run_schedule(workload, "fully-async", steps=12, max_staleness=1)
+    assert len(run.steps) == 12 and run.dropped_groups >= 1
+    assert max(max(rec.staleness) for rec in run.steps) <= 1
+    assert all(len(rec.trajs) == 4 for rec in run.steps)
