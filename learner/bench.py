@@ -109,24 +109,55 @@ class Runner:
         return events
 
 
-def simulated(sync_runs: list[list[dict[str, Any]]], schedules: list[str], warmup: int) -> dict[str, Any]:
-    """The simulator's step time per schedule, replaying the measured steps of the sync runs
-    (their batches pooled, in round order)."""
+def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
+    """The measured steps of the sync runs as one simulator workload (batches pooled, in round order)."""
     from dataclasses import replace
 
-    from learner.simulate import simulate_all, workload_from_spans
+    from learner.simulate import workload_from_spans
+
+    workloads = [workload_from_spans([e for e in events if e.get("type") not in ("span", "metrics")
+                                      or e["step"] >= warmup]) for events in sync_runs]
+    return replace(workloads[0], batches=[b for w in workloads for b in w.batches])
+
+
+def simulated(sync_runs: list[list[dict[str, Any]]], schedules: list[str], warmup: int) -> dict[str, Any]:
+    """The simulator's prediction per schedule from the sync runs alone, at their machine speed."""
+    from learner.simulate import simulate_all
     from learner.sim_workload import SimInputError
 
     try:
-        workloads = [workload_from_spans([e for e in events if e.get("type") not in ("span", "metrics")
-                                          or e["step"] >= warmup]) for events in sync_runs]
-        pooled = replace(workloads[0], batches=[b for w in workloads for b in w.batches])
+        pooled = sync_workload(sync_runs, warmup)
         results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
     except (SimInputError, ValueError) as err:
         return {"error": str(err)}
     return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
                                                "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s")}
             for name, r in results.items()}
+
+
+def at_own_speed(sync_runs: list[list[dict[str, Any]]], results: dict[str, dict[str, Any]],
+                 warmup: int) -> dict[str, dict[str, float]]:
+    """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
+    over the sync runs' (the same forward + backward in every schedule, so a ratio of machine
+    speeds), and the simulator's step time of it and of sync on the sync workload at that
+    speed (``at_speed``: compute scaled, modelled tool waits not). A speedup against the
+    simulated sync at the same speed is what the schedule gains on a machine that holds still;
+    the simulated step beside the measured one checks the schedule model, not the drift."""
+    from learner.simulate import simulate_all
+    from learner.sim_workload import SimInputError, at_speed
+
+    try:
+        pooled = sync_workload(sync_runs, warmup)
+        out = {}
+        for name, r in results.items():
+            slower = r["backward_ms"] / results["sync"]["backward_ms"]
+            sim = simulate_all(at_speed(pooled, slower), ["sync", name], steps=len(pooled.batches) + warmup,
+                               warmup=warmup)
+            out[name] = {"speed_factor": slower, "step_s": sim[name].step_s, "sync_step_s": sim["sync"].step_s}
+    except (SimInputError, ValueError) as err:
+        print(f"{PROG}: no same-speed simulation: {err}", file=sys.stderr)
+        return {}
+    return out
 
 
 def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
@@ -144,11 +175,14 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
     summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
     results = compare(summaries)
     sim = simulated(runs["sync"], list(results), warmup)
+    own = at_own_speed(runs["sync"], results, warmup)
     for name, r in results.items():
         r["timeline"] = step_timeline(runs[name][0], warmup)
-        if name in sim:
-            r["simulated_step_s"] = sim[name]["step_s"]
-            r["simulated_error"] = sim[name]["step_s"] / r["step_s"] - 1.0
+        if name in own:
+            r["speed_factor"] = own[name]["speed_factor"]
+            r["simulated_step_s"] = own[name]["step_s"]
+            r["simulated_error"] = own[name]["step_s"] / r["step_s"] - 1.0
+            r["speedup_same_speed"] = own[name]["sync_step_s"] / r["step_s"]
     return results, sim
 
 
@@ -196,7 +230,7 @@ COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollou
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
            ("rss_mb", "peak_rss_mb", "{:.0f}"), ("bwd ms", "backward_ms", "{:.1f}"),
-           ("sim step_s", "simulated_step_s", "{:.2f}")]
+           ("same-speed speedup", "speedup_same_speed", "{:.2f}x"), ("sim step_s", "simulated_step_s", "{:.2f}")]
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:

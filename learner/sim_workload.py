@@ -187,6 +187,38 @@ def with_overrides(spec: SyntheticSpec, **values: Any) -> SyntheticSpec:
 # ---------------------------------------------------------------- replay of a recording
 
 
+# the labelled tool-latency model: a modelled wait, the same on a faster or slower machine
+MODELLED_KINDS = ("rollout.tool",)
+
+
+def _traj_at_speed(t: TrajWork, slower: float) -> TrajWork:
+    """``t`` with every recorded duration but the modelled tool waits times ``slower``; the
+    gaps between sub-spans (dispatch, IPC) are machine time and scale too."""
+    if not t.segments:
+        return replace(t, rollout_s=t.rollout_s * slower, backward_s=t.backward_s * slower)
+    segments, was, now = [], 0.0, 0.0  # end of the previous sub-span, as recorded and rescaled
+    for seg in t.segments:
+        t0 = now + (seg.t0 - was) * slower
+        now = t0 + (seg.t1 - seg.t0) * (1.0 if seg.kind in MODELLED_KINDS else slower)
+        segments.append(replace(seg, t0=t0, t1=now))
+        was = seg.t1
+    return replace(t, rollout_s=now + (t.rollout_s - was) * slower, backward_s=t.backward_s * slower,
+                   segments=tuple(segments))
+
+
+def at_speed(workload: Workload, slower: float) -> Workload:
+    """The workload on a machine ``slower`` times slower at computing (0.8: 25% faster):
+    generate, verify, backward, close, optimizer and publish times scale, the modelled tool
+    latency does not. The bench uses it to simulate each schedule at the machine speed its
+    own runs met (a shared machine's speed drifts between runs)."""
+    if not slower > 0:
+        raise ValueError(f"slower: must be > 0, got {slower}")
+    batches = [BatchWork([_traj_at_speed(t, slower) for t in b.trajs],
+                         {g: c * slower for g, c in b.group_close_s.items()},
+                         b.optimizer_s * slower, b.publish_s * slower) for b in workload.batches]
+    return replace(workload, batches=batches, reduce_s=workload.reduce_s * slower)
+
+
 def load_events(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL event file; errors name the flag, the file and the line."""
     try:

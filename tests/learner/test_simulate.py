@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.sim_workload import PAPER_PRESET, BatchWork, TrajWork, Workload, synthetic_workload, with_overrides
+from learner.sim_workload import (
+    PAPER_PRESET, BatchWork, Segment, TrajWork, Workload, at_speed, synthetic_workload, with_overrides,
+)
 from learner.sim_engine import run_schedule
 from learner.simulate import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
 from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS, chrome_trace
@@ -244,3 +246,25 @@ def test_fully_async_drops_groups_too_stale_and_keeps_its_pipeline_full():
     assert len(run.steps) == 12 and run.dropped_groups >= 1
     assert max(max(rec.staleness) for rec in run.steps) <= 1
     assert all(len(rec.trajs) == 4 for rec in run.steps)
+
+
+def test_at_speed_scales_compute_and_keeps_the_modelled_tool_waits():
+    segments = (Segment("rollout.generate", 0.0, 1.0), Segment("rollout.tool", 1.2, 3.2), Segment("rollout.generate", 3.2, 4.0))
+    w = Workload([BatchWork([TrajWork(0, 0, 4.1, 0.5, segments)], {0: 0.1}, 0.2, 0.3)], 1, 1, 0.05)
+    slow = at_speed(w, 2.0).batches[0]
+    t = slow.trajs[0]
+    assert [x for s in t.segments for x in (s.t0, s.t1)] == pytest.approx([0.0, 2.0, 2.4, 4.4, 4.4, 6.0])
+    assert t.rollout_s == pytest.approx(6.2) and t.backward_s == 1.0
+    assert [slow.group_close_s[0], slow.optimizer_s, slow.publish_s] == pytest.approx([0.2, 0.4, 0.6])
+    assert at_speed(w, 2.0).reduce_s == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="slower"):
+        at_speed(w, 0.0)
+
+
+def test_without_tool_waits_a_slower_machine_stretches_every_schedule_alike():
+    w = modelled(steps=3, prompts=8, group_size=4)  # drawn rollouts: no recorded tool segments
+    base = simulate_all(w, steps=3, warmup=1)
+    slow = simulate_all(at_speed(w, 1.5), steps=3, warmup=1)
+    for name in base:
+        assert slow[name].step_s == pytest.approx(1.5 * base[name].step_s, rel=1e-9)
+        assert slow[name].speedup_vs_sync == pytest.approx(base[name].speedup_vs_sync, rel=1e-9)
