@@ -51,6 +51,7 @@ class StepRecord:
     first_backward: float | None = None
     learner_stats: dict = field(default_factory=dict)
     mismatch: dict = field(default_factory=dict)
+    dropped_groups: int = 0  # fully-async: groups found too stale during this step
 
 
 class Trainer:
@@ -278,6 +279,8 @@ class Trainer:
             "policy/version": float(self.version),
             **rec.mismatch,
         })
+        if self.cfg.train.schedule == "fully-async":
+            values["rollout/dropped_groups"] = float(rec.dropped_groups)
         for k in ("clip_frac", "peak_buffers"):
             if k in rec.learner_stats:
                 values[f"actor/{k}"] = float(rec.learner_stats[k])
@@ -364,6 +367,7 @@ class Trainer:
             for g in set(groups) - set(keep):
                 del members[g]
                 dropped += 1
+                self.rec.dropped_groups += 1
             return keep
 
         for step in range(steps):
@@ -389,7 +393,6 @@ class Trainer:
                     t.step = step
                     self.rec.trajs.append(t)
             self.train_off_policy()
-        self.dropped_groups = dropped
 
     def run(self) -> dict:
         schedule = self.cfg.train.schedule

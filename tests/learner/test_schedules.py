@@ -57,8 +57,16 @@ def test_async_is_one_step_stale():
 
 
 def test_fully_async_respects_the_staleness_bound():
-    _, sink = run("fully-async", max_staleness=1)
+    trainer, sink = run("fully-async", max_staleness=1)
     assert all(m["values"]["staleness/max"] <= 1 for m in sink.metrics())
+    # groups too stale are dropped and counted per step; every step still trains a full batch
+    assert all(m["values"]["rollout/dropped_groups"] >= 0 for m in sink.metrics())
+    train = trainer.cfg.train
+    per_step = {}
+    for s in sink.spans():
+        if s["kind"] == "learner.backward":
+            per_step.setdefault(s["step"], set()).add(s["traj"])
+    assert [len(t) for t in per_step.values()] == [train.prompts_per_step * train.group_size] * train.steps
 
 
 def test_every_step_emits_the_span_kinds_and_verl_metrics(streaming_run):
