@@ -365,7 +365,8 @@ def sweep(runner: Runner, args: argparse.Namespace, steps: int, calibration: Cal
         points.append({
             "balance_target": balance, "scale": scale, "balance_measured": sync["rollout_s"] / sync["learner_s"],
             "rollout_s": sync["rollout_s"], "learner_s": sync["learner_s"],
-            "measured": {n: {k: r[k] for k in ("step_s", "speedup_vs_sync", "efficiency", "trainer_idle_ratio")}
+            "measured": {n: {k: r.get(k) for k in ("step_s", "speedup_vs_sync", "speedup_same_speed", "efficiency",
+                                                   "trainer_idle_ratio", "simulated_error")}
                          for n, r in results.items()},
             "simulated": sim,
         })
