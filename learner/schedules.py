@@ -359,6 +359,7 @@ class Trainer:
         complete: list[int] = []
         dispatched, dropped = 0, 0
         self.t_step_end = self.now()
+
         def fresh(groups: list[int]) -> list[int]:
             """Those of ``groups`` still within the bound at this version; the rest are measured
             and dropped, never trained."""

@@ -15,8 +15,8 @@ What differs between schedules (``k``: how many versions the rollout may run ahe
 - async: batch d starts once version d-1 is published and batch d-1's rollout has
   finished (one generate call per batch), so it overlaps training of batch d-1 (k = 1).
 - fully-async, the driver's policy (``Trainer.run_fully_async``): no batch barrier. A group
-  may start while the groups started so far fit in the batches up to version
-  ``now + max_staleness``; the learner takes the first ``prompts`` groups to complete; a
+  may start while the groups started so far and not dropped fit in the batches up to
+  version ``now + max_staleness``; the learner takes the first ``prompts`` groups to complete; a
   group sampled more than ``max_staleness`` versions ago when it completes, or when a step
   forms without it, is dropped (measured, never trained), which bounds every trained
   trajectory's staleness by ``max_staleness``.
@@ -152,7 +152,6 @@ class _Group:
     version: int  # policy version when its first member started; deadline = version + k
     size: int
     done: int = 0
-    completed_at: float = math.nan
     members: list[SimTraj] = field(default_factory=list)
 
 
@@ -275,7 +274,6 @@ class _Run:
         if group is not None:
             group.done += 1
             if group.done == group.size:
-                group.completed_at = self.now
                 self.complete += self.fresh([t.group])
 
     # -- learner side
