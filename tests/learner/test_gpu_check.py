@@ -1,0 +1,28 @@
+"""bench/gpu_check.py, the script a lent GPU runs, as a CPU dry run: it must not rot between loans."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_check_runs_on_cpu_and_the_streamed_gradient_matches_the_reference():
+    gpu_check = load_script()
+    args = argparse.Namespace(groups=2, group_size=4, prompt_len=16, new_tokens=24, exact_groups=2)
+    out = gpu_check.check_size("tiny", torch.device("cpu"), args)
+    assert out["n_traj"] == 8 and out["tokens_out"] == 8 * 24
+    assert out["rel_error_vs_reference"] < 1e-5
+    assert out["peak_group_buffers"] >= 3  # G plus the two sums of a group
+    assert 0 < out["tail_learner_s"] < out["learner_s"]
+    assert out["derived_sync_step_s"] > out["derived_streaming_step_s"] > 0
+    assert out["weights_mib"] > 0 and out["publish_ms"] > 0
