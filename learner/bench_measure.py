@@ -123,6 +123,8 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "tail_s": median_of(lambda v: v["timing_s/tail"]),
         "peak_rss_mb": max(v["memory/peak_rss_mb"] for v in steps),
         "reward_mean": statistics.fmean(v["reward/mean"] for v in steps),
+        # fully-async: groups found too stale over the measured steps (0 for the others)
+        "dropped_groups": int(sum(v.get("rollout/dropped_groups", 0.0) for v in steps)),
     }
 
 

@@ -52,6 +52,7 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
         assert r["bound_s"] == max(r["rollout_s"], r["learner_s"]) > 0
         assert r["peak_rss_mb"] > 50
+        assert r["dropped_groups"] == 0  # only fully-async drops groups, and it does not run here
     assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
     assert doc["workload"]["trajectories_per_step"] == 4 and doc["workload"]["tool_latency"]["scale"] == 1.0
     assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["load_avg_start"]) == 3
