@@ -22,7 +22,8 @@ def _summary_line(m: dict) -> str:
 
 
 def check_resolvable(cfg) -> None:
-    """What the schema cannot see: the environment is registered, local model dirs exist."""
+    """What the schema cannot see: the environment is registered, local model dirs exist, a
+    GPU asked for is there."""
     from pathlib import Path
 
     from learner.rollout.env import make_env
@@ -38,6 +39,11 @@ def check_resolvable(cfg) -> None:
     for field, spec in specs.items():
         if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
             raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
+    if cfg.model.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
 def cmd_train(args) -> int:

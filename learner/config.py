@@ -32,6 +32,8 @@ class ModelConfig(Strict):
     policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory")
     teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory")
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
     cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)")
 
 

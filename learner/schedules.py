@@ -107,12 +107,12 @@ class Trainer:
         self.policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
         teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
                        if cfg.algorithm.objective == "opd" else None)
-        dtype = getattr(torch, cfg.model.dtype)
-        self.model = load_model(self.policy_dir, dtype).train()
+        dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
+        self.model = load_model(self.policy_dir, dtype).to(device).train()
         self.tokenizer = load_tokenizer(self.policy_dir)
         ref = None
         if cfg.algorithm.kl_coef > 0:
-            ref = load_model(self.policy_dir, dtype)
+            ref = load_model(self.policy_dir, dtype).to(device)
             ref.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)

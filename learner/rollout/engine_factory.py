@@ -13,4 +13,4 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     from learner.rollout.engine import TorchEngine
     from learner.rollout.models import load_model
 
-    return TorchEngine(load_model(policy_dir), pad_id=tokenizer.pad_token_id)
+    return TorchEngine(load_model(policy_dir).to(cfg.model.device), pad_id=tokenizer.pad_token_id)

@@ -170,7 +170,7 @@ class AgentWorker:
         start, end = lp.turn_spans[turn]
         t0 = self.now()
         with torch.no_grad():
-            ids = torch.tensor([lp.ids[:end]])
+            ids = torch.tensor([lp.ids[:end]], device=next(self.teacher.parameters()).device)
             logits = self.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
             tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
         lp.teacher[start:end] = tlp
@@ -247,7 +247,9 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         cfg = RunConfig.model_validate_json(cfg_json)
         tok = load_tokenizer(policy_dir)
         engine = make_engine(cfg, policy_dir, tok, wid)
-        teacher = load_model(teacher_dir) if teacher_dir else None
+        teacher = load_model(teacher_dir).to(cfg.model.device) if teacher_dir else None
+        if cfg.model.device == "cuda":
+            store.pin()  # this process's view of the shared weights: DMA copies into the GPU engine
         store.read_into(engine.load_weights, want=0)
         worker = AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin)
         # torch, transformers and the model are ~10^6 long-lived objects; a full collection

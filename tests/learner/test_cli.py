@@ -31,6 +31,7 @@ def test_steps_zero_only_validates_the_config():
     ("task: {name: chess}", "task.name"),
     ("model: {policy: /nonexistent/model}", "model.policy"),
     ("task: {max_ops: 4, max_turns: 3}", "max_turns"),
+    ("model: {device: tpu}", "model.device"),
 ])
 def test_it_rejects_a_bad_config_with_exit_2_and_one_line(tmp_path, body, field):
     cfg = tmp_path / "bad.yaml"
@@ -40,6 +41,20 @@ def test_it_rejects_a_bad_config_with_exit_2_and_one_line(tmp_path, body, field)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_it_rejects_a_gpu_it_does_not_have_before_any_run(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    cfg = tmp_path / "gpu.yaml"
+    cfg.write_text("model: {device: cuda}")
+    events = tmp_path / "events.jsonl"
+    r = thundersync("train", "--config", str(cfg), "--events", str(events))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "model.device: 'cuda' needs a CUDA device" in r.stderr.strip().splitlines()[-1]
+    assert '"status":"failed"' in events.read_text()  # whoever reads the stream learns why
 
 
 def test_it_rejects_a_missing_config_file(tmp_path):
