@@ -137,10 +137,10 @@ def simulated(sync_runs: list[list[dict[str, Any]]], schedules: list[str], warmu
 
 def at_own_speed(sync_runs: list[list[dict[str, Any]]], results: dict[str, dict[str, Any]],
                  warmup: int) -> dict[str, dict[str, float]]:
-    """Per schedule, the machine as its own runs met it: ``speed_factor`` = its runs' speed
-    probe over the sync runs' (``learner.speed_probe``; recordings without one: the median
-    backward span), and the simulator's step time of it and of sync on the sync workload at
-    that speed (``at_speed``: compute scaled, modelled tool waits not). A speedup against the
+    """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
+    over the sync runs' (the same forward + backward in every schedule, so a ratio of machine
+    speeds), and the simulator's step time of it and of sync on the sync workload at that
+    speed (``at_speed``: compute scaled, modelled tool waits not). A speedup against the
     simulated sync at the same speed is what the schedule gains on a machine that holds still;
     the simulated step beside the measured one checks the schedule model, not the drift."""
     from learner.simulate import simulate_all
@@ -149,9 +149,8 @@ def at_own_speed(sync_runs: list[list[dict[str, Any]]], results: dict[str, dict[
     try:
         pooled = sync_workload(sync_runs, warmup)
         out = {}
-        probe = "speed_probe_ms" if all(r.get("speed_probe_ms") for r in results.values()) else "backward_ms"
         for name, r in results.items():
-            slower = r[probe] / results["sync"][probe]
+            slower = r["backward_ms"] / results["sync"]["backward_ms"]
             sim = simulate_all(at_speed(pooled, slower), ["sync", name], steps=len(pooled.batches) + warmup,
                                warmup=warmup)
             out[name] = {"speed_factor": slower, "step_s": sim[name].step_s, "sync_step_s": sim["sync"].step_s}

@@ -66,14 +66,6 @@ def _spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "iqr": [q1, q3], "min": min(values), "max": max(values)}
 
 
-def run_speed_probe_ms(events: list[dict[str, Any]]) -> float | None:
-    """The run's machine speed: the mean of its start and end ``speed_probe_ms`` (None for a
-    recording made before the probe existed)."""
-    probes = [e["speed_probe_ms"] for e in events if e.get("type") == "run" and "speed_probe_ms" in e]
-    probes += [p for e in events if e.get("status") == "finished" for p in e["summary"].get("speed_probe_ms", [])[1:]]
-    return statistics.fmean(probes) if probes else None
-
-
 def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None) -> dict[str, Any]:
     """What one schedule's runs did, over their measured steps ``warmup .. end-1``, pooled.
 
@@ -103,7 +95,6 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         window_s += t1 - t0
     step_s = [v["timing_s/step"] for v in steps]
     spread = _spread(step_s)
-    probes = [p for p in map(run_speed_probe_ms, runs) if p is not None]
 
     def median_of(fn) -> float:
         return statistics.median(fn(v) for v in steps)
@@ -120,9 +111,6 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         # the same work in every schedule (one trajectory's forward + backward): the machine's
         # speed during this schedule's runs, to read speedups and efficiencies against
         "backward_ms": 1000.0 * statistics.median(backward_s) if backward_s else float("nan"),
-        # a fixed forward + backward timed with the fleet idle at each run's start and end
-        # (learner.speed_probe): the machine alone, without the schedule's own learner code
-        "speed_probe_ms": statistics.median(probes) if len(probes) == len(runs) else None,
         "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
         "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
         "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),

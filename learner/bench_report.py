@@ -16,8 +16,7 @@ TABLE = [("step_s (median)", "step_s", "{:.2f}"), ("min-max", None, None), ("R r
          ("trainer wait", "trainer_wait_ratio", "{:.1%}"),
          ("rollouter idle", "rollouter_idle_ratio", "{:.1%}"), ("staleness mean/max", None, None),
          ("first backward s", "first_backward_s", "{:.2f}"), ("tail_s", "tail_s", "{:.2f}"),
-         ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("backward ms", "backward_ms", "{:.1f}"),
-         ("speed probe ms (machine speed)", "speed_probe_ms", "{:.2f}"),
+         ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("backward ms (machine speed)", "backward_ms", "{:.1f}"),
          ("speedup vs sync at the same speed", "speedup_same_speed", "{:.2f}x"),
          ("simulated step_s (at that speed)", "simulated_step_s", "{:.2f}"),
          ("sim error", "simulated_error", "{:+.1%}")]

@@ -34,7 +34,6 @@ from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
 from learner.rollout.boot import BootedWorkers, boot_fleet, core_plan
 from learner.rollout.worker import pin_to_core
-from learner.speed_probe import speed_probe_ms
 from learner.timeline import EventSink, Span, StepMetrics, union_length, window_metrics
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -124,10 +123,8 @@ class Trainer:
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
-        self.probe_ms = [speed_probe_ms(self.model)]  # nothing dispatched yet: the fleet is idle
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
-                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs),
-                        "speed_probe_ms": self.probe_ms[0]})
+                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
     # -- rollout side --------------------------------------------------------------
     def new_groups(self, n: int, step: int) -> list[int]:
@@ -411,10 +408,8 @@ class Trainer:
                 self.settle_fleet()
         finally:
             self.fleet.close()
-        self.probe_ms.append(speed_probe_ms(self.model))  # the fleet has stopped: idle again
         summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,
-                   "final_version": self.version, "spans": self.seq, "wall_s": self.now(),
-                   "speed_probe_ms": self.probe_ms}
+                   "final_version": self.version, "spans": self.seq, "wall_s": self.now()}
         self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
         return summary
 
