@@ -225,7 +225,7 @@ def workload_info(cfg: RunConfig, steps: int, warmup: int, rounds: int, scale: f
 
 
 COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
-           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
+           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"), ("eff/step", "efficiency_per_step", "{:.2f}"),
            ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),

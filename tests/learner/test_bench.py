@@ -47,6 +47,9 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
         assert r["steps_measured"] == 2 and r["runs"] == 2  # one measured step in each of two rounds
         # definitions, not timings (one 4-trajectory step is all noise on a shared machine)
         assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_s"])
+        # the median of per-step maxima is at least the max of the medians
+        assert r["bound_per_step_s"] >= r["bound_s"] - 1e-9
+        assert r["efficiency_per_step"] == pytest.approx(r["bound_per_step_s"] / r["step_s"])
         assert r["speedup_vs_sync"] == pytest.approx(doc["schedules"]["sync"]["step_s"] / r["step_s"])
         assert 0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollouter_idle_ratio"] <= 1.0
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
