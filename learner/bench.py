@@ -28,7 +28,7 @@ import yaml
 from learner.bench_measure import (
     BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
 )
-from learner.bench_plan import QUICK_BUDGET_S, RunCost, plan_steps, run_cost, step_estimates
+from learner.bench_plan import QUICK_BUDGET_S, RunCost, plan_steps, refine_run_steps, run_cost, step_estimates
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
@@ -310,7 +310,9 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int, 
         # estimate measures them where the bench will run, and the estimate is refined from it
         first = calibration.scale_for(args.balance, MAX_SCALE)
         if first >= MIN_REFINE_SCALE:
-            events = runner.train("calibration-2", "sync", cal_steps, first)
+            sync_step_s = calibration.rollout_at(first) + calibration.learner_s
+            refine_steps = refine_run_steps(cal_steps, steps, runner.costs[-1].fixed_s, sync_step_s)
+            events = runner.train("calibration-2", "sync", refine_steps, first)
             calibration = calibrate(events, warmup, first)
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
     if calibration and args.quick and not args.steps and not args.sweep:
@@ -343,8 +345,8 @@ def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibrati
 
 
 def calibration_steps(args: argparse.Namespace, steps: int) -> int:
-    """Steps of each calibration run: the measured runs' own, or with ``--quick`` (and no
-    ``--steps``) a warm-up and two measured steps: two sync runs are a third of --quick's time."""
+    """Steps of the calibration run: the measured runs' own, or with ``--quick`` (and no
+    ``--steps``) a warm-up and two measured steps (the refining run's: ``refine_run_steps``)."""
     if args.quick and not args.steps:
         return min(steps, max(args.warmup + 2, QUICK_CALIBRATION_STEPS))
     return steps

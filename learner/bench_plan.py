@@ -17,6 +17,8 @@ from typing import Any
 
 # the acceptance is 5 minutes; the plan keeps a margin for the VM's drift during the runs
 QUICK_BUDGET_S = 270.0
+# the refining calibration run may take this share of the budget to run the main runs' length
+QUICK_REFINE_SHARE = 0.15
 # planning guess for a pipelined schedule's step: its bound over this efficiency (measured
 # 0.90-0.98 for async and streaming near balance; fully-async runs faster)
 PLAN_EFFICIENCY = 0.85
@@ -56,6 +58,15 @@ def plan_steps(left_s: float, fixed_s: float, step_s: dict[str, float], drains: 
         if cost(n) <= left_s:
             return n, cost(n)
     return least, cost(least)
+
+
+def refine_run_steps(short: int, full: int, fixed_s: float, sync_step_s: float) -> int:
+    """Steps of the refining calibration run: the main runs' ``full`` length when that costs at
+    most QUICK_REFINE_SHARE of the budget, else ``short``. A step's rollout makespan depends on
+    its batch (the same seed gives the same batches in every run: one batch's R was 0.77 s and
+    the next's 0.63 s, the same in two runs), so a calibration that measures batches 1-2 while
+    the main runs measure 1-5 aims at another R (--quick landed at R/L 0.84 for a target of 1)."""
+    return full if fixed_s + full * sync_step_s <= QUICK_REFINE_SHARE * QUICK_BUDGET_S else short
 
 
 def step_estimates(schedules: list[str], sync_step_s: float, rollout_s: float, learner_s: float) -> dict[str, float]:

@@ -126,6 +126,16 @@ def test_quick_calibrates_on_three_steps_unless_steps_are_given():
     assert calibration_steps(Namespace(quick=False, steps=None, warmup=1), 10) == 10
 
 
+def test_the_refining_calibration_run_measures_the_main_runs_batches_when_it_is_cheap():
+    from learner.bench_plan import QUICK_BUDGET_S, QUICK_REFINE_SHARE, refine_run_steps
+
+    assert refine_run_steps(3, 6, fixed_s=5.0, sync_step_s=1.3) == 6  # this session's VM: 13 s
+    assert refine_run_steps(3, 6, fixed_s=12.0, sync_step_s=6.3) == 3  # the 4x slower one: 50 s
+    limit = QUICK_REFINE_SHARE * QUICK_BUDGET_S
+    assert refine_run_steps(3, 6, fixed_s=limit - 6.0, sync_step_s=1.0) == 6  # at the limit
+    assert refine_run_steps(10, 10, fixed_s=1e6, sync_step_s=1.0) == 10  # without --quick: the same length
+
+
 def test_quick_plans_the_most_steps_that_fit_the_budget():
     from learner.bench_plan import RunCost, plan_steps, step_estimates
 
