@@ -34,7 +34,7 @@ from learner.cli_args import number, schedule_list
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
 QUICK_STEPS = 6  # one warm-up step + five measured ones
-QUICK_CALIBRATION_STEPS = 3  # a warm-up step + two measured ones per calibration run
+QUICK_CALIBRATION_STEPS = 3  # a warm-up step + two measured ones (the first calibration run)
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 MIN_REFINE_SCALE = 0.05  # below this the tool waits are too short to re-measure the scale from
@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=number(int, 1), default=2, metavar="N",
                         help="runs per schedule, in alternating order; their steps are pooled [2]")
     parser.add_argument("--quick", action="store_true", help=f"up to {QUICK_STEPS} steps per schedule, as many as "
-                        f"the calibration runs ({QUICK_CALIBRATION_STEPS} steps each) say fit in "
+                        f"the two calibration runs ({QUICK_CALIBRATION_STEPS}-{QUICK_STEPS} steps) say fit in "
                         f"{QUICK_BUDGET_S / 60:.1f} minutes on this machine")
     parser.add_argument("--sweep", nargs="?", const=",".join(map(str, SWEEP_BALANCES)), type=_balances,
                         metavar="LIST", help="also measure speedup vs R/L at these balances "
