@@ -110,7 +110,8 @@ class Runner:
 
 
 def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
-    """The measured steps of the sync runs as one simulator workload (batches pooled, in round order)."""
+    """The measured steps of the sync runs as one simulator workload (batches pooled, in round
+    order); raises ``SimInputError`` / ``ValueError`` when a recording cannot be replayed."""
     from dataclasses import replace
 
     from learner.simulate import workload_from_spans
@@ -120,43 +121,32 @@ def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
     return replace(workloads[0], batches=[b for w in workloads for b in w.batches])
 
 
-def simulated(sync_runs: list[list[dict[str, Any]]], schedules: list[str], warmup: int) -> dict[str, Any]:
+def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
     """The simulator's prediction per schedule from the sync runs alone, at their machine speed."""
     from learner.simulate import simulate_all
-    from learner.sim_workload import SimInputError
 
-    try:
-        pooled = sync_workload(sync_runs, warmup)
-        results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
-    except (SimInputError, ValueError) as err:
-        return {"error": str(err)}
+    results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
     return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
                                                "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s")}
             for name, r in results.items()}
 
 
-def at_own_speed(sync_runs: list[list[dict[str, Any]]], results: dict[str, dict[str, Any]],
-                 warmup: int) -> dict[str, dict[str, float]]:
+def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dict[str, dict[str, float]]:
     """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
-    over the sync runs' (the same forward + backward in every schedule, so a ratio of machine
-    speeds), and the simulator's step time of it and of sync on the sync workload at that
-    speed (``at_speed``: compute scaled, modelled tool waits not). A speedup against the
-    simulated sync at the same speed is what the schedule gains on a machine that holds still;
-    the simulated step beside the measured one checks the schedule model, not the drift."""
+    over the sync runs' (nearly the same forward + backward in every schedule, so a ratio of
+    machine speeds; docs/bench.md says how fair), and the simulator's step time of it and of
+    sync on the sync workload at that speed (``at_speed``: compute scaled, modelled tool waits
+    not). A speedup against the simulated sync at the same speed is what the schedule gains on
+    a machine that holds still; the simulated step beside the measured one checks the schedule
+    model, not the drift."""
     from learner.simulate import simulate_all
-    from learner.sim_workload import SimInputError, at_speed
+    from learner.sim_workload import at_speed
 
-    try:
-        pooled = sync_workload(sync_runs, warmup)
-        out = {}
-        for name, r in results.items():
-            slower = r["backward_ms"] / results["sync"]["backward_ms"]
-            sim = simulate_all(at_speed(pooled, slower), ["sync", name], steps=len(pooled.batches) + warmup,
-                               warmup=warmup)
-            out[name] = {"speed_factor": slower, "step_s": sim[name].step_s, "sync_step_s": sim["sync"].step_s}
-    except (SimInputError, ValueError) as err:
-        print(f"{PROG}: no same-speed simulation: {err}", file=sys.stderr)
-        return {}
+    out = {}
+    for name, r in results.items():
+        slower = r["backward_ms"] / results["sync"]["backward_ms"]
+        sim = simulate_all(at_speed(pooled, slower), ["sync", name], steps=len(pooled.batches) + warmup, warmup=warmup)
+        out[name] = {"speed_factor": slower, "step_s": sim[name].step_s, "sync_step_s": sim["sync"].step_s}
     return out
 
 
@@ -174,8 +164,14 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
             runs[name].append(runner.train(run_label, name, steps + drain, scale))
     summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
     results = compare(summaries)
-    sim = simulated(runs["sync"], list(results), warmup)
-    own = at_own_speed(runs["sync"], results, warmup)
+    from learner.sim_workload import SimInputError
+
+    try:  # the sync recordings replayed: as they ran, and at each schedule's machine speed
+        pooled = sync_workload(runs["sync"], warmup)
+        sim, own = simulated(pooled, list(results), warmup), at_own_speed(pooled, results, warmup)
+    except (SimInputError, ValueError) as err:
+        print(f"{PROG}: no simulation: {err}", file=sys.stderr)
+        sim, own = {"error": str(err)}, {}
     for name, r in results.items():
         r["timeline"] = step_timeline(runs[name][0], warmup)
         if name in own:
@@ -225,7 +221,8 @@ def workload_info(cfg: RunConfig, steps: int, warmup: int, rounds: int, scale: f
 
 
 COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
-           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"), ("eff/step", "efficiency_per_step", "{:.2f}"),
+           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
+           ("eff/step", "efficiency_per_step", "{:.2f}"),
            ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),

@@ -108,7 +108,7 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "step_s_max": spread["max"],
         "step_s_all": step_s,
         "learner_busy_s": median_of(lambda v: v["timing_s/learner"]),
-        # the same work in every schedule (one trajectory's forward + backward): the machine's
+        # nearly the same work in every schedule (one trajectory's forward + backward): the machine's
         # speed during this schedule's runs, to read speedups and efficiencies against
         "backward_ms": 1000.0 * statistics.median(backward_s) if backward_s else float("nan"),
         "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),

@@ -50,7 +50,8 @@ def _step_figure(schedules: dict[str, dict[str, Any]]) -> go.Figure:
     ))
     sim = [schedules[n].get("simulated_step_s") for n in names]
     if any(v is not None for v in sim):
-        fig.add_trace(go.Scatter(x=names, y=sim, mode="markers", name="simulated (the sync runs replayed at its machine speed)",
+        fig.add_trace(go.Scatter(x=names, y=sim, mode="markers",
+                                 name="simulated (the sync runs replayed at its machine speed)",
                                  marker={"symbol": "diamond", "size": 12, "color": "black"}))
     sync = schedules["sync"]
     fig.add_hline(y=sync["bound_s"], line_dash="dash", annotation_text="bound max(R, L)")
