@@ -183,6 +183,7 @@ class _Batch:
     speculative: int = 0  # zero-variance candidates learnt in idle time (docs/learner.md)
     micro_batches: int = 0
     rows: int = 0
+    closes: int = 0
     backward_s: float = 0.0
 
 
@@ -230,7 +231,7 @@ class StreamingLearner:
     def learn(self, items: Sequence[Trajectory | ScoredTurn], on_phase: PhaseCallback | None = None) -> dict:
         """Learn everything handed over (all that is waiting); returns this call's counts."""
         state = self._state("learn")
-        before = (state.rows, state.micro_batches, state.backward_s)
+        before = (state.rows, state.micro_batches, state.backward_s, state.n_tokens, state.closes)
         turns = [x for x in items if isinstance(x, ScoredTurn)]
         trajs = [x for x in items if not isinstance(x, ScoredTurn)]
         if self.algo.objective == "opd":
@@ -247,7 +248,8 @@ class StreamingLearner:
             state.n_tokens += sum(t.n_scored for t in trajs)
             self._run(state, tasks, on_phase)
         return {"rows": state.rows - before[0], "micro_batches": state.micro_batches - before[1],
-                "backward_s": state.backward_s - before[2]}
+                "backward_s": state.backward_s - before[2], "n_tokens": state.n_tokens - before[3],
+                "groups_closed": state.closes - before[4]}
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
         """Nothing waits: learn deferred work (adaptive: a zero-variance candidate, speculatively)."""
@@ -288,6 +290,7 @@ class StreamingLearner:
                 t0 = time.monotonic()
                 self.acc.close_group(task.group, task.mu, task.denom)
                 state.opened.discard(task.group)
+                state.closes += 1
                 if on_phase:
                     on_phase("learner.group_close", t0, time.monotonic(), None, task.group)
             elif isinstance(task, Known):
