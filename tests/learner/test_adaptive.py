@@ -217,3 +217,24 @@ def test_off_policy_micro_batches_equal_per_trajectory(objective):
     assert stats[0]["micro_batches"] == len(trajs) > stats[1]["micro_batches"]
     assert stats[0]["clip_frac"] == stats[1]["clip_frac"] > 0
     assert relative_error(grads[1], grads[0]) < 1e-12
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_learner_path_auto_picks_the_best_learner_per_schedule_and_rejects_misfits():
+    from learner.config import ConfigError, parse_config
+
+    picked = {s: parse_config({"train": {"schedule": s}}).learner_path()
+              for s in ("sync", "async", "fully-async", "streaming")}
+    assert picked == {"sync": "micro-batched", "async": "micro-batched", "fully-async": "micro-batched",
+                      "streaming": "adaptive"}
+    cfg = parse_config({"train": {"schedule": "sync", "micro_batch_tokens": 512},
+                        "learner": {"path": "per-trajectory", "max_open_groups": 2, "accumulator_device": "host"}})
+    assert LearnerOptions.from_config(cfg) == LearnerOptions("per-trajectory", 512, 2, "host")
+    with pytest.raises(ConfigError, match="learner.path: adaptive"):
+        parse_config({"train": {"schedule": "sync"}, "learner": {"path": "adaptive"}})
+    with pytest.raises(ConfigError, match="learner.path: streaming"):
+        parse_config({"train": {"schedule": "streaming"}, "learner": {"path": "micro-batched"}})
+    with pytest.raises(ConfigError, match="learner.max_open_groups"):
+        parse_config({"learner": {"max_open_groups": -1}})
