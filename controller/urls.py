@@ -16,6 +16,7 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
     path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
+    path("api/compare/", api.compare, name="api-compare"),
 ]
 
 urlpatterns = [

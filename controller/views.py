@@ -11,13 +11,11 @@ from django.views.decorators.http import require_POST
 
 from learner.config import ConfigError
 
+from .compare import CompareError, parse_run_ids
 from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule
-
-MAX_COMPARED = 4
-
 
 def owned_runs(user):
     return Run.objects.filter(experiment__owner=user).select_related("experiment", "schedule")
@@ -108,17 +106,12 @@ def config_diff(runs: list[Run]) -> list[dict]:
 def compare(request):
     """``?runs=1,2,3``: 2-4 of the user's runs side by side (no parameter: just the picker)."""
     mine = owned_runs(request.user)
-    raw = request.GET.get("runs", "")
     error, chosen = "", []
     try:
-        ids = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        ids, error = [], "runs: expected comma-separated run ids"
-    if len(ids) != len(set(ids)):
-        error = "runs: a run is listed twice"
-    elif ids and not 2 <= len(ids) <= MAX_COMPARED:
-        error = f"runs: pick between 2 and {MAX_COMPARED} runs"
-    elif ids:
+        ids = parse_run_ids(request.GET.get("runs", ""))
+    except CompareError as err:
+        ids, error = [], f"{err.field}: {err}"
+    if ids:
         found = {r.pk: r for r in mine.filter(pk__in=ids)}
         if len(found) != len(ids):
             raise Http404("no such run")
