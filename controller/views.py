@@ -7,11 +7,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from learner.config import ConfigError
 
-from .compare import CompareError, parse_run_ids
+from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
@@ -39,10 +40,21 @@ def experiments(request):
     return render(request, "experiments.html", context, status=400 if form.errors else 200)
 
 
+def with_figures(runs: list[Run]) -> list[Run]:
+    """Each run with ``figures`` (steps done, final reward, median step time, from its stored
+    metrics) and ``duration_s`` (start to finish, or to now while it runs)."""
+    rows = step_rows([r.pk for r in runs])
+    now = timezone.now()
+    for r in runs:
+        r.figures = run_table_figures(rows[r.pk])
+        r.duration_s = ((r.finished or now) - r.started).total_seconds() if r.started else None
+    return runs
+
+
 def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
     context = {
         "experiment": experiment,
-        "runs": experiment.runs.select_related("schedule"),
+        "runs": with_figures(list(experiment.runs.select_related("schedule"))),
         "schedules": Schedule.objects.visible_to(request.user),
         "launch_form": launch_form,
     }
