@@ -3,6 +3,7 @@
 import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, WindowedBars, storeBarriers, windowRange } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+import { MetricPanel } from "./metricpanel.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -115,7 +116,13 @@ async function drawMetrics() {
     ], { yTitle: "policy versions" })),
   ]);
 }
-const requestMetrics = throttledRedraw(async () => { await drawMetrics(); chartsDrawnMs = epochMs(); }, 400);
+const metricPanel = new MetricPanel($("metric-panel"));
+const requestMetrics = throttledRedraw(async () => {
+  await drawMetrics();
+  chartsDrawnMs = epochMs();
+  const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
+  await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
+}, 400);
 
 // ---- Status ------------------------------------------------------------------------------
 function setStatus(next, error) {
