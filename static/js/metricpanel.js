@@ -85,6 +85,12 @@ export class MetricPanel {
       }
       return div;
     });
+    if (!keys.length) {
+      const hint = document.createElement("p");
+      hint.className = "empty";
+      hint.textContent = "Pick metrics in the list (ctrl- or shift-click for several).";
+      divs.push(hint);
+    }
     this.charts.replaceChildren(...divs);
     this.root.dataset.picked = keys.join(",");
     await Promise.all(keys.map((key, i) => {
