@@ -112,13 +112,14 @@ def test_aligned_timelines_keep_rollouts_that_ran_before_the_step_start(live_url
     assert errors == []
 
 
-def click_span(page, span) -> None:
-    """Clicks the middle of ``span``'s bar in the run page's Gantt (plotly's axes map time and lane to pixels)."""
+def click_span(page, span, lane: str | None = None) -> None:
+    """Clicks the middle of ``span``'s bar (on ``lane``, default its own) in the run page's
+    Gantt: plotly's axes map time and lane to pixels."""
     point = page.evaluate("""([t, lane]) => {
         const gd = document.getElementById('gantt'), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
         const box = gd.querySelector('canvas.gantt-bars').getBoundingClientRect();
         return [box.left + xa.l2p(t), box.top + ya.l2p(ya.d2l(lane))];
-    }""", [(span.t0 + span.t1) / 2, span.lane])
+    }""", [(span.t0 + span.t1) / 2, lane or span.lane])
     page.mouse.click(*point)
 
 
@@ -178,12 +179,7 @@ def test_by_trajectory_mode_puts_each_trajectory_on_its_own_row(live_url, browse
     screenshot(page, "run-by-trajectory")
     # a rollout bar and its backward are on the same row: clicking one lists both
     target = Span.objects.filter(run=run, traj=trajs[0], kind="rollout.verify").first()
-    point = page.evaluate("""([t, lane]) => {
-        const gd = document.getElementById('gantt'), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-        const box = gd.querySelector('canvas.gantt-bars').getBoundingClientRect();
-        return [box.left + xa.l2p(t), box.top + ya.l2p(ya.d2l(lane))];
-    }""", [(target.t0 + target.t1) / 2, f"traj {trajs[0]}"])
-    page.mouse.click(*point)
+    click_span(page, target, lane=f"traj {trajs[0]}")
     page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{trajs[0]}'")
     assert {r["kind"] for r in detail_rows(page)} >= {"rollout.generate", "rollout.verify", "learner.backward"}
     assert errors == []
