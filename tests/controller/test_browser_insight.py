@@ -153,7 +153,7 @@ def test_a_clicked_rollout_highlights_its_own_backward_and_group_close(live_url,
     assert "backward on learner/0" in page.inner_text("#traj-note")
     screenshot(page, "run-trajectory")
 
-    # The search box follows another trajectory; clicking empty space clears the selection.
+    # The search box follows another trajectory.
     other = Span.objects.filter(run=run, step=1, kind="learner.backward").first().traj
     page.fill("#traj-search", str(other))
     page.dispatch_event("#traj-search", "change")
