@@ -211,7 +211,11 @@ def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slo
         t = learner + 0.08
         step_spans.sort(key=lambda e: e["t1"])  # emission order: a span is reported when it ends
         values = window_metrics(step_spans, t_start, t)
+        last_reward = max(r[0] for r in rewards)
+        first_backward = min(e["t0"] for e in step_spans if e["kind"] == "learner.backward")
         values.update({"timing_s/step": t - t_start, "step/t_start": t_start, "step/t_end": t,
+                       "step/last_reward_t": last_reward, "step/first_backward_t": first_backward,
+                       "timing_s/tail": t - last_reward,
                        "staleness/mean": 0.0, "staleness/max": 0.0, "reward/mean": rng.uniform(0.2, 0.8)})
         spans += step_spans
         metrics.append({"type": "metrics", "step": step, "values": values})
