@@ -54,7 +54,7 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.learner import LearnerOptions, StreamingLearner
+    from learner.gradients import LearnerOptions, StreamingLearner
     from learner.rollout.models import load_model, resolve_model_dir
 
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from learner.config import AdvantageConfig, AlgorithmConfig
 from learner.drain import Bucket, Close, DrainPlanner, Known
 from learner.exactness import random_batch, random_trajectory, relative_error, tiny_llama, zero_variance_batch
-from learner.learner import LearnerOptions, OffPolicyLearner, StreamingLearner, reference_gradient
+from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner, reference_gradient
 from learner.microbatch import forward, grads_of, grpo_row, on_policy_pg_loss, plan_micro_batches, split_grads
 from learner.objectives import token_logprobs
 from learner.streaming import GradAccumulator
