@@ -57,12 +57,10 @@ from learner.microbatch import (
 from learner.objectives import (
     advantages,
     agg_weights,
-    aux_token_loss,
     batch_normaliser,
     check_algorithm,
     opd_token_loss,
     pg_token_loss,
-    token_logprobs,
 )
 from learner.streaming import GradAccumulator, OpenGroupError
 from learner.trajectory import ScoredTurn, Trajectory
@@ -101,13 +99,6 @@ class LearnerOptions:
 # ---------------------------------------------------------------- shared helpers
 
 
-def trajectory_tensors(traj: Trajectory, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids (1, T) long and loss_mask (T,) long, validated (the reference's unpadded inputs)."""
-    check_trajectory(traj)
-    ids = torch.tensor(traj.input_ids, dtype=torch.long, device=device)[None]
-    return ids, torch.tensor(traj.loss_mask, dtype=torch.long, device=device)
-
-
 def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[int, float]:
     """A_i for every trajectory, each group's statistics over its members present in ``trajs``."""
     by_group: dict[int, list[Trajectory]] = defaultdict(list)
@@ -120,22 +111,6 @@ def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[
                 raise ValueError(f"trajectory {traj.id}: id appears twice in the batch")
             out[traj.id] = a
     return out
-
-
-def forward_terms(
-    model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig, input_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logp (B, T) with its graph, and the per-token KL/entropy terms (B, T) or None."""
-    logp, entropy = token_logprobs(model, input_ids, with_entropy=algo.entropy_coef > 0)
-    ref_logp = None
-    if algo.kl_coef > 0 and ref_model is not None:
-        with torch.no_grad():
-            ref_logp = token_logprobs(ref_model, input_ids)[0].to(logp.dtype)
-    return logp, aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _check_ref(algo: AlgorithmConfig, ref_model: torch.nn.Module | None) -> None:
@@ -473,23 +448,21 @@ def reference_gradient(
     _check_ref(algo, ref_model)
     if not trajs:
         raise ValueError("trajs: a batch needs at least one trajectory")
-    device = _device(model)
     adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
     traj_losses, n_tokens = [], 0
     for traj in trajs:
-        ids, mask = trajectory_tensors(traj, device)  # (1, T), (T,)
-        logp, aux = forward_terms(model, ref_model, algo, ids)
-        logp = logp[0]  # (T,)
+        check_trajectory(traj)
+        fwd = forward(model, ref_model, algo, [Row(traj.id, traj.group, traj.input_ids, traj.loss_mask)])
+        logp, mask = fwd.logp[0], fwd.mask[0]  # (T,) each: one row, nothing padded
         if algo.objective == "grpo":
             terms = pg_token_loss(logp, adv_by_traj[traj.id])
         else:
-            owner = f"trajectory {traj.id}"
-            teacher = per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner)
-            terms = opd_token_loss(logp, torch.tensor(teacher, dtype=logp.dtype, device=device))
-        if aux is not None:
-            terms = terms + aux[0]
+            teacher = per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", f"trajectory {traj.id}")
+            terms = opd_token_loss(logp, torch.tensor(teacher, dtype=logp.dtype, device=logp.device))
+        if fwd.aux is not None:
+            terms = terms + fwd.aux[0]
         traj_losses.append((agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype) * terms).sum())
-        n_tokens += int(mask.sum())
+        n_tokens += traj.n_scored
     normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
     loss = normaliser * torch.stack(traj_losses).sum()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
