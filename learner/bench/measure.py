@@ -140,19 +140,18 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
 def compare(summaries: dict[str, dict[str, Any]], alone: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
     """Add the workload's R, L, bound and each schedule's efficiency and speedup (needs sync).
 
-    L is the micro-batched sync's learner phase; a row in ``alone`` (a sync run with another
-    learner: the ``sync-per-trajectory`` reference) is held against its own learner phase, the L
-    of the learner it trains with."""
+    R and L are the micro-batched sync's; a row in ``alone`` (a sync run with another learner:
+    the ``sync-per-trajectory`` reference) is held against its own R and L, those of the learner
+    it trains with."""
     sync = summaries["sync"]
-    rollout_s = sync["last_reward_s"]
 
     def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
-        own = name in alone
-        learner_s = (s if own else sync)["learner_phase_s"]
+        phases = s if name in alone else sync
+        rollout_s, learner_s = phases["last_reward_s"], phases["learner_phase_s"]
         bound = max(rollout_s, learner_s)
         # per step, an on-policy step must roll out its own batch and learn it: max(R_i, L_i),
         # whose median exceeds max(median R, median L) when R ≈ L and the steps vary
-        step_bound = (s if own else sync)["phase_max_s"]
+        step_bound = phases["phase_max_s"]
         return {**s, "rollout_s": rollout_s, "learner_s": learner_s, "bound_s": bound,
                 "efficiency": bound / s["step_s"], "bound_per_step_s": step_bound,
                 "efficiency_per_step": step_bound / s["step_s"], "speedup_vs_sync": sync["step_s"] / s["step_s"]}
