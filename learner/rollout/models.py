@@ -44,7 +44,7 @@ from learner.rollout.env import STOP_TOKENS, ArithToolEnv, Environment, canonica
 from learner.rollout.tokenizer import build_char_tokenizer
 
 # Bump when the build code changes what a cached model contains.
-CODE_VERSION = "2"
+CODE_VERSION = "3"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE
 BUILTIN_PREFIX = "builtin:"
 
 
