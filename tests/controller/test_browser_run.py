@@ -79,6 +79,16 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     assert page.inner_text("#idle-last") == f"{100 * last['trainer/idle_ratio']:.1f}%"
     assert page.is_hidden("#cancel-form")
     screenshot(page, "run-finished")
+    # Follow one trajectory of step 4: its spans, its backward and its group's close are listed.
+    traj = Span.objects.filter(run_id=run_id, step=4, kind="learner.backward").order_by("seq").last().traj
+    page.fill("#traj-search", str(traj))
+    page.dispatch_event("#traj-search", "change")
+    page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{traj}'")
+    backward = page.locator("#traj-detail tr[data-kind='learner.backward']")
+    assert backward.count() == 1 and backward.get_attribute("data-traj") == str(traj)
+    screenshot(page, "run-trajectory")
+    page.fill("#traj-search", "")
+    page.dispatch_event("#traj-search", "change")
     # One step by trajectory: a row per trajectory the step trained.
     page.select_option("#lane-mode", "traj")
     page.select_option("#traj-step", "4")
