@@ -1,12 +1,12 @@
 """Compare summary, trajectory highlight, by-trajectory lanes, metric picker and trace range in
 a real browser (Debian's chromium) against the real app (daphne, PostgreSQL, Redis), on runs
-stored from a run-shaped workload (bench.web_harness.agent_run_events: a multi-turn tool
+stored from a run-shaped workload (tests.harness.web_harness.agent_run_events: a multi-turn tool
 agent's spans, metrics from learner.timeline.window_metrics)."""
 
 import statistics
 
 import pytest
-from bench.web_harness import agent_run_events, browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
+from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 from django.test import Client
 
 from controller.models import Span, StepMetric
