@@ -69,7 +69,11 @@ def runs(request):
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
         return JsonResponse({"runs": [run_json(r) for r in owned]})
-    form = validated(RunCreateForm(read_json(request, RUN_FIELDS), user=request.user))
+    form = RunCreateForm(read_json(request, RUN_FIELDS), user=request.user)
+    unknown = {f: f"no such {f}" for f in ("experiment", "schedule") if form.has_error(f, "invalid_choice")}
+    if unknown:  # an id that is not yours is a missing object, as on every other path
+        raise ApiError(404, unknown)
+    validated(form)
     data = form.cleaned_data
     try:
         run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])

@@ -4,6 +4,8 @@ from django.urls import path
 
 from . import api, views
 
+handler404 = "controller.api_errors.not_found"
+
 api_urlpatterns = [
     path("api/openapi.json", api.openapi, name="api-openapi"),
     path("api/experiments/", api.experiments, name="api-experiments"),

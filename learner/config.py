@@ -11,8 +11,9 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 Schedule = Literal["sync", "async", "fully-async", "streaming"]
 SCHEDULES: tuple[str, ...] = ("sync", "async", "fully-async", "streaming")
@@ -189,9 +190,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except OSError as err:
         raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config: {p} is not valid YAML: {str(err).splitlines()[0]}") from None
+        data = load_yaml(text)
+    except UnsafeYamlError as err:
+        raise ConfigError(f"config: {p}: {err}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
