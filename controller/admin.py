@@ -1,6 +1,9 @@
 from django.contrib import admin
 
+from .login_throttle import ThrottledAdminAuthenticationForm
 from .models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric
+
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
 @admin.register(Experiment)

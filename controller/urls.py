@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import api, views
+from .login_throttle import ThrottledLoginView
 
 handler404 = "controller.api_errors.not_found"
 
@@ -22,7 +23,7 @@ api_urlpatterns = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.experiments, name="experiments"),
     path("experiments/<int:experiment_id>/", views.experiment, name="experiment"),

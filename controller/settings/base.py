@@ -100,6 +100,12 @@ THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes 
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
 
+# Login throttling (controller/login_throttle.py): failures counted per account and per
+# client address; at the limit, logins are refused until the window after the first failure ends.
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
+THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
