@@ -19,6 +19,7 @@ from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule, Span, StepMetric
 from .openapi import schema
+from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
@@ -79,6 +80,8 @@ def runs(request):
         run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])
     except ConfigError as err:
         raise ApiError(400, {"schedule": f"does not fit the experiment's config: {err}"}) from None
+    except QuotaExceeded as err:
+        raise ApiError(err.status, {LAUNCH_FIELDS.get(err.field, err.field): err.message}) from None
     return JsonResponse(run_json(run), status=201)
 
 

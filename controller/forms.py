@@ -9,6 +9,8 @@ from learner.safe_yaml import MAX_YAML_CHARS, UnsafeYamlError, load_yaml
 
 from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
+from .quotas import QuotaExceeded, check_config
+from .server_paths import check_server_paths
 
 MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
@@ -39,7 +41,7 @@ class ConfigField(forms.Field):
     def validate(self, value):
         super().validate(value)
         try:
-            parse_config(value)
+            check_server_paths(parse_config(value))
         except ConfigError as err:
             raise ValidationError(str(err)) from None
 
@@ -53,6 +55,14 @@ class ExperimentForm(forms.ModelForm):
     class Meta:
         model = Experiment
         fields = ["name", "description", "config"]
+
+    def clean_config(self):
+        config = self.cleaned_data["config"]
+        try:
+            check_config(self.instance.owner, parse_config(config).train.model_dump())
+        except QuotaExceeded as err:
+            raise ValidationError(err.message) from None
+        return config
 
 
 class ScheduleForm(forms.ModelForm):

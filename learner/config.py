@@ -30,12 +30,16 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory")
-    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory")
+    # server_path: the controller reads these only from its model roots (controller/server_paths.py)
+    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory",
+                        json_schema_extra={"server_path": "model"})
+    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory",
+                         json_schema_extra={"server_path": "model"})
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
-    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)")
+    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
+                                  json_schema_extra={"server_path": "run"})
 
 
 class ToolLatency(Strict):
