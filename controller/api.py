@@ -14,6 +14,7 @@ from learner.config import ConfigError
 from learner.timeline import chrome_trace
 
 from .api_errors import ApiError, form_errors
+from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids
 from .decorators import api_view, int_param, read_json
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
@@ -149,6 +150,22 @@ def run_metrics_csv(request, run_id: int):
     response = HttpResponse(out.getvalue(), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
     return response
+
+
+@api_view("GET")
+def compare(request):
+    """The compare page's summary table for ``?runs=1,2`` (2-4 of your runs), ``&reward=``."""
+    try:
+        ids = parse_run_ids(request.GET.get("runs", ""))
+        level = parse_reward_level(request.GET.get("reward", ""))
+    except CompareError as err:
+        raise ApiError(400, {err.field: str(err)}) from None
+    if not ids:
+        raise ApiError(400, {"runs": "required: comma-separated run ids"})
+    found = {r.pk: r for r in Run.objects.select_related("schedule").filter(pk__in=ids, experiment__owner=request.user)}
+    if len(found) != len(ids):
+        raise ApiError(404, {"runs": "no such run"})
+    return JsonResponse(compare_summary([found[i] for i in ids], level))
 
 
 @api_view("GET")

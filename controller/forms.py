@@ -14,6 +14,7 @@ from .server_paths import check_server_paths
 
 MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
+DEFAULT_SCHEDULE = "streaming"
 
 
 class ConfigField(forms.Field):
@@ -64,16 +65,27 @@ class ExperimentForm(forms.ModelForm):
             raise ValidationError(err.message) from None
         return config
 
+    def __init__(self, *args, **kwargs):
+        instance = kwargs.get("instance")
+        if instance is not None and instance.pk and "initial" not in kwargs:
+            kwargs["initial"] = {"config": instance.config_yaml()}  # the text as written, comments kept
+        super().__init__(*args, **kwargs)
+
+    def save(self, commit=True):
+        raw = self.data.get("config") if hasattr(self.data, "get") else None
+        self.instance.config_text = raw if isinstance(raw, str) else ""
+        return super().save(commit)
+
 
 class ScheduleForm(forms.ModelForm):
-    knobs = forms.JSONField(required=False, help_text='e.g. {"max_staleness": 2}')
+    knobs = forms.JSONField(required=False, help_text='config values, e.g. {"max_staleness": 2}')
 
     class Meta:
         model = Schedule
         fields = ["name", "kind", "knobs"]
 
-    def __init__(self, *args, user, **kwargs):
-        super().__init__(*args, instance=Schedule(owner=user), **kwargs)
+    def __init__(self, *args, user, instance=None, **kwargs):
+        super().__init__(*args, instance=instance or Schedule(owner=user), **kwargs)
         self.user = user
 
     def clean_knobs(self):
@@ -81,7 +93,7 @@ class ScheduleForm(forms.ModelForm):
 
     def clean_name(self):
         name = self.cleaned_data["name"]
-        if Schedule.objects.visible_to(self.user).filter(name=name).exists():
+        if Schedule.objects.visible_to(self.user).filter(name=name).exclude(pk=self.instance.pk).exists():
             raise ValidationError("a schedule with this name already exists")
         return name
 
@@ -97,7 +109,12 @@ class LaunchForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["schedule"].queryset = Schedule.objects.visible_to(user)
+        visible = Schedule.objects.visible_to(user)
+        field = self.fields["schedule"]
+        field.queryset, field.empty_label = visible, None
+        # streaming is the schedule this lab is about; else the first preset
+        default = visible.filter(name=DEFAULT_SCHEDULE).first() or visible.first()
+        field.initial = default.pk if default else None
 
 
 class RunCreateForm(LaunchForm):

@@ -5,6 +5,7 @@ database is the source of truth for a run's timeline: spans are bulk-inserted, i
 on (run, seq), and websocket clients replay from it.
 """
 
+import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -22,6 +23,9 @@ class Experiment(models.Model):
     description = models.TextField(blank=True, max_length=10_000)
     # The config as the user wrote it (a RunConfig mapping); validated by learner.config.
     config = models.JSONField(default=dict, blank=True)
+    # The YAML text exactly as written (comments, order), shown and edited on the pages;
+    # `config` is what it parses to. Empty for an experiment created from a JSON object.
+    config_text = models.TextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -29,6 +33,10 @@ class Experiment(models.Model):
 
     def __str__(self):
         return self.name
+
+    def config_yaml(self) -> str:
+        """The config as its author wrote it, or as YAML when it came as a JSON object."""
+        return self.config_text or yaml.safe_dump(self.config, sort_keys=False)
 
     def clean(self):
         try:

@@ -9,7 +9,7 @@ import re
 from collections import Counter
 
 import pytest
-from bench.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
+from tests.harness.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 from controller.launching import launch_run
 from controller.models import Run, Span, StepMetric
 

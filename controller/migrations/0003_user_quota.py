@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('controller', '0001_initial'),
+        ('controller', '0002_experiment_config_text'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
