@@ -105,7 +105,10 @@ async function drawTimelines(step) {
     div.id = `timeline-${p.run.id}`;
     container.appendChild(div);
     if (!p.store.size) {
-      div.innerHTML = `<p class="empty">${label(p.run)}: no spans for step ${step}.</p>`;
+      const empty = document.createElement("p"); // textContent: a run name is user input
+      empty.className = "empty";
+      empty.textContent = `${label(p.run)}: no spans for step ${step}.`;
+      div.replaceChildren(empty);
       return;
     }
     const bars = mergeBars([...p.store.spans()], width / TIMELINE_PX);
