@@ -29,6 +29,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraSettings(Strict):
+    """LoRA adapters on the policy (learner.lora): only they train; engines get merged weights."""
+
+    rank: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0.0, le=1e6, description="scale alpha/rank on B·A")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64,
+        description="names of the Linear modules that get adapters")
+
+
 class ModelConfig(Strict):
     # server_path: the controller reads these only from its model roots (controller/server_paths.py)
     policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory",
@@ -40,6 +50,7 @@ class ModelConfig(Strict):
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
     cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
                                   json_schema_extra={"server_path": "run"})
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of all weights (docs/tasks.md)")
 
 
 class ToolLatency(Strict):
@@ -152,6 +163,8 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
+    output_dir: str | None = Field(None, max_length=4096,
+                                   description="save the final policy here (LoRA: the adapter and merged/)")
 
 
 class RunConfig(Strict):
