@@ -1,0 +1,191 @@
+"""No run without an owner: who supervises a run, whether it still does, and the reaper.
+
+A `starting`/`running` run belongs to the process that claimed it: ``Run.supervisor`` is
+"host:pid:start-time" of that process, and its supervisor stamps ``Run.heartbeat`` every
+THUNDERSYNC_HEARTBEAT_S. The reaper (every worker runs it at start and every
+THUNDERSYNC_REAP_INTERVAL_S; ``start_reaper``) ends the runs whose supervisor is gone: a
+local owner whose process died at once, any other once its heartbeat has been stale
+(> THUNDERSYNC_STALE_S) on two passes in a row, so a supervisor that was only cut off from
+the database for a while gets to stamp again first. An abandoned run is cancelled if the
+user asked, else failed with the reason (docs/controller.md "No run without an owner").
+Every write is conditional on the heartbeat the reaper saw, so reapers on several workers,
+and a supervisor that comes back, never overwrite each other.
+
+Queued runs whose message the broker lost (a Redis restart without persistence) are sent
+again once they have waited THUNDERSYNC_REQUEUE_AFTER_S and the broker does not hold their
+task id; a duplicate message is harmless, the claim takes a run once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from .ingestion import finish_run
+from .models import Run
+
+log = logging.getLogger(__name__)
+HOST = socket.gethostname()
+_supervising: set[int] = set()  # runs whose supervisor runs in this process right now
+_stale_seen: dict[int, datetime | None] = {}  # run -> the stale heartbeat an earlier pass saw
+
+
+def process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' if unknown): with the pid it
+    names one process, even after the pid is reused (a restarted container starts at 1 again)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def me() -> str:
+    """This process as a run's supervisor."""
+    return f"{HOST}:{os.getpid()}:{process_start(os.getpid())}"
+
+
+@contextmanager
+def supervising(run_id: int):
+    """Mark ``run_id`` as supervised by a live thread of this process for the block."""
+    _supervising.add(run_id)
+    try:
+        yield
+    finally:
+        _supervising.discard(run_id)
+
+
+def owner_dead(supervisor: str, run_id: int) -> str | None:
+    """Why the owner is certainly gone (only this host can tell), or None."""
+    host, pid, started = (supervisor.split(":") + ["", "", ""])[:3]
+    if host != HOST or not pid.isdigit():
+        return None
+    if int(pid) == os.getpid():
+        return None if run_id in _supervising else "its supervisor in this worker process stopped"
+    if process_start(int(pid)) != started:
+        return f"its supervising worker process {pid} is gone"
+    return None
+
+
+def heartbeat_stale(run: Run, now: datetime) -> bool:
+    limit = timedelta(seconds=settings.THUNDERSYNC_STALE_S)
+    return run.heartbeat is None or now - run.heartbeat > limit
+
+
+def kill_leftovers(run: Run) -> None:
+    """SIGKILL what is left of the run's process group on this host. The learner dies by
+    itself once its supervisor is gone (parent-death signal, broken stdout pipe); this is for
+    a learner that hangs. Only a group whose leader is still a learner is touched."""
+    if not run.pids or run.supervisor.split(":")[0] != HOST:
+        return
+    pgid = int(run.pids[0])
+    try:
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes()
+        if b"train" in cmdline and os.getpgid(pgid) == pgid:
+            os.killpg(pgid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def abandon(run: Run, reason: str) -> bool:
+    """End a run whose supervisor is gone; False if its owner stamped it meanwhile."""
+    kill_leftovers(run)
+    if run.cancel_requested:
+        status, error = Run.Status.CANCELLED, ""
+    else:
+        status, error = Run.Status.FAILED, f"the run lost its supervisor ({reason}); no checkpoint to resume from"
+    ended = finish_run(run.pk, status, error, only_if={"heartbeat": run.heartbeat, "supervisor": run.supervisor})
+    if ended.status == status and ended.heartbeat == run.heartbeat:
+        log.warning("run %s: %s, ended %s", run.pk, reason, status)
+        return True
+    return False
+
+
+def reap_active(now: datetime) -> int:
+    ended = 0
+    for run in Run.objects.filter(status__in=Run.ACTIVE):
+        reason = owner_dead(run.supervisor, run.pk)
+        if reason is None and heartbeat_stale(run, now):
+            seen = _stale_seen.get(run.pk, "unseen")
+            _stale_seen[run.pk] = run.heartbeat
+            if seen != run.heartbeat:
+                continue  # stale once: the owner may only have lost the database; look again
+            age = "never" if run.heartbeat is None else f"{(now - run.heartbeat).total_seconds():.0f}s ago"
+            reason = f"its supervisor {run.supervisor or '(none)'} last reported {age}"
+        if reason is not None:
+            ended += abandon(run, reason)
+            _stale_seen.pop(run.pk, None)
+    return ended
+
+
+def broker_holds(task_id: str) -> bool:
+    """Whether the broker still has the task's message (queued or delivered, unacknowledged).
+    Only Redis can be looked into; for any other broker assume it does."""
+    from .celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            channel = conn.default_channel
+            if not hasattr(channel, "_q_for_pri"):
+                return True
+            client, needle = channel.client, task_id.encode()
+            # kombu prefixes the keys of the commands it uses itself, not of these two
+            prefix = channel.global_keyprefix if channel.global_keyprefix not in ("", None) else ""
+            queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
+            lists = [prefix + channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
+            if any(needle in message for key in lists for message in client.lrange(key, 0, -1)):
+                return True
+            return any(needle in message for message in client.hvals(prefix + channel.unacked_key))
+    except Exception as err:  # the broker is down: nothing to re-send to anyway
+        log.warning("reaper: cannot look into the broker: %s", err)
+        return True
+
+
+def requeue_lost(now: datetime) -> int:
+    from .launching import enqueue
+
+    cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
+    sent = 0
+    for run in Run.objects.filter(status=Run.Status.QUEUED, cancel_requested=False, enqueued__lt=cutoff):
+        held = broker_holds(run.celery_task_id)
+        if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now) and not held:
+            log.warning("run %s: the broker lost its message, sending it again", run.pk)
+            enqueue(run.pk, run.celery_task_id)
+            sent += 1
+    return sent
+
+
+def reap() -> tuple[int, int]:
+    """One pass: (runs ended, queued runs re-sent)."""
+    now = timezone.now()
+    return reap_active(now), requeue_lost(now)
+
+
+def start_reaper(interval_s: float | None = None) -> threading.Event:
+    """Reap now and then every ``interval_s`` in a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    interval_s = interval_s or settings.THUNDERSYNC_REAP_INTERVAL_S
+
+    def loop() -> None:
+        while True:
+            try:
+                reap()
+            except Exception:  # a database outage: try again on the next pass
+                log.warning("reaper pass failed", exc_info=True)
+            finally:
+                connection.close()  # this thread's own; a broken one is not reused
+            if stop.wait(interval_s):
+                return
+
+    threading.Thread(target=loop, name="thundersync-reaper", daemon=True).start()
+    return stop
