@@ -29,6 +29,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
+from learner.stopping import sweep_semaphores
+
 from . import ownership
 from .ingestion import RunIngestor, finish_run
 from .models import Run
@@ -173,6 +175,7 @@ def supervise(run: Run, extra_args: tuple[str, ...] = ()) -> Run:
             watch.db.until_done("store the last events", watch.ingestor.flush)
         finally:
             child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
+            sweep_semaphores({child.pid})  # what a SIGKILLed group leaves in /dev/shm (learner/stopping.py)
         child.wait_for_stderr(timeout=2.0)
         status, error = watch.outcome()
         return watch.db.until_done("record the final state",
