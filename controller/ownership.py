@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+
+from learner.stopping import sweep_semaphores
 
 from .ingestion import finish_run
 from .models import Run
@@ -44,10 +47,10 @@ def process_start(pid: int) -> str:
     """The process's start time in clock ticks since boot ('' if unknown): with the pid it
     names one process, even after the pid is reused (a restarted container starts at 1 again)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
 
 
 def me() -> str:
@@ -83,18 +86,36 @@ def heartbeat_stale(run: Run, now: datetime) -> bool:
 
 
 def kill_leftovers(run: Run) -> None:
-    """SIGKILL what is left of the run's process group on this host. The learner dies by
-    itself once its supervisor is gone (parent-death signal, broken stdout pipe); this is for
-    a learner that hangs. Only a group whose leader is still a learner is touched."""
+    """Stop what is left of the run's process group on this host: SIGTERM (the learner
+    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then remove the
+    semaphores a killed group leaves. The learner stops by itself once its supervisor is
+    gone (parent-death signal, broken stdout pipe); this is for one that hangs. Only a
+    group whose leader is still a learner is signalled."""
     if not run.pids or run.supervisor.split(":")[0] != HOST:
         return
     pgid = int(run.pids[0])
     try:
-        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes()
-        if b"train" in cmdline and os.getpgid(pgid) == pgid:
-            os.killpg(pgid, signal.SIGKILL)
+        is_learner = b"train" in Path(f"/proc/{pgid}/cmdline").read_bytes() and os.getpgid(pgid) == pgid
     except (OSError, ValueError):
-        pass
+        is_learner = False
+    if is_learner:
+        for sig, wait_s in ((signal.SIGTERM, settings.THUNDERSYNC_CANCEL_GRACE_S), (signal.SIGKILL, 10.0)):
+            if not signal_group(pgid, sig, wait_s):
+                break
+    sweep_semaphores({pgid})
+
+
+def signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
+    """Signal the group and wait up to ``wait_s`` for it to empty; False once it is gone."""
+    deadline = time.monotonic() + wait_s
+    try:
+        os.killpg(pgid, sig)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def abandon(run: Run, reason: str) -> bool:
