@@ -55,14 +55,20 @@ def after_param(query_string: bytes) -> int | None:
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def refuse(self, code: int) -> None:
+        """Accept, then close with ``code``: a close before accept would reach the browser as
+        a bare HTTP 403, and the page could not tell an expired session from a network drop."""
+        await self.accept()
+        await self.close(code=code)
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
         after = after_param(self.scope.get("query_string", b""))
         if after is None:
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await self.refuse(CLOSE_BAD_REQUEST)
             return
         try:
             run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
@@ -70,7 +76,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse_for_now("database", err)
             return
         if run is None:  # missing or another user's: the same answer
-            await self.close(code=CLOSE_NOT_FOUND)
+            await self.refuse(CLOSE_NOT_FOUND)
             return
         self.run_id, self.sent_seq = run.pk, after
         try:

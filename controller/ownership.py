@@ -11,9 +11,9 @@ user asked, else failed with the reason (docs/controller.md "No run without an o
 Every write is conditional on the heartbeat the reaper saw, so reapers on several workers,
 and a supervisor that comes back, never overwrite each other.
 
-Queued runs whose message the broker lost (a Redis restart without persistence) are sent
-again once they have waited THUNDERSYNC_REQUEUE_AFTER_S and the broker does not hold their
-task id; a duplicate message is harmless, the claim takes a run once.
+A queued run that may start but whose message the broker lost (a Redis restart without
+persistence) gets a new one once it has waited THUNDERSYNC_REQUEUE_AFTER_S and the queue
+is empty; a message is only a slot (controller/dispatch.py), so one too many is harmless.
 """
 
 from __future__ import annotations
@@ -149,41 +149,45 @@ def reap_active(now: datetime) -> int:
     return ended
 
 
-def broker_holds(task_id: str) -> bool:
-    """Whether the broker still has the task's message (queued or delivered, unacknowledged).
-    Only Redis can be looked into; for any other broker assume it does."""
+def broker_backlog() -> int | None:
+    """Messages waiting in the runs queue (not those being worked on); None if the broker
+    cannot be looked into (only Redis can) or is down."""
     from .celery import app
 
     try:
         with app.connection_for_read() as conn:
             channel = conn.default_channel
             if not hasattr(channel, "_q_for_pri"):
-                return True
-            client, needle = channel.client, task_id.encode()
-            # kombu prefixes the keys of the commands it uses itself, not of these two
-            prefix = channel.global_keyprefix if channel.global_keyprefix not in ("", None) else ""
+                return None
+            # kombu prefixes the keys of the commands it uses itself, not of this one
+            prefix = channel.global_keyprefix or ""
             queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
-            lists = [prefix + channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
-            if any(needle in message for key in lists for message in client.lrange(key, 0, -1)):
-                return True
-            return any(needle in message for message in client.hvals(prefix + channel.unacked_key))
-    except Exception as err:  # the broker is down: nothing to re-send to anyway
+            return sum(channel.client.llen(prefix + channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
+    except Exception as err:  # the broker is down: nothing to send to anyway
         log.warning("reaper: cannot look into the broker: %s", err)
-        return True
+        return None
 
 
 def requeue_lost(now: datetime) -> int:
+    """One slot (controller/dispatch.py) when a queued run may start, has waited
+    THUNDERSYNC_REQUEUE_AFTER_S since its last message, and the broker holds none: its
+    message was lost. A slot too many is harmless (it claims nothing)."""
+    from .dispatch import next_run_id
     from .launching import enqueue
 
+    run_id = next_run_id()
+    if run_id is None:
+        return 0
     cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
-    sent = 0
-    for run in Run.objects.filter(status=Run.Status.QUEUED, cancel_requested=False, enqueued__lt=cutoff):
-        held = broker_holds(run.celery_task_id)
-        if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now) and not held:
-            log.warning("run %s: the broker lost its message, sending it again", run.pk)
-            enqueue(run.pk, run.celery_task_id)
-            sent += 1
-    return sent
+    run = Run.objects.get(pk=run_id)
+    if (run.enqueued or run.created) > cutoff or broker_backlog() != 0:
+        return 0
+    if not Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now):
+        return 0  # another worker's reaper sent it
+    log.warning("run %s: queued for %.0fs and the broker holds no message: sending one again", run_id,
+                (now - (run.enqueued or run.created)).total_seconds())
+    enqueue(run_id, None)
+    return 1
 
 
 def reap() -> tuple[int, int]:

@@ -4,22 +4,15 @@ import logging
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
-from django.utils import timezone
 
 from . import live, ownership
+from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
 from .serializers import status_frame
 from .supervisor import supervise
 
 log = logging.getLogger(__name__)
-
-
-def claim(run_id: int) -> bool:
-    """queued -> starting, atomically, with this process as the owner."""
-    return bool(Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, cancel_requested=False).update(
-        status=Run.Status.STARTING, started=timezone.now(), heartbeat=timezone.now(), supervisor=ownership.me(),
-    ))
 
 
 def adopt(run_id: int) -> bool:
@@ -34,18 +27,20 @@ def adopt(run_id: int) -> bool:
 
 
 @shared_task(name="controller.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
-def run_training(run_id: int) -> str:
-    """Claim the run and supervise the learner.
+def run_training(slot_run_id: int) -> str:
+    """Claim the fairest queued run (queued -> starting, atomically) and supervise the learner.
 
-    The conditional UPDATE makes a second delivery of the same message (a broker
-    redelivery, a duplicate the reaper sent) a no-op while the run's owner lives: only one
-    task ever starts a given run.
+    A message is a slot, not a run: the run launched with it may wait while another user's
+    starts (controller/dispatch.py, round robin by user). The atomic claim makes a second
+    delivery (acks_late after a lost worker, a broker redelivery) start at most one more
+    run, never the same one twice; a redelivery whose run lost its supervisor ends that run
+    first (controller/ownership.py).
     """
-    if not claim(run_id):
-        if adopt(run_id):
-            return "adopted"
-        log.info("run %s: not queued any more, nothing to do", run_id)
-        return "skipped"
+    adopted = adopt(slot_run_id)
+    run_id = claim_next_run()
+    if run_id is None:
+        log.info("slot of run %s: no queued run may start now, nothing to do", slot_run_id)
+        return "adopted" if adopted else "skipped"
     run = Run.objects.select_related("experiment", "schedule").get(pk=run_id)
     live.publish(run_id, status_frame(run))
     try:
@@ -53,6 +48,8 @@ def run_training(run_id: int) -> str:
     except Exception as err:
         log.exception("run %s: supervisor failed", run_id)
         return finish_run(run_id, Run.Status.FAILED, f"the controller failed while supervising: {err!r}").status
+    finally:
+        top_up()  # a slot for a run that a concurrency limit held back
 
 
 _reaper = {}

@@ -4,7 +4,7 @@
 import pytest
 import yaml
 
-from bench.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
+from tests.harness.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 from controller.models import Experiment, Run
 
 from .conftest import QUICKSTART
