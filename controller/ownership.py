@@ -159,10 +159,9 @@ def broker_backlog() -> int | None:
             channel = conn.default_channel
             if not hasattr(channel, "_q_for_pri"):
                 return None
-            # kombu prefixes the keys of the commands it uses itself, not of this one
-            prefix = channel.global_keyprefix or ""
             queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
-            return sum(channel.client.llen(prefix + channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
+            # LLEN is one of the commands kombu's client prefixes with global_keyprefix itself
+            return sum(channel.client.llen(channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
     except Exception as err:  # the broker is down: nothing to send to anyway
         log.warning("reaper: cannot look into the broker: %s", err)
         return None

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('controller', '0001_initial'),
+        ('controller', '0003_user_quota'),
     ]
 
     operations = [
