@@ -31,7 +31,10 @@ def check_resolvable(cfg) -> None:
     from learner.rollout.env import make_env
 
     try:
-        make_env(cfg.task)
+        env = make_env(cfg.task)
+        check = getattr(env, "check", None)
+        if check is not None:  # data tasks: read the data now, so a bad row stops the run here
+            check(cfg.seed, cfg.train.steps * cfg.train.prompts_per_step)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.model.device == "cuda":
@@ -111,6 +114,8 @@ def train_and_report(cfg, args, booted) -> int:
         bar.update(1)
         bar.write(_summary_line(m), file=sys.stderr)
 
+    from learner.rollout.fleet import RolloutError
+
     try:
         _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted)
     except stopping.Interrupted as stop:  # the workers are stopped by now (Trainer.run's finally)
@@ -119,6 +124,11 @@ def train_and_report(cfg, args, booted) -> int:
         return stop.exit_code
     except EventsUnwritable:
         raise
+    except RolloutError as exc:  # e.g. a task's reward failed on a row: its reason, not our traceback
+        reason = str(exc).splitlines()[0]
+        sink.emit({"type": "run", "status": "failed", "error": f"RolloutError: {reason}"})
+        print(f"thundersync: run failed: {reason}", file=sys.stderr)
+        return 1
     except Exception as exc:
         sink.emit({"type": "run", "status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         raise

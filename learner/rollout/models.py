@@ -42,7 +42,7 @@ from learner.rollout.tokenizer import build_char_tokenizer
 from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
 # Bump when the build code changes what a cached model contains.
-CODE_VERSION = "2"
+CODE_VERSION = "3"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE
 
 
 # Calibrated on the default TaskConfig, seed 0, sampling at temperature 1.0: the policy
