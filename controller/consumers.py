@@ -55,6 +55,7 @@ def after_param(query_string: bytes) -> int | None:
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    accepted = False
     async def refuse(self, code: int) -> None:
         """Accept, then close with ``code``: a close before accept would reach the browser as
         a bare HTTP 403, and the page could not tell an expired session from a network drop."""
@@ -102,12 +103,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def refuse_for_now(self, what: str, err: Exception) -> None:
         """Close with 1013 (try again later): the page reconnects from its last seq."""
         log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
-        if not getattr(self, "_accepted", False):
-            await self.accept()
-        await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        if self.accepted:
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        else:
+            await self.refuse(CLOSE_TRY_AGAIN_LATER)
 
     async def accept(self, subprotocol=None, headers=None):
-        self._accepted = True
+        self.accepted = True
         await super().accept(subprotocol, headers)
 
     async def disconnect(self, code):
