@@ -243,9 +243,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read YAML/JSON at ``path``; ``overrides`` maps dotted names ('train.steps') to values."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as err:
         raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config: {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     try:
         data = load_yaml(text)
     except UnsafeYamlError as err:
@@ -253,4 +257,17 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
+    check_overridden_fields(data, overrides or {})
     return parse_config(apply_overrides(data, overrides or {}))
+
+
+def check_overridden_fields(data: dict, overrides: dict[str, Any]) -> None:
+    """A field the command line overrides must still be valid in the file: a bad
+    ``train.steps`` is an error even when ``--steps`` replaces it (the file is what the
+    next run without the flag, or the controller, reads)."""
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as err:
+        bad = [e for e in err.errors() if ".".join(str(x) for x in e["loc"]) in overrides]
+        if bad:
+            raise ConfigError(describe_validation_error(ValidationError.from_exception_data(err.title, bad))) from None
