@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Protocol
 
 SPAN_KINDS: tuple[str, ...] = (
-    "rollout.generate", "rollout.tool", "rollout.verify", "teacher.score",
+    "rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score",
     "learner.backward", "learner.group_close", "learner.optimizer", "learner.publish",
 )
 LEARNER_KINDS = tuple(k for k in SPAN_KINDS if k.startswith("learner."))
-ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.verify", "teacher.score")
+ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score")
 
 
 @dataclass
