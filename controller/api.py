@@ -18,6 +18,7 @@ from .compare import CompareError, compare_summary, parse_reward_level, parse_ru
 from .decorators import api_view, int_param, read_json
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
+from .resuming import ResumeRefused, request_resume
 from .models import Experiment, Run, Schedule, Span, StepMetric
 from .openapi import schema
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
@@ -96,6 +97,16 @@ def run_cancel(request, run_id: int):
     run = owned_run(request.user, run_id)
     if not request_cancel(run):
         raise ApiError(409, {"status": f"the run has already {run.status}"})
+    return JsonResponse(run_json(run), status=202)
+
+
+@api_view("POST")
+def run_resume(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    try:
+        request_resume(run)
+    except ResumeRefused as err:
+        raise ApiError(409, {"status": str(err)})
     return JsonResponse(run_json(run), status=202)
 
 

@@ -17,6 +17,8 @@ last ``keep`` are kept.
 
 from __future__ import annotations
 
+# torch is imported where it is used: the CLI looks for checkpoints before it imports torch
+
 import json
 import os
 import random
@@ -24,9 +26,6 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
-from safetensors.torch import load_file, save_file
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run.yaml"
@@ -51,10 +50,14 @@ class RunState:
 
     @classmethod
     def capture_rng(cls) -> dict[str, list]:
+        import torch
+
         state = random.getstate()
         return {"torch_rng": torch.get_rng_state().tolist(), "python_rng": [state[0], list(state[1]), state[2]]}
 
     def restore_rng(self) -> None:
+        import torch
+
         if self.torch_rng:
             torch.set_rng_state(torch.tensor(self.torch_rng, dtype=torch.uint8))
         if self.python_rng:
@@ -77,9 +80,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(out_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: RunState, keep: int) -> Path:
+def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep: int) -> Path:
     """Write the checkpoint of the boundary after step ``state.steps_done - 1``; returns its path."""
+    import torch
+    from safetensors.torch import save_file
+
     final = checkpoint_dir(out_dir, state.steps_done)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
@@ -114,8 +119,11 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict, RunState]:
+def load_checkpoint(path: str | Path) -> tuple[dict, dict, RunState]:
     """(model state dict, optimizer state dict, run state) of checkpoint ``path``."""
+    import torch
+    from safetensors.torch import load_file
+
     path = Path(path)
     tensors = load_file(str(path / "model.safetensors"))
     optim = torch.load(path / "optimizer.pt", weights_only=True)
