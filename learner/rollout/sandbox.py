@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import IO, Literal
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not import
 MAX_FILE_BYTES = 16 * 2**20
 MAX_OPEN_FILES = 64
@@ -85,6 +86,9 @@ def _limits(cpu_s: int, memory_mb: int, isolate_network: bool):
         resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+        # its own session escapes the run's process-group kill: die with the thread that runs
+        # the call instead (a rollout worker killed mid-call leaves no sandbox behind)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if isolate_network:
             _unshare_network()
 
