@@ -163,6 +163,10 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
+    eval_every: int = Field(0, ge=0, le=1_000_000, description="evaluate on held-out prompts every N steps (0: never)")
+    eval_mode: Literal["greedy", "pass@k"] = "greedy"
+    eval_k: int = Field(4, ge=1, le=256, description="samples per prompt for pass@k")
+    eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts evaluated (at most)")
     output_dir: str | None = Field(None, max_length=4096,
                                    description="save the final policy here (LoRA: the adapter and merged/)")
 
