@@ -37,6 +37,11 @@ def check_resolvable(cfg) -> None:
         check = getattr(env, "check", None)
         if check is not None:  # data tasks: read the data now, so a bad row stops the run here
             check(cfg.seed, cfg.train.steps * cfg.train.prompts_per_step)
+        if cfg.train.eval_every:
+            from learner.evaluation import eval_tasks
+
+            if not eval_tasks(env, cfg.seed, 1):
+                raise ValueError("train.eval_every: the task has no held-out prompts (set task.eval_fraction)")
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.model.device == "cuda":
