@@ -15,6 +15,7 @@ from .decorators import api_view, int_param, read_json
 from .exports import download, metrics_csv_chunks, trace_chunks
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
+from .limits import INT32_MAX
 from .models import Experiment, Run, Schedule, Span
 from .openapi import schema
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
@@ -24,7 +25,6 @@ MAX_SPANS_PAGE = 10_000
 EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}
 SCHEDULE_FIELDS = {"name": (str,), "kind": (str,), "knobs": (dict,)}
 RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,)}
-INT32_MAX = 2**31 - 1
 
 
 def owned_run(user, run_id: int) -> Run:
@@ -156,4 +156,4 @@ def compare(request):
 
 @api_view("GET")
 def openapi(request):
-    return JsonResponse(schema())
+    return JsonResponse(schema(request.user))
