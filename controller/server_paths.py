@@ -20,6 +20,7 @@ from django.conf import settings
 from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig
+from learner.rollout.rewards import BUILTIN_REWARDS
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
@@ -65,9 +66,18 @@ def check_run_relative(field: str, value: str) -> None:
                           "(no leading /, ~ or ..)")
 
 
+def check_reward(field: str, value: str) -> None:
+    """A ``module:function`` reward is code the learner would import and call on the server:
+    the web app runs the built-in rewards only (the command line runs the user's own)."""
+    if value not in BUILTIN_REWARDS:
+        raise ConfigError(f"{field}: {value!r}: the web app runs only the built-in rewards "
+                          f"({', '.join(BUILTIN_REWARDS)}); a file.py:function reward runs from the command line")
+
+
 def check_server_paths(config: RunConfig) -> None:
     """Raise ConfigError naming the first field whose path the server must not use."""
+    checks = {"model": check_model_dir, "reward": check_reward}
     for field, kind, value in path_fields(config):
         if not isinstance(value, str):
             raise ConfigError(f"{field}: expected a path string")
-        (check_model_dir if kind == "model" else check_run_relative)(field, value)
+        checks.get(kind, check_run_relative)(field, value)

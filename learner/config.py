@@ -90,7 +90,8 @@ class TaskConfig(Strict):
     answer_field: str = Field("answer", min_length=1, max_length=200)
     system_prompt: str | None = Field(None, max_length=20_000, description="a system message before each prompt")
     reward: str = Field("exact-match", min_length=1, max_length=500,
-                        description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'")
+                        description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'",
+                        json_schema_extra={"server_path": "reward"})  # code: the web app runs built-ins only
     reward_pattern: str | None = Field(None, max_length=1000, description="regex reward: group 1 is the answer")
     on_bad_data: Literal["error", "score-zero"] = Field(
         "error", description="bad row or failing reward: stop with an error naming row and field, or score 0 and count it")

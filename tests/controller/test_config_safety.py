@@ -86,3 +86,15 @@ def test_schedule_knobs_cannot_reach_server_paths_either(alice_client, alice_exp
     assert response.status_code == 400
     assert "model.policy" in response.json()["errors"]["schedule"]
     assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize("reward", ["os:system", "my_rewards.py:score"])
+def test_a_user_reward_function_is_refused_by_the_web_app(alice_client, reward):
+    config = {**QUICKSTART, "task": {"name": "dataset", "path": "configs/data/math.jsonl", "reward": reward}}
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": config})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"] == (
+        f"task.reward: {reward!r}: the web app runs only the built-in rewards (exact-match, regex, math-verify); "
+        "a file.py:function reward runs from the command line")
+    config["task"]["reward"] = "math-verify"
+    assert post_json(alice_client, "/api/experiments/", {"name": "x", "config": config}).status_code == 201
