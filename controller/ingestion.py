@@ -22,6 +22,7 @@ from .serializers import SPAN_FIELDS, status_frame
 log = logging.getLogger(__name__)
 
 OPTIONAL_INT_FIELDS = ("traj", "group", "turn", "policy_version")
+MIN_FLUSH_S = 0.02  # at most ~50 transactions a second for a run that writes line by line
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -113,9 +114,22 @@ class RunIngestor:
         else:
             raise ValueError(f"run.status: unknown status {status!r}")
 
-    def flush_if_due(self) -> None:
-        pending = self._spans or self._metrics or self._checkpoints or self._became_running
-        if len(self._spans) >= self.flush_spans or (pending and time.monotonic() - self._last_flush >= self.flush_s):
+    def pending(self) -> bool:
+        return bool(self._spans or self._metrics or self._checkpoints or self._became_running)
+
+    def wait_s(self) -> float:
+        """How long the supervisor may wait for the next line before it must call flush_if_due."""
+        return MIN_FLUSH_S if self.pending() else self.flush_s
+
+    def flush_if_due(self, drained: bool = False) -> None:
+        """Flush at ``flush_spans`` spans, when the oldest buffered event is ``flush_s`` old, or
+        once the learner's last write is all fed (``drained``) and ``MIN_FLUSH_S`` has passed
+        since the last flush: the learner writes in bursts (learner.timeline.JsonlSink), so a
+        burst goes out whole and at once, and a trickle of lines still makes few transactions."""
+        if not self.pending():
+            return
+        age = time.monotonic() - self._last_flush
+        if len(self._spans) >= self.flush_spans or age >= self.flush_s or (drained and age >= MIN_FLUSH_S):
             self.flush()
 
     def flush(self) -> None:

@@ -70,6 +70,10 @@ class LearnerProcess:
             self._stdout_done = True
         return line
 
+    def drained(self) -> bool:
+        """Nothing read from stdout is waiting: the learner's last write has been fed."""
+        return self._lines.empty()
+
     def wait_for_stderr(self, timeout: float) -> None:
         """Let the reader take the last stderr lines (they make the error text)."""
         self._stderr_reader.join(timeout)
@@ -128,10 +132,10 @@ def pump(child: LearnerProcess, ingestor: RunIngestor, run_id: int) -> bool:
     poll_s, grace_s = settings.THUNDERSYNC_CANCEL_POLL_S, settings.THUNDERSYNC_CANCEL_GRACE_S
     next_poll, kill_at, cancelled, leader_gone_at = 0.0, None, False, None
     while not child.exited():
-        line = child.next_line(timeout=settings.THUNDERSYNC_INGEST_FLUSH_S)
+        line = child.next_line(timeout=ingestor.wait_s())
         if line:
             ingestor.feed(line)
-        ingestor.flush_if_due()
+        ingestor.flush_if_due(drained=child.drained())
         now = time.monotonic()
         if not cancelled and now >= next_poll:
             next_poll = now + poll_s

@@ -123,7 +123,10 @@ class Trainer:
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
-        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
+        # origin_epoch: the wall clock at t=0 of the run clock (pages show elapsed time, the
+        # live-latency bench dates span ends)
+        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "origin_epoch": time.time() - self.now(),
+                        "config": cfg.model_dump(),
                         "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
     # -- rollout side --------------------------------------------------------------
@@ -304,9 +307,10 @@ class Trainer:
             held: list = []
             while len(self.rec.trajs) < P * G:
                 item = self.receive()
-                if streaming and not self.pending:
+                if streaming:
                     # take every message already waiting in one go, so the backward passes
-                    # that follow run back to back instead of each after a pipe read
+                    # that follow run back to back instead of each after a pipe read, and the
+                    # spans of trajectories queued behind them reach the page now, not after them
                     self.drain_spans()
                 if isinstance(item, Trajectory):
                     self.rec.trajs.append(item)

@@ -166,7 +166,8 @@ function connect() {
   connects++;
   replayDone = false;
   socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; connectedMs = epochMs(); };
-  socket.onmessage = (ev) => handleFrame(JSON.parse(ev.data));
+  let received = 0;
+  socket.onmessage = (ev) => { handleFrame(JSON.parse(ev.data)); received++; ackSoon(socket, () => received); };
   socket.onclose = () => {
     if (ws !== socket) return; // replaced by reconnect()
     el.conn.textContent = "disconnected, retrying…";
@@ -176,6 +177,20 @@ function connect() {
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, MAX_RETRY_MS);
   };
+}
+
+// The server paces its replay by these acks and closes (4408) a socket that falls too far behind,
+// after which the page resumes with ?after as after any drop (docs/controller.md, "Websocket").
+const ACK_EVERY_MS = 100;
+let ackTimer = null, lastAckMs = 0;
+function ackSoon(socket, count) {
+  const send = () => {
+    ackTimer = null;
+    lastAckMs = epochMs();
+    if (socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "ack", frames: count() }));
+  };
+  if (!replayDone || epochMs() - lastAckMs >= ACK_EVERY_MS) send();
+  else if (ackTimer === null) ackTimer = setTimeout(send, ACK_EVERY_MS);
 }
 
 /** Drops the socket as a network failure would and reconnects at once (browser tests). */
