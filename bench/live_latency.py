@@ -3,7 +3,7 @@
 Everything is the production path: the real supervisor starts ``thundersync train --events -``
 (rollout worker processes, torch), ingests its stdout into PostgreSQL, publishes through the
 Redis channel layer to a separate daphne process, whose consumers send to N viewers
-(``websockets`` clients in one thread of this process, logged in with a session cookie, acking
+(``websockets`` clients in a process of their own, logged in with a session cookie, acking
 as the run page does). A span's latency = the epoch time a viewer read the frame holding it
 minus the epoch time of the span's end: the learner reports the epoch time of its run clock's
 origin in its ``run started`` event, and spans carry ``t1`` on that clock (one machine, one
@@ -25,8 +25,8 @@ import json
 import os
 import statistics
 import sys
+import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -94,46 +94,52 @@ class Probe:
         ingestion.live = type("TimedLive", (), {"publish": staticmethod(timed_publish)})
 
 
-async def viewer(url: str, run_id: int, cookie: str, frames: list, stop: asyncio.Event, ready: asyncio.Event,
-                 counter: list) -> None:
-    """One page's worth of websocket: keeps (receive time, raw text) and acks every frame."""
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+async def viewer(ws_url: str, origin: str, cookie: str, frames: list, ready: asyncio.Event, counter: list) -> None:
+    """One page's worth of websocket: keeps (receive time, raw text), acks every frame as the
+    page does, and stops after the run's final status."""
     from websockets.asyncio.client import connect
 
-    ws_url = url.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
-    async with connect(ws_url, origin=url, additional_headers={"Cookie": f"sessionid={cookie}"},
-                       max_size=None, open_timeout=30) as ws:
-        received = 0
-        while not stop.is_set():
-            try:
-                text = await asyncio.wait_for(ws.recv(), timeout=0.5)
-            except asyncio.TimeoutError:
-                continue
+    async with connect(ws_url, origin=origin, additional_headers={"Cookie": f"sessionid={cookie}"},
+                       max_size=None, open_timeout=60) as ws:
+        while True:
+            text = await asyncio.wait_for(ws.recv(), timeout=600)
             frames.append((time.time(), text))
-            received += 1
-            await ws.send(json.dumps({"type": "ack", "frames": received}))
-            if '"replay_done"' in text[:40]:
+            await ws.send(json.dumps({"type": "ack", "frames": len(frames)}))
+            head = text[:40]
+            if '"replay_done"' in head:
                 counter[0] += 1
                 if counter[0] == counter[1]:
                     ready.set()
+            elif '"status"' in head and json.loads(text)["status"] in TERMINAL:
+                return
 
 
-def run_viewers(url: str, run_id: int, cookie: str, n: int, started: threading.Event, done: threading.Event,
-                out: list) -> None:
+def viewers_main(url: str, run_id: int, cookie: str, n: int, out: str) -> None:
+    """The viewers' own process (no GIL shared with the supervisor): prints 'ready' once every
+    viewer has its replay, writes [[recv, text], ...] per viewer to ``out`` at the end."""
     async def main():
-        stop, ready, counter = asyncio.Event(), asyncio.Event(), [0, n]
+        ready, counter = asyncio.Event(), [0, n]
         per_viewer = [[] for _ in range(n)]
-        tasks = [asyncio.create_task(viewer(url, run_id, cookie, per_viewer[i], stop, ready, counter))
-                 for i in range(n)]
-        await asyncio.wait_for(ready.wait(), timeout=120)
-        started.set()
-        while not done.is_set():
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # the last frames after the final flush
-        stop.set()
+        ws_url = url.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
+        tasks = [asyncio.create_task(viewer(ws_url, url, cookie, per_viewer[i], ready, counter)) for i in range(n)]
+        await asyncio.wait_for(ready.wait(), timeout=300)
+        print("ready", flush=True)
         await asyncio.gather(*tasks)
-        out.extend(per_viewer)
+        Path(out).write_text(json.dumps(per_viewer))
 
     asyncio.run(main())
+
+
+def start_viewers(url: str, run_id: int, cookie: str, n: int, out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, __file__, "--viewers-process", url, str(run_id), cookie, str(n), str(out)],
+                            stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise SystemExit("the viewers did not connect")
+    return proc
 
 
 def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, workers: int) -> dict:
@@ -142,16 +148,16 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
 
     run, cookie = make_run(steps, prompts, group_size, workers)
     probe = Probe()
-    started, done, per_viewer = threading.Event(), threading.Event(), []
-    thread = threading.Thread(target=run_viewers, args=(url, run.pk, cookie, viewers, started, done, per_viewer))
-    thread.start()
-    if not started.wait(150):
-        raise SystemExit("the viewers did not connect")
+    out = Path(tempfile.mkdtemp()) / "frames.json"
+    proc = start_viewers(url, run.pk, cookie, viewers, out)
     t0 = time.monotonic()
     final = supervise(Run.objects.select_related("experiment", "schedule").get(pk=run.pk))
     wall = time.monotonic() - t0
-    done.set()
-    thread.join(60)
+    try:
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    per_viewer = json.loads(out.read_text())
     if final.status != Run.Status.SUCCEEDED:
         raise SystemExit(f"run {final.status}: {final.error}")
     kinds = dict(Span.objects.filter(run=run).values_list("seq", "kind"))
@@ -191,7 +197,13 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16, help="train.prompts_per_step")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1, help="rollout.workers")
+    parser.add_argument("--viewers-process", nargs=5, metavar=("URL", "RUN", "COOKIE", "N", "OUT"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.viewers_process:
+        url, run_id, cookie, n, out = args.viewers_process
+        viewers_main(url, int(run_id), cookie, int(n), out)
+        return 0
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with bench_database(), tempfile.TemporaryDirectory() as run_dir:
         from django.conf import settings

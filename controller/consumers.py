@@ -13,12 +13,14 @@ import json
 from collections import deque
 from urllib.parse import parse_qs
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from .live import group_name
 from .models import Run, Span
+from .runlog import log_tail
 from .serializers import metrics_json, spans_json, status_frame
 
 REPLAY_BATCH = 2000
@@ -117,6 +119,9 @@ class RunConsumer(AsyncWebsocketConsumer):
         metrics, status = await current_state(self.run_id)
         if metrics:
             await self.send_frame(json.dumps({"type": "metrics", "metrics": metrics}))
+        first, lines = await sync_to_async(log_tail)(self.run_id)
+        if lines:
+            await self.send_frame(json.dumps({"type": "log", "first": first, "lines": lines}))
         await self.send_frame(json.dumps(status))
         await self.send_frame(json.dumps({"type": "replay_done", "last_seq": self.sent_seq}))
 

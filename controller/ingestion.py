@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import time
+from collections import deque
 
 from django.db import transaction
 from django.utils import timezone
@@ -65,6 +66,7 @@ class RunIngestor:
         self._metrics: dict[int, dict] = {}
         self._checkpoints: list[Checkpoint] = []
         self._became_running = False
+        self._log: deque[tuple[int, str]] = deque()  # (line number, text) from the stderr reader thread
         self._last_flush = time.monotonic()
         # What the stream said about the end of the run.
         self.finished = False
@@ -114,8 +116,12 @@ class RunIngestor:
         else:
             raise ValueError(f"run.status: unknown status {status!r}")
 
+    def add_log(self, number: int, line: str) -> None:
+        """A line of the learner's log (called by the supervisor's stderr reader thread)."""
+        self._log.append((number, line))
+
     def pending(self) -> bool:
-        return bool(self._spans or self._metrics or self._checkpoints or self._became_running)
+        return bool(self._spans or self._metrics or self._checkpoints or self._became_running or self._log)
 
     def wait_s(self) -> float:
         """How long the supervisor may wait for the next line before it must call flush_if_due."""
@@ -155,6 +161,13 @@ class RunIngestor:
         if metrics:
             live.publish(self.run_id, {"type": "metrics", "metrics": [
                 {"step": step, "values": values} for step, values in sorted(metrics.items())]})
+        self.publish_log()
+
+    def publish_log(self) -> None:
+        """New log lines as one frame (the file already has them: see controller.runlog)."""
+        lines = [self._log.popleft() for _ in range(len(self._log))]
+        if lines:
+            live.publish(self.run_id, {"type": "log", "first": lines[0][0], "lines": [text for _, text in lines]})
 
 
 def summarize(run_id: int, learner_summary: dict) -> dict:

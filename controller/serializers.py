@@ -57,7 +57,8 @@ def run_json(run: Run) -> dict:
 
 
 def status_frame(run: Run) -> dict:
-    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error}
+    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "started": iso(run.started), "finished": iso(run.finished)}
 
 
 def spans_json(queryset, limit: int | None = None) -> list[dict]:

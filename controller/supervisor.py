@@ -15,11 +15,14 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from django.conf import settings
 
+from . import runlog
 from .ingestion import RunIngestor, finish_run
+from .runlog import LOG_NAME, count_lines
 from .models import Run
 
 log = logging.getLogger(__name__)
@@ -29,7 +32,8 @@ ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SI
 class LearnerProcess:
     """The child process, with threads draining stdout (events) and stderr (progress, errors)."""
 
-    def __init__(self, command: list[str], cwd: Path, stderr_lines: int):
+    def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
+                 on_log: Callable[[int, str], None] = lambda number, line: None):
         self.proc = subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -39,7 +43,7 @@ class LearnerProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stdout_done = False
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(cwd / "learner.stderr.log",),
+        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(cwd / LOG_NAME, on_log),
                                                daemon=True)
         self._stderr_reader.start()
 
@@ -48,11 +52,15 @@ class LearnerProcess:
             self._lines.put(line)
         self._lines.put(None)
 
-    def _read_stderr(self, log_path: Path) -> None:
+    def _read_stderr(self, log_path: Path, on_log: Callable[[int, str], None]) -> None:
+        number = count_lines(log_path)
         with open(log_path, "a") as log_file:
             for line in self.proc.stderr:
-                log_file.write(line)
+                log_file.write(line if line.endswith("\n") else line + "\n")
+                log_file.flush()  # pages read the tail of this file on connect
                 self.stderr_tail.append(line.rstrip("\n"))
+                on_log(number, line.rstrip("\n"))
+                number += 1
 
     def next_line(self, timeout: float) -> str | None:
         """The next stdout line, '' if none arrived within ``timeout``, None once stdout closed."""
@@ -106,23 +114,24 @@ def learner_command(config_path: Path) -> list[str]:
 
 def supervise(run: Run) -> Run:
     """Train ``run`` to the end (or until cancelled) and record its final state."""
-    run_dir = Path(settings.THUNDERSYNC_RUN_DIR) / f"run-{run.pk}"
+    run_dir = runlog.run_dir(run.pk)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(run.config, sort_keys=False))
     command = learner_command(config_path)
+    ingestor = RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S, settings.THUNDERSYNC_INGEST_FLUSH_SPANS)
     try:
-        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES)
+        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log)
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
     Run.objects.filter(pk=run.pk).update(pids=[child.pid])
-    ingestor = RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S, settings.THUNDERSYNC_INGEST_FLUSH_SPANS)
     try:
         cancelled = pump(child, ingestor, run.pk)
         ingestor.flush()
     finally:
         child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
     child.wait_for_stderr(timeout=2.0)
+    ingestor.publish_log()  # the last lines (a traceback) came after the last flush
     status, error = outcome(child, ingestor, cancelled)
     return finish_run(run.pk, status, error, ingestor.summary)
 
@@ -173,6 +182,9 @@ def outcome(child: LearnerProcess, ingestor: RunIngestor, cancelled: bool) -> tu
     details = [reason]
     if ingestor.rejected:
         details.append(f"{len(ingestor.rejected)} malformed event line(s), first: {ingestor.rejected[0]}")
-    if child.stderr_tail:
-        details.append("last stderr lines:\n" + "\n".join(child.stderr_tail))
+    tail = list(child.stderr_tail)
+    if tail and tail[-1].strip() == reason.strip():
+        tail.pop()  # a traceback ends with the error the learner reported: say it once
+    if tail:
+        details.append("last stderr lines:\n" + "\n".join(tail))
     return Run.Status.FAILED, "\n".join(details)

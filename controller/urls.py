@@ -27,6 +27,7 @@ urlpatterns = [
     path("experiments/<int:experiment_id>/launch/", views.launch, name="launch"),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
+    path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("compare/", views.compare, name="compare"),
     *api_urlpatterns,
 ]

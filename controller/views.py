@@ -5,7 +5,7 @@ import json
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -15,6 +15,7 @@ from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule
+from .runlog import log_path
 
 MAX_COMPARED = 4
 
@@ -86,11 +87,26 @@ def run(request, run_id: int):
 
 
 @login_required
+def run_log(request, run_id: int):
+    """The learner's whole log as a download (empty before the learner wrote anything)."""
+    found = get_object_or_404(owned_runs(request.user), pk=run_id)
+    name = f"run-{found.pk}-learner.log"
+    try:
+        return FileResponse(open(log_path(found.pk), "rb"), as_attachment=True, filename=name,
+                            content_type="text/plain; charset=utf-8")
+    except FileNotFoundError:
+        response = HttpResponse(b"", content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+
+@login_required
 @require_POST
 def cancel(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
     if request_cancel(found):
-        messages.info(request, f"Cancelling {found}.")
+        # the run page drops this message once the run has ended (static/js/live.js)
+        messages.info(request, f"Cancelling {found}.", extra_tags="until-finished")
     else:
         messages.warning(request, f"{found} has already {found.status}.")
     return redirect("run", found.pk)

@@ -46,6 +46,11 @@ def check_resolvable(cfg) -> None:
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
+def boot_phase(text: str) -> None:
+    """A line the run page shows while the run starts (controller: the log's "boot: " lines)."""
+    print(f"boot: {text}", file=sys.stderr, flush=True)
+
+
 def cmd_train(args) -> int:
     overrides = {}
     if args.schedule:
@@ -54,13 +59,23 @@ def cmd_train(args) -> int:
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
-    booted = None
+    if args.tensorboard:
+        overrides["tracking.tensorboard"] = args.tensorboard
+    if args.wandb:
+        overrides["tracking.wandb"] = True
+    booted, extra_sinks = None, []
     try:
         cfg = load_config(args.config, overrides)
         if cfg.train.steps > 0:
             # the rollout workers import torch beside this process from here on
+            boot_phase(f"starting {cfg.rollout.workers if cfg.rollout.engine == 'torch' else cfg.rollout.replicas} "
+                       f"rollout worker(s)")
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
+        if cfg.train.steps > 0:
+            from learner.tracking import tracking_sinks
+
+            extra_sinks = tracking_sinks(cfg)
     except ConfigError as err:
         if booted:
             booted.close()
@@ -70,12 +85,13 @@ def cmd_train(args) -> int:
     if cfg.train.steps == 0:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
+    boot_phase(f"loading torch and the policy {cfg.model.policy}")
     from tqdm import tqdm
 
     from learner.schedules import train
     from learner.timeline import FanoutSink, MemorySink
 
-    sinks = [JsonlSink(args.events)] if args.events else []
+    sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
     sink = FanoutSink(*sinks) if sinks else MemorySink()
     bar = tqdm(total=cfg.train.steps, desc=f"{cfg.train.schedule}", file=sys.stderr, disable=args.quiet)
 
@@ -121,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write step metrics as TensorBoard event files in DIR")
+    p.add_argument("--wandb", action="store_true", help="also log step metrics to W&B in offline mode")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

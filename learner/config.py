@@ -109,6 +109,14 @@ class TrainConfig(Strict):
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
 
 
+class TrackingConfig(Strict):
+    """Step metrics also written for TensorBoard / W&B (learner/tracking.py)."""
+
+    tensorboard: str | None = Field(
+        None, max_length=500, description="directory for TensorBoard event files (relative: to the working directory)")
+    wandb: bool = Field(False, description="log to Weights & Biases in offline mode (needs the wandb package)")
+
+
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -117,6 +125,7 @@ class RunConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _opd_has_no_per_sequence_mean(self) -> "RunConfig":

@@ -68,6 +68,7 @@ class Trainer:
         self.next_group = 0
         self.rewards: list[float] = []
         self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
+        self.backward_tokens: dict[int, int] = {}  # traj -> tokens its (next) learner.backward trains on
 
     # -- clock and spans -----------------------------------------------------------
     def now(self) -> float:
@@ -91,7 +92,8 @@ class Trainer:
         t0, t1 = t0 - self.origin, t1 - self.origin
         if kind == "learner.backward" and self.rec.first_backward is None:
             self.rec.first_backward = t0
-        self.learner_span(kind, t0, t1, traj, group)
+        tokens = self.backward_tokens.get(traj, 0) if kind == "learner.backward" else 0
+        self.learner_span(kind, t0, t1, traj, group, tokens=tokens)
 
     # -- set-up --------------------------------------------------------------------
     def setup(self, booted: BootedWorkers) -> None:
@@ -186,8 +188,10 @@ class Trainer:
     # -- learner side --------------------------------------------------------------
     def learn(self, item: Trajectory | ScoredTurn) -> None:
         if isinstance(item, ScoredTurn):
+            self.backward_tokens = {item.traj: item.turn_span[1] - item.turn_span[0]}
             self.learner.on_turn(item, on_phase=self.on_phase)
         else:
+            self.backward_tokens = {item.id: item.n_scored}
             self.learner.on_trajectory(item, on_phase=self.on_phase)
 
     def optimizer_step(self, wait_for_replicas: bool) -> None:
@@ -335,6 +339,7 @@ class Trainer:
             self.finish_step(t_end=published)
 
     def train_off_policy(self) -> None:
+        self.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
         self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         self.optimizer_step(wait_for_replicas=False)
         self.finish_step()
