@@ -95,19 +95,23 @@ class Probe:
 
 
 TERMINAL = ("succeeded", "failed", "cancelled")
+ACK_EVERY_S = 0.1  # static/js/live.js ACK_EVERY_MS
 
 
 async def viewer(ws_url: str, origin: str, cookie: str, frames: list, ready: asyncio.Event, counter: list) -> None:
-    """One page's worth of websocket: keeps (receive time, raw text), acks every frame as the
-    page does, and stops after the run's final status."""
+    """One page's worth of websocket: keeps (receive time, raw text), acks as the page does
+    (at once during the replay, then at most every ACK_EVERY_S), and stops after the run's final status."""
     from websockets.asyncio.client import connect
 
     async with connect(ws_url, origin=origin, additional_headers={"Cookie": f"sessionid={cookie}"},
                        max_size=None, open_timeout=60) as ws:
+        acked_at = 0.0
         while True:
             text = await asyncio.wait_for(ws.recv(), timeout=600)
             frames.append((time.time(), text))
-            await ws.send(json.dumps({"type": "ack", "frames": len(frames)}))
+            if not counter[0] or time.monotonic() - acked_at >= ACK_EVERY_S:
+                acked_at = time.monotonic()
+                await ws.send(json.dumps({"type": "ack", "frames": len(frames)}))
             head = text[:40]
             if '"replay_done"' in head:
                 counter[0] += 1

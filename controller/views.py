@@ -104,11 +104,12 @@ def run_log(request, run_id: int):
 @require_POST
 def cancel(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
-    if request_cancel(found):
-        # the run page drops this message once the run has ended (static/js/live.js)
-        messages.info(request, f"Cancelling {found}.", extra_tags="until-finished")
-    else:
+    if not request_cancel(found):
         messages.warning(request, f"{found} has already {found.status}.")
+    elif found.status == Run.Status.CANCELLED:  # it was still queued
+        messages.info(request, f"Cancelled {found}.")
+    else:  # the run page drops this message once the run has ended (static/js/live.js)
+        messages.info(request, f"Cancelling {found}.", extra_tags="until-finished")
     return redirect("run", found.pk)
 
 

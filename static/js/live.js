@@ -33,6 +33,7 @@ let followEpoch = 0; // bumping it tells plotly to drop the user's zoom and foll
 const totalSteps = Number(root.dataset.steps);
 const parseTime = (iso) => (iso ? Date.parse(iso) : null);
 let startedMs = parseTime(root.dataset.started), finishedMs = parseTime(root.dataset.finished);
+const closeCodes = []; // of every socket close, for the browser tests (4408: too slow, resumed)
 const logLines = new Map(); // line number in the learner's log -> text (the last LOG_KEEP lines)
 const LOG_KEEP = 200;
 
@@ -237,7 +238,8 @@ function connect() {
   };
   let received = 0;
   socket.onmessage = (ev) => { handleFrame(JSON.parse(ev.data)); received++; ackSoon(socket, () => received); };
-  socket.onclose = () => {
+  socket.onclose = (ev) => {
+    closeCodes.push(ev.code);
     if (ws !== socket) return; // replaced by reconnect()
     // A finished run has nothing more to send once its replay is complete.
     if (TERMINAL.has(status) && replayDone) return;
@@ -275,7 +277,7 @@ window.__thundersync = {
   state: () => ({
     spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,
     watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone, chartsDrawnMs,
-    logLines: logLines.size, stepsDone: metrics.size,
+    logLines: logLines.size, stepsDone: metrics.size, closeCodes,
     open: !!ws && ws.readyState === WebSocket.OPEN,
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
