@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import AlgorithmConfig  # noqa: E402
 from learner.exactness import relative_error  # noqa: E402
-from learner.learner import StreamingLearner, reference_gradient  # noqa: E402
+from learner.gradients import StreamingLearner, reference_gradient  # noqa: E402
 from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
 from learner.rollout.weights import WeightStore  # noqa: E402
 from learner.trajectory import Trajectory  # noqa: E402

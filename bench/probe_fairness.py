@@ -55,7 +55,7 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.learner import OffPolicyLearner, StreamingLearner
+    from learner.gradients import OffPolicyLearner, StreamingLearner
     from learner.rollout.models import load_model, resolve_model_dir
     from learner.trajectory import Trajectory
 

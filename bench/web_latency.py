@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.web_harness import agent_run_events, asgi_server, bench_database, bench_run, launch_chromium, log_in  # noqa: E402
+from tests.harness.web_harness import agent_run_events, asgi_server, bench_database, bench_run, launch_chromium, log_in  # noqa: E402
 
 TARGET_P95_MS = 250.0
 

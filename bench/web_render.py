@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.web_harness import (  # noqa: E402
+from tests.harness.web_harness import (  # noqa: E402
     CHROMIUM, CHROMIUM_ARGS, agent_run_events, asgi_server, bench_database, bench_run, log_in,
 )
 

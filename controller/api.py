@@ -14,11 +14,13 @@ from learner.config import ConfigError
 from learner.timeline import chrome_trace
 
 from .api_errors import ApiError, form_errors
+from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids
 from .decorators import api_view, int_param, read_json
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule, Span, StepMetric
 from .openapi import schema
+from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
@@ -69,12 +71,18 @@ def runs(request):
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
         return JsonResponse({"runs": [run_json(r) for r in owned]})
-    form = validated(RunCreateForm(read_json(request, RUN_FIELDS), user=request.user))
+    form = RunCreateForm(read_json(request, RUN_FIELDS), user=request.user)
+    unknown = {f: f"no such {f}" for f in ("experiment", "schedule") if form.has_error(f, "invalid_choice")}
+    if unknown:  # an id that is not yours is a missing object, as on every other path
+        raise ApiError(404, unknown)
+    validated(form)
     data = form.cleaned_data
     try:
         run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])
     except ConfigError as err:
         raise ApiError(400, {"schedule": f"does not fit the experiment's config: {err}"}) from None
+    except QuotaExceeded as err:
+        raise ApiError(err.status, {LAUNCH_FIELDS.get(err.field, err.field): err.message}) from None
     return JsonResponse(run_json(run), status=201)
 
 
@@ -142,6 +150,22 @@ def run_metrics_csv(request, run_id: int):
     response = HttpResponse(out.getvalue(), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
     return response
+
+
+@api_view("GET")
+def compare(request):
+    """The compare page's summary table for ``?runs=1,2`` (2-4 of your runs), ``&reward=``."""
+    try:
+        ids = parse_run_ids(request.GET.get("runs", ""))
+        level = parse_reward_level(request.GET.get("reward", ""))
+    except CompareError as err:
+        raise ApiError(400, {err.field: str(err)}) from None
+    if not ids:
+        raise ApiError(400, {"runs": "required: comma-separated run ids"})
+    found = {r.pk: r for r in Run.objects.select_related("schedule").filter(pk__in=ids, experiment__owner=request.user)}
+    if len(found) != len(ids):
+        raise ApiError(404, {"runs": "no such run"})
+    return JsonResponse(compare_summary([found[i] for i in ids], level))
 
 
 @api_view("GET")

@@ -3,8 +3,8 @@
 Protocol (docs/web-contract.md): connect to /ws/runs/<id>/?after=<seq>; the server replays
 every stored span with seq > after in batches, all metrics, the status and
 ``replay_done``, then forwards live frames; the client acknowledges the frames it has
-received, which paces the replay and bounds what a slow viewer can leave buffered. Each span is delivered exactly once: the
-consumer joins the run's group before it reads the database, remembers the highest seq
+received, which paces the replay and bounds what a slow viewer can leave buffered. Each
+span is delivered exactly once: the consumer joins the run's group before it reads the database, remembers the highest seq
 it sent, drops live spans at or below it, and reads a gap (a dropped live frame) back
 from the database, which the ingestor always writes before it publishes.
 """
@@ -61,23 +61,29 @@ class RunConsumer(AsyncWebsocketConsumer):
     """One viewer of one run. Frames go out as text encoded once by the publisher
     (``live.publish``); every frame sent is counted, and the client acknowledges how many it has
     received (``{"type": "ack", "frames": n}``), so the server knows each socket's backlog:
-    the replay is paced by it (it sends while less than half the limit is unacknowledged), and a viewer
-    whose live backlog passes ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with
+    the replay is paced by it (it sends while less than half the limit is unacknowledged),
+    and a viewer whose live backlog passes ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with
     ``CLOSE_TOO_SLOW``; the page then reconnects with ``?after`` and reads the rest from the
     database (docs/controller.md, "Websocket")."""
+
+    async def refuse(self, code: int) -> None:
+        """Accept, then close with ``code``: a close before accept would reach the browser as
+        a bare HTTP 403, and the page could not tell an expired session from a network drop."""
+        await self.accept()
+        await self.close(code=code)
 
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
         after = after_param(self.scope.get("query_string", b""))
         if after is None:
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await self.refuse(CLOSE_BAD_REQUEST)
             return
         run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
         if run is None:  # missing or another user's: the same answer
-            await self.close(code=CLOSE_NOT_FOUND)
+            await self.refuse(CLOSE_NOT_FOUND)
             return
         self.run_id, self.sent_seq = run.pk, after
         self.limit = settings.THUNDERSYNC_WS_BACKLOG_BYTES
@@ -98,6 +104,8 @@ class RunConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=text)
 
     async def receive(self, text_data=None, bytes_data=None):
+        if not hasattr(self, "unacked"):  # a refused socket
+            return
         try:
             message = json.loads(text_data or "")
             acked = int(message["frames"]) if message.get("type") == "ack" else None

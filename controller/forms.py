@@ -5,12 +5,16 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from learner.config import ConfigError, parse_config
+from learner.safe_yaml import MAX_YAML_CHARS, UnsafeYamlError, load_yaml
 
 from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
+from .quotas import QuotaExceeded, check_config
+from .server_paths import check_server_paths
 
-MAX_CONFIG_CHARS = 100_000
+MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
+DEFAULT_SCHEDULE = "streaming"
 
 
 class ConfigField(forms.Field):
@@ -23,17 +27,10 @@ class ConfigField(forms.Field):
             return {}
         if isinstance(value, dict):
             return value
-        if len(value) > MAX_CONFIG_CHARS:
-            raise ValidationError(f"longer than {MAX_CONFIG_CHARS} characters")
         try:
-            data = yaml.safe_load(value)
-        except RecursionError:
-            raise ValidationError("not valid YAML: nested too deeply") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ValidationError(f"not valid YAML{where}: {problem}") from None
+            data = load_yaml(value, MAX_CONFIG_CHARS)
+        except UnsafeYamlError as err:
+            raise ValidationError(str(err)) from None
         if data is None:
             return {}
         if not isinstance(data, dict):
@@ -45,7 +42,7 @@ class ConfigField(forms.Field):
     def validate(self, value):
         super().validate(value)
         try:
-            parse_config(value)
+            check_server_paths(parse_config(value))
         except ConfigError as err:
             raise ValidationError(str(err)) from None
 
@@ -60,16 +57,35 @@ class ExperimentForm(forms.ModelForm):
         model = Experiment
         fields = ["name", "description", "config"]
 
+    def clean_config(self):
+        config = self.cleaned_data["config"]
+        try:
+            check_config(self.instance.owner, parse_config(config).train.model_dump())
+        except QuotaExceeded as err:
+            raise ValidationError(err.message) from None
+        return config
+
+    def __init__(self, *args, **kwargs):
+        instance = kwargs.get("instance")
+        if instance is not None and instance.pk and "initial" not in kwargs:
+            kwargs["initial"] = {"config": instance.config_yaml()}  # the text as written, comments kept
+        super().__init__(*args, **kwargs)
+
+    def save(self, commit=True):
+        raw = self.data.get("config") if hasattr(self.data, "get") else None
+        self.instance.config_text = raw if isinstance(raw, str) else ""
+        return super().save(commit)
+
 
 class ScheduleForm(forms.ModelForm):
-    knobs = forms.JSONField(required=False, help_text='e.g. {"max_staleness": 2}')
+    knobs = forms.JSONField(required=False, help_text='config values, e.g. {"max_staleness": 2}')
 
     class Meta:
         model = Schedule
         fields = ["name", "kind", "knobs"]
 
-    def __init__(self, *args, user, **kwargs):
-        super().__init__(*args, instance=Schedule(owner=user), **kwargs)
+    def __init__(self, *args, user, instance=None, **kwargs):
+        super().__init__(*args, instance=instance or Schedule(owner=user), **kwargs)
         self.user = user
 
     def clean_knobs(self):
@@ -77,7 +93,7 @@ class ScheduleForm(forms.ModelForm):
 
     def clean_name(self):
         name = self.cleaned_data["name"]
-        if Schedule.objects.visible_to(self.user).filter(name=name).exists():
+        if Schedule.objects.visible_to(self.user).filter(name=name).exclude(pk=self.instance.pk).exists():
             raise ValidationError("a schedule with this name already exists")
         return name
 
@@ -93,7 +109,12 @@ class LaunchForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["schedule"].queryset = Schedule.objects.visible_to(user)
+        visible = Schedule.objects.visible_to(user)
+        field = self.fields["schedule"]
+        field.queryset, field.empty_label = visible, None
+        # streaming is the schedule this lab is about; else the first preset
+        default = visible.filter(name=DEFAULT_SCHEDULE).first() or visible.first()
+        field.initial = default.pk if default else None
 
 
 class RunCreateForm(LaunchForm):

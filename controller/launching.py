@@ -9,6 +9,7 @@ from django.utils import timezone
 from . import live
 from .config_merge import run_config
 from .models import Experiment, Run, Schedule
+from .quotas import check_config, check_queue
 from .serializers import status_frame
 from .tasks import run_training
 
@@ -17,13 +18,16 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
     ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
-    when the schedule's values do not fit the experiment's config.
+    when the schedule's values do not fit the experiment's config, and
+    quotas.QuotaExceeded when the run is over the owner's quota.
     """
     if steps is None:
         steps = experiment.run_config().train.steps
     config = run_config(experiment.config, schedule.overrides(), steps, name)
+    check_config(experiment.owner, config["train"])
     task_id = str(uuid.uuid4())
     with transaction.atomic():
+        check_queue(experiment.owner)
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
         )

@@ -5,14 +5,17 @@ database is the source of truth for a run's timeline: spans are bulk-inserted, i
 on (run, seq), and websocket clients replay from it.
 """
 
+import yaml
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
 from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
+from learner.safe_yaml import load_yaml
 
 from .config_merge import apply_overrides
+from .server_paths import check_server_paths
 
 
 class Experiment(models.Model):
@@ -21,6 +24,9 @@ class Experiment(models.Model):
     description = models.TextField(blank=True, max_length=10_000)
     # The config as the user wrote it (a RunConfig mapping); validated by learner.config.
     config = models.JSONField(default=dict, blank=True)
+    # The YAML text exactly as written (comments, order), shown and edited on the pages;
+    # `config` is what it parses to. Empty for an experiment created from a JSON object.
+    config_text = models.TextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -28,6 +34,17 @@ class Experiment(models.Model):
 
     def __str__(self):
         return self.name
+
+    def config_yaml(self) -> str:
+        """The config as its author wrote it; as YAML when it came as a JSON object or was
+        changed elsewhere (the admin edits ``config``) so that the text no longer says it."""
+        if self.config_text:
+            try:
+                if (load_yaml(self.config_text, len(self.config_text)) or {}) == self.config:
+                    return self.config_text
+            except ValueError:  # UnsafeYamlError, yaml.YAMLError: show what is stored instead
+                pass
+        return yaml.safe_dump(self.config, sort_keys=False)
 
     def clean(self):
         try:
@@ -77,7 +94,7 @@ class Schedule(models.Model):
         if not isinstance(self.knobs, dict):
             raise ValidationError({"knobs": "expected a JSON object of config values"})
         try:
-            parse_config(apply_overrides({}, self.overrides()))
+            check_server_paths(parse_config(apply_overrides({}, self.overrides())))
         except (ConfigError, ValueError) as err:
             raise ValidationError({"knobs": str(err)}) from None
 
@@ -174,3 +191,19 @@ class Checkpoint(models.Model):
 
     def __str__(self):
         return f"{self.run} checkpoint @ step {self.step}"
+
+
+class UserQuota(models.Model):
+    """Per-user limits (controller/quotas.py); an empty field means the site default from
+    ``THUNDERSYNC_QUOTA_DEFAULTS``. Adjusted in the admin."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quota")
+    trajectories_per_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="train.prompts_per_step × train.group_size")
+    steps = models.PositiveIntegerField(null=True, blank=True, help_text="train.steps of one run")
+    concurrent_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="runs training at once; more wait in the queue")
+    queued_runs = models.PositiveIntegerField(null=True, blank=True, help_text="runs waiting to start")
+
+    def __str__(self):
+        return f"quota of {self.user}"

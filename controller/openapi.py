@@ -40,6 +40,7 @@ STEP_RANGE = [
 ]
 
 NULLABLE_INT = {"type": ["integer", "null"]}
+NULLABLE_NUMBER = {"type": ["number", "null"]}
 SCHEMAS = {
     "Errors": {
         "type": "object",
@@ -132,6 +133,38 @@ SCHEMAS = {
             "policy_version": NULLABLE_INT, "tokens": {"type": "integer"},
         },
     },
+    "CompareRun": {
+        "type": "object",
+        "description": "one run's figures; null where the stored metrics do not give it",
+        "properties": {
+            "id": {"type": "integer"}, "name": {"type": "string"}, "status": {"type": "string"},
+            "schedule": {"type": "string"},
+            "steps_done": {"type": "integer", "description": "steps with stored metrics"},
+            "step_s": NULLABLE_NUMBER | {"description": "median timing_s/step"},
+            "speedup_vs_sync": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_s"},
+            "efficiency": NULLABLE_NUMBER | {"description": "max(R, L) / step_s (R, L from the sync run)"},
+            "learner_idle": NULLABLE_NUMBER | {"description": "share of the training window with no learner span"},
+            "rollout_idle": NULLABLE_NUMBER | {"description": "share of the training window with no rollout span"},
+            "training_s": NULLABLE_NUMBER | {"description": "first step start to last step end"},
+            "staleness_mean": NULLABLE_NUMBER, "staleness_max": NULLABLE_NUMBER,
+            "tail_s": NULLABLE_NUMBER | {"description": "median timing_s/tail (last reward to step end)"},
+            "final_reward": NULLABLE_NUMBER,
+            "time_to_reward_s": NULLABLE_NUMBER | {"description": "first step start to the end of the first step "
+                                                                  "whose reward/mean >= reward_level"},
+            "reward_step": NULLABLE_INT,
+        },
+    },
+    "Compare": {
+        "type": "object",
+        "properties": {
+            "reference": NULLABLE_INT | {"description": "id of the sync run (1.00x), null without one"},
+            "rollout_s": NULLABLE_NUMBER | {"description": "R: the sync run's median last reward - step start"},
+            "learner_s": NULLABLE_NUMBER | {"description": "L: the sync run's median step end - first backward"},
+            "bound_s": NULLABLE_NUMBER | {"description": "max(R, L)"},
+            "reward_level": NULLABLE_NUMBER,
+            "runs": {"type": "array", "items": ref("CompareRun")},
+        },
+    },
 }
 
 
@@ -199,6 +232,15 @@ PATHS = {
     "/api/runs/{run_id}/metrics.csv": {
         "get": operation("Per-step metrics as CSV (step, then one column per metric)",
                          {"description": "CSV", "content": {"text/csv": {"schema": {"type": "string"}}}}, [RUN_ID]),
+    },
+    "/api/compare/": {
+        "get": operation(
+            "Summary of 2-4 of your runs (docs/pages.md, Compare summary)", json_body(ref("Compare"), "summary"),
+            [{"name": "runs", "in": "query", "required": True, "description": "comma-separated run ids (2-4)",
+              "schema": {"type": "string", "pattern": "^[0-9]+(,[0-9]+){1,3}$"}},
+             {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
+              "description": "reward/mean level for time_to_reward_s (default: the highest every run reached)"}],
+        ),
     },
 }
 

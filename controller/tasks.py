@@ -3,9 +3,9 @@
 import logging
 
 from celery import shared_task
-from django.utils import timezone
 
 from . import live
+from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
 from .serializers import status_frame
@@ -15,17 +15,17 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name="controller.tasks.run_training", acks_late=True)
-def run_training(run_id: int) -> str:
-    """Claim the run (queued -> starting, atomically) and supervise the learner.
+def run_training(slot_run_id: int) -> str:
+    """Claim the fairest queued run (queued -> starting, atomically) and supervise the learner.
 
-    The conditional UPDATE makes a second delivery of the same message (acks_late after a
-    lost worker, a broker redelivery) a no-op: only one task ever starts a given run.
+    A message is a slot, not a run: the run launched with it may wait while another user's
+    starts (controller/dispatch.py, round robin by user). The atomic claim makes a second
+    delivery (acks_late after a lost worker, a broker redelivery) start at most one more
+    run, never the same one twice.
     """
-    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, cancel_requested=False).update(
-        status=Run.Status.STARTING, started=timezone.now()
-    )
-    if not claimed:
-        log.info("run %s: not queued any more, nothing to do", run_id)
+    run_id = claim_next_run()
+    if run_id is None:
+        log.info("slot of run %s: no queued run may start now, nothing to do", slot_run_id)
         return "skipped"
     run = Run.objects.select_related("experiment", "schedule").get(pk=run_id)
     live.publish(run_id, status_frame(run))
@@ -34,3 +34,5 @@ def run_training(run_id: int) -> str:
     except Exception as err:
         log.exception("run %s: supervisor failed", run_id)
         return finish_run(run_id, Run.Status.FAILED, f"the controller failed while supervising: {err!r}").status
+    finally:
+        top_up()  # a slot for a run that a concurrency limit held back

@@ -1,8 +1,13 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic.base import RedirectView
 
-from . import api, views
+from . import api, manage_views, views
+from .login_throttle import ThrottledLoginView
+
+handler404 = "controller.api_errors.not_found"
 
 api_urlpatterns = [
     path("api/openapi.json", api.openapi, name="api-openapi"),
@@ -16,15 +21,24 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
     path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
+    path("api/compare/", api.compare, name="api-compare"),
 ]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.experiments, name="experiments"),
     path("experiments/<int:experiment_id>/", views.experiment, name="experiment"),
     path("experiments/<int:experiment_id>/launch/", views.launch, name="launch"),
+    path("experiments/<int:experiment_id>/edit/", manage_views.experiment_edit, name="experiment-edit"),
+    path("experiments/<int:experiment_id>/clone/", manage_views.experiment_clone, name="experiment-clone"),
+    path("experiments/<int:experiment_id>/delete/", manage_views.experiment_delete, name="experiment-delete"),
+    path("schedules/", manage_views.schedules, name="schedules"),
+    path("schedules/<int:schedule_id>/edit/", manage_views.schedule_edit, name="schedule-edit"),
+    path("schedules/<int:schedule_id>/delete/", manage_views.schedule_delete, name="schedule-delete"),
+    # browsers ask for /favicon.ico on pages without a <link rel="icon"> (JSON, admin)
+    path("favicon.ico", RedirectView.as_view(url=f"{settings.STATIC_URL}favicon.svg", permanent=True)),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
     path("runs/<int:run_id>/log/", views.run_log, name="run-log"),

@@ -7,17 +7,18 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from learner.config import ConfigError
 
+from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule
+from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .runlog import log_path
-
-MAX_COMPARED = 4
 
 
 def owned_runs(user):
@@ -42,10 +43,21 @@ def experiments(request):
     return render(request, "experiments.html", context, status=400 if form.errors else 200)
 
 
+def with_figures(runs: list[Run]) -> list[Run]:
+    """Each run with ``figures`` (steps done, final reward, median step time, from its stored
+    metrics) and ``duration_s`` (start to finish, or to now while it runs)."""
+    rows = step_rows([r.pk for r in runs])
+    now = timezone.now()
+    for r in runs:
+        r.figures = run_table_figures(rows[r.pk])
+        r.duration_s = ((r.finished or now) - r.started).total_seconds() if r.started else None
+    return runs
+
+
 def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
     context = {
         "experiment": experiment,
-        "runs": experiment.runs.select_related("schedule"),
+        "runs": with_figures(list(experiment.runs.select_related("schedule"))),
         "schedules": Schedule.objects.visible_to(request.user),
         "launch_form": launch_form,
     }
@@ -69,6 +81,9 @@ def launch(request, experiment_id: int):
             run = launch_run(found, data["schedule"], data["steps"], data["name"])
         except ConfigError as err:
             form.add_error("schedule", f"does not fit the experiment's config: {err}")
+        except QuotaExceeded as err:
+            field = LAUNCH_FIELDS.get(err.field)
+            form.add_error(field if field in form.fields else None, err.message)
         else:
             return redirect("run", run.pk)
     return experiment_page(request, found, form)
@@ -125,17 +140,12 @@ def config_diff(runs: list[Run]) -> list[dict]:
 def compare(request):
     """``?runs=1,2,3``: 2-4 of the user's runs side by side (no parameter: just the picker)."""
     mine = owned_runs(request.user)
-    raw = request.GET.get("runs", "")
     error, chosen = "", []
     try:
-        ids = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        ids, error = [], "runs: expected comma-separated run ids"
-    if len(ids) != len(set(ids)):
-        error = "runs: a run is listed twice"
-    elif ids and not 2 <= len(ids) <= MAX_COMPARED:
-        error = f"runs: pick between 2 and {MAX_COMPARED} runs"
-    elif ids:
+        ids = parse_run_ids(request.GET.get("runs", ""))
+    except CompareError as err:
+        ids, error = [], f"{err.field}: {err}"
+    if ids:
         found = {r.pk: r for r in mine.filter(pk__in=ids)}
         if len(found) != len(ids):
             raise Http404("no such run")

@@ -88,7 +88,7 @@ def cmd_train(args) -> int:
     boot_phase(f"loading torch and the policy {cfg.model.policy}")
     from tqdm import tqdm
 
-    from learner.schedules import train
+    from learner.driver.loop import train
     from learner.timeline import FanoutSink, MemorySink
 
     sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
@@ -150,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.set_defaults(func=cmd_audit)
 
-    for name in ("simulate", "bench"):
+    for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run")):
         try:
-            module = __import__(f"learner.{name}", fromlist=["add_arguments", "run"])
+            module = __import__(path, fromlist=["add_arguments", "run"])
         except ImportError:
             continue
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])

@@ -11,8 +11,9 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 Schedule = Literal["sync", "async", "fully-async", "streaming"]
 SCHEDULES: tuple[str, ...] = ("sync", "async", "fully-async", "streaming")
@@ -29,12 +30,16 @@ class Strict(BaseModel):
 
 
 class ModelConfig(Strict):
-    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory")
-    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory")
+    # server_path: the controller reads these only from its model roots (controller/server_paths.py)
+    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory",
+                        json_schema_extra={"server_path": "model"})
+    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory",
+                         json_schema_extra={"server_path": "model"})
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
-    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)")
+    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
+                                  json_schema_extra={"server_path": "run"})
 
 
 class ToolLatency(Strict):
@@ -198,9 +203,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except OSError as err:
         raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config: {p} is not valid YAML: {str(err).splitlines()[0]}") from None
+        data = load_yaml(text)
+    except UnsafeYamlError as err:
+        raise ConfigError(f"config: {p}: {err}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")

@@ -25,7 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.learner import StreamingLearner, reference_gradient
+from learner.gradients import StreamingLearner, reference_gradient
 from learner.objectives import OPD_LOSS_AGG_MODES, compute_dtype
 from learner.trajectory import ScoredTurn, Trajectory
 

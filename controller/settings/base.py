@@ -94,6 +94,9 @@ THUNDERSYNC_LEARNER_COMMAND = (
     [str(_console_script)] if _console_script.exists() else [sys.executable, "-m", "learner.cli"]
 )
 THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
+# Directories a run config may load models from besides the built-ins (os.pathsep separated);
+# none by default (controller/server_paths.py).
+THUNDERSYNC_MODEL_ROOTS = [p for p in os.environ.get("THUNDERSYNC_MODEL_ROOTS", "").split(os.pathsep) if p]
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
 THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
@@ -102,6 +105,20 @@ THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
 # A viewer with more unacknowledged websocket bytes than this is closed (4408) and resumes with
 # ?after; the replay keeps at most half of it in flight (controller/consumers.py).
 THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES", 4 * 2**20))
+
+# Per-user quotas (controller/quotas.py); a UserQuota row in the admin overrides them per user.
+THUNDERSYNC_QUOTA_DEFAULTS = {
+    "trajectories_per_step": 1024,  # train.prompts_per_step × train.group_size
+    "steps": 10_000,  # train.steps of one run
+    "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
+    "queued_runs": 10,
+}
+
+# Login throttling (controller/login_throttle.py): failures counted per account and per
+# client address; at the limit, logins are refused until the window after the first failure ends.
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
+THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
 
 LOGGING = {
     "version": 1,

@@ -2,7 +2,9 @@
 
 Environment: DJANGO_SECRET_KEY (required), DJANGO_ALLOWED_HOSTS (comma separated),
 DATABASE_URL (postgres://user:pass@host:port/name) or PGHOST/PGPORT/PGUSER/PGPASSWORD/
-PGDATABASE, REDIS_URL (redis://host:6379/0).
+PGDATABASE, REDIS_URL (redis://host:6379/0), DJANGO_HTTPS (default 1: served over HTTPS,
+usually TLS ended by a proxy that sets X-Forwarded-Proto; 0 only for a plain-HTTP trial),
+DJANGO_HSTS_SECONDS (default one year).
 """
 
 import os
@@ -60,3 +62,15 @@ CELERY_BROKER_URL = REDIS_URL
 # A run can train for hours; with acks_late Redis would redeliver it after the visibility
 # timeout (harmless, the task is idempotent, but wasteful), so make it longer than any run.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+
+# HTTPS (docs/controller.md, "Production"): `manage.py check --deploy` is clean with these.
+HTTPS = os.environ.get("DJANGO_HTTPS", "1") != "0"
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = HTTPS
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 365 * 24 * 3600)) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS

@@ -16,34 +16,11 @@ travel in the init command through torch's shared-memory pickling.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def available_cores() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
-
-
-def core_plan(n_workers: int, pin: bool) -> tuple[int | None, list[int | None]]:
-    """(learner core, one core per worker): the learner alone on the first core, the workers
-    round-robin over the others; no pinning on one core or when ``pin`` is off."""
-    cores = available_cores()
-    if not pin or len(cores) < 2:
-        return None, [None] * n_workers
-    return cores[0], [cores[1 + w % (len(cores) - 1)] for w in range(n_workers)]
-
-
-def pin_process(core: int | None) -> None:
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        try:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
-        except OSError:
-            pass  # containers may forbid it; the run still works, only less isolated
+from learner.rollout.cores import core_plan, pin_process
 
 
 @dataclass

@@ -1,11 +1,9 @@
-"""Built-in tiny Llama policy and teacher, their SFT warm start and cache; loading any
-local Hugging Face model directory.
+"""Built-in tiny Llama policy and teacher, their build and cache; loading any local Hugging
+Face model directory.
 
 ``builtin:tiny`` and ``builtin:teacher`` are built on first use: a ``LlamaForCausalLM``
-initialised from a seed, then a short supervised pass on canonical ``arith-tool`` traces
-(loss on assistant tokens only) so RL starts from a nonzero but imperfect success rate,
-and the teacher is clearly stronger. The result is an ordinary HF directory under
-``<cache_dir>/models/<name>-<hash>/``, where the hash covers the build recipe, the seed
+initialised from a seed, then the SFT warm start of ``rollout/warm_start.py``. The result
+is an ordinary HF directory under ``<cache_dir>/models/<name>-<hash>/``, where the hash covers the build recipe, the seed
 and ``CODE_VERSION``. It is written into a temporary directory and renamed into place under
 a file lock, so concurrent processes never see a half-written model and build it once.
 
@@ -18,13 +16,11 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,31 +36,13 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from learner.config import TaskConfig
-from learner.rollout.env import STOP_TOKENS, ArithToolEnv, Environment, canonical_turns
+from learner.rollout.env import STOP_TOKENS, Environment
 from learner.rollout.tokenizer import build_char_tokenizer
+from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
 # Bump when the build code changes what a cached model contains.
 CODE_VERSION = "2"
 BUILTIN_PREFIX = "builtin:"
-
-
-@dataclass(frozen=True)
-class BuildRecipe:
-    """Architecture and SFT schedule of a built-in model (all of it enters the cache hash)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    sft_steps: int
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    max_position_embeddings: int = 256  # RoPE: a limit on context length, not parameters
-    # Share of SFT traces that answer at once without the calculator. A policy warm-started
-    # on a mix tries both behaviours; only the tool path is reliably right, so RL has a
-    # clear lever (learn to call the tool) on top of sharpening its copying.
-    direct_answer_fraction: float = 0.0
 
 
 # Calibrated on the default TaskConfig, seed 0, sampling at temperature 1.0: the policy
@@ -207,74 +185,6 @@ def _llama_config(recipe: BuildRecipe, tokenizer: PreTrainedTokenizerFast) -> Ll
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
-
-
-def sft_batch(
-    tokenizer: PreTrainedTokenizerFast, env: ArithToolEnv, rng: random.Random, batch_size: int,
-    direct_answer_fraction: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded canonical traces: (input_ids, attention_mask, labels), each (B, T).
-
-    ``labels`` is the token where it was written by the assistant and -100 on the prompt,
-    the observations and padding, so the loss covers assistant turns only.
-    """
-    rows: list[tuple[list[int], list[int]]] = []
-    for _ in range(batch_size):
-        task = env.sample_task(rng)
-        ids = tokenizer.encode(task.prompt_text, add_special_tokens=False)
-        mask = [0] * len(ids)
-        turns = canonical_turns(task)
-        if rng.random() < direct_answer_fraction:
-            turns = turns[-1:]  # the answer turn alone: no tool call
-        for turn, observation in turns:
-            turn_ids = tokenizer.encode(turn, add_special_tokens=False)
-            ids += turn_ids
-            mask += [1] * len(turn_ids)
-            if observation is not None:
-                obs_ids = tokenizer.encode(observation, add_special_tokens=False)
-                ids += obs_ids
-                mask += [0] * len(obs_ids)
-        rows.append((ids, mask))
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)  # (B, T)
-    attention = torch.zeros((batch_size, width), dtype=torch.long)  # (B, T)
-    labels = torch.full((batch_size, width), -100)  # (B, T)
-    for b, (ids, mask) in enumerate(rows):
-        input_ids[b, : len(ids)] = torch.tensor(ids)
-        attention[b, : len(ids)] = 1
-        labels[b, : len(ids)] = torch.where(torch.tensor(mask) == 1, torch.tensor(ids), -100)
-    return input_ids, attention, labels
-
-
-def sft_warm_start(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, task: TaskConfig, recipe: BuildRecipe, seed: int
-) -> list[float]:
-    """AdamW on the mean next-token cross-entropy over assistant tokens, linear warmup
-    then cosine decay; returns the loss per step."""
-    env = ArithToolEnv(task)
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
-
-    def lr_factor(step: int) -> float:
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        progress = (step - recipe.warmup_steps) / max(1, recipe.sft_steps - recipe.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    model.train()
-    losses = []
-    for _ in range(recipe.sft_steps):
-        input_ids, attention, labels = sft_batch(tokenizer, env, rng, recipe.batch_size, recipe.direct_answer_fraction)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.boot import pin_process
+from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.env import Task, make_env
 from learner.rollout.models import stop_token_ids

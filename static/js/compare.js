@@ -3,6 +3,8 @@ import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
 import { fetchSpans, getJSON } from "./api.js";
+import { drawSummary } from "./summary.js";
+import { MetricPanel, metricPoints } from "./metricpanel.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
 const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
@@ -35,14 +37,20 @@ function drawMetricCharts() {
   const per = (key, scale = 1) => runs.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
   drawFigure($("chart-step-time"), seriesFigure(per("timing_s/step"), { kind: "bar", yTitle: "seconds" }));
   drawFigure($("chart-idle"), seriesFigure(per("trainer/idle_ratio", 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
-  // Reward against wall time: each step's reward at the moment the step ended (step/t_end).
-  const reward = runs.map((r) => {
-    const points = r.metrics
-      .filter((m) => m.values["reward/mean"] != null && m.values["step/t_end"] != null)
-      .sort((a, b) => a.values["step/t_end"] - b.values["step/t_end"]);
-    return { name: label(r), colour: r.colour, x: points.map((m) => m.values["step/t_end"]), y: points.map((m) => m.values["reward/mean"]) };
-  });
-  drawFigure($("chart-reward"), seriesFigure(reward, { xTitle: "seconds since run start", yTitle: "reward/mean" }));
+}
+
+/**
+ * Reward against wall time: each step's reward when the step ended, from the run's first step
+ * start, so no run carries its boot time (the summary's origin); ``level``, the summary's
+ * reward level, as a dotted line.
+ */
+function drawReward(level) {
+  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, "reward/mean", { axis: "wall" }) }));
+  const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: "reward/mean" });
+  if (level !== null) {
+    figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
+  }
+  return drawFigure($("chart-reward"), figure);
 }
 
 /**
@@ -91,7 +99,9 @@ async function drawTimelines(step) {
     const start = metric?.values["step/t_start"] ?? store.steps.get(step)?.tStart ?? 0;
     return { run: r, store, start };
   }));
+  // Off-policy rollouts of this step's batch ran before the step started: negative times, shown.
   const width = Math.max(1e-3, ...per.map((p) => (p.store.size ? p.store.tMax - p.start : 0)));
+  const before = Math.min(0, ...per.map((p) => (p.store.size ? p.store.tMin - p.start : 0)));
   container.replaceChildren();
   per.forEach((p, i) => {
     const div = document.createElement("div");
@@ -99,21 +109,37 @@ async function drawTimelines(step) {
     div.id = `timeline-${p.run.id}`;
     container.appendChild(div);
     if (!p.store.size) {
-      div.innerHTML = `<p class="empty">${label(p.run)}: no spans for step ${step}.</p>`;
+      const empty = document.createElement("p"); // textContent: a run name is user input
+      empty.className = "empty";
+      empty.textContent = `${label(p.run)}: no spans for step ${step}.`;
+      div.replaceChildren(empty);
       return;
     }
     const bars = mergeBars([...p.store.spans()], width / TIMELINE_PX);
     new GanttChart(div).draw({
       bars, lanes: orderLanes(p.store.lanes), barriers: storeBarriers(p.store), shift: p.start,
-      xRange: [0, width * 1.02], title: `${label(p.run)} · step ${step} · ${p.store.size} spans`,
+      xRange: [before - (width - before) * 0.01, width + (width - before) * 0.02], title: `${label(p.run)} · step ${step} · ${p.store.size} spans`,
       showLegend: i === per.length - 1, maxHeight: 420, uirevision: `step-${step}`,
     });
   });
   container.dataset.step = String(step);
 }
 
+function watchSummary() {
+  const input = $("reward-level");
+  const draw = async () => {
+    const summary = await drawSummary($("compare-summary"), $("summary-note"), runs.map((r) => r.id),
+      input.value.trim() === "" ? null : Number(input.value));
+    await drawReward(summary.reward_level);
+  };
+  input.addEventListener("change", () => draw().catch(showError));
+  return draw();
+}
+
 async function main() {
   await Promise.all(runs.map(async (r) => { r.metrics = (await getJSON(`${r.apiBase}metrics/`)).metrics; }));
+  await watchSummary();
+  new MetricPanel($("metric-panel")).update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
   drawMetricCharts();
   // Steps every run has finished: the aligned timelines compare like with like.
   const common = runs.map((r) => new Set(r.metrics.map((m) => m.step)))
@@ -131,9 +157,11 @@ async function main() {
   document.getElementById("compare-app").dataset.ready = "1";
 }
 
-main().catch((err) => {
+function showError(err) {
   const box = document.createElement("div");
   box.className = "error-box";
   box.textContent = `Could not load the comparison: ${err.message}`;
   document.getElementById("compare-app").prepend(box);
-});
+}
+
+main().catch(showError);

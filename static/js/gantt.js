@@ -169,6 +169,9 @@ export class GanttChart {
     this.byLane = new Map(); // lane -> bars sorted by t0, for hover
     this.listening = false;
     this.handlers = []; // [event, fn] for plotly events, attached once the div is a plotly graph
+    // Drawn over the bars after each paint, e.g. a selected trajectory (static/js/trajectory.js):
+    // {dim: bool, paint(ctx, geometry)}; ``dim`` paints every other bar faded.
+    this.overlay = null;
   }
 
   /** Listens to a plotly event of the chart (e.g. "plotly_relayout"), now or after the first draw. */
@@ -266,6 +269,7 @@ export class GanttChart {
     const thickness = Math.max(1, Math.abs(py(1) - py(0)) * 0.7);
     const hidden = new Set((this.div._fullData || []).filter((t) => t.visible === "legendonly").map((t) => t.name));
     const kinds = orderKinds(this.byKind.keys());
+    ctx.globalAlpha = this.overlay?.dim ? 0.22 : 1;
     kinds.forEach((kind, i) => {
       if (hidden.has(kind)) return;
       ctx.fillStyle = kindColour(kind, i);
@@ -278,18 +282,25 @@ export class GanttChart {
       }
       ctx.fill();
     });
+    ctx.globalAlpha = 1;
+    const x = (t) => px(t - this.shift);
+    this.overlay?.paint(ctx, { x, laneY, thickness, width: w, height: h, colour: (kind) => kindColour(kind, kinds.indexOf(kind)) });
   }
 
-  /** The bar under the pointer (lane from y, time from x within HOVER_PX), shown in a tooltip. */
-  hover(ev) {
+  /** The bar under a mouse event (lane from y, time from x within HOVER_PX), or null. */
+  barAtEvent(ev) {
     const layout = this.div._fullLayout;
-    if (!layout || !layout.xaxis || !this.bars.length) return;
+    if (!layout || !layout.xaxis || !this.bars.length) return null;
     const box = this.canvas.getBoundingClientRect();
     const x = ev.clientX - box.left, y = ev.clientY - box.top;
+    if (x < 0 || y < 0 || x > box.width || y > box.height) return null;
     const xa = layout.xaxis, ya = layout.yaxis;
-    const bar = x >= 0 && y >= 0 && x <= box.width && y <= box.height
-      ? this.barAt(ya.p2l(y), xa.p2l(x) + this.shift, HOVER_PX * Math.abs(xa.p2l(1) - xa.p2l(0)), ya)
-      : null;
+    return this.barAt(ya.p2l(y), xa.p2l(x) + this.shift, HOVER_PX * Math.abs(xa.p2l(1) - xa.p2l(0)), ya);
+  }
+
+  /** The bar under the pointer, shown in a tooltip. */
+  hover(ev) {
+    const bar = this.barAtEvent(ev);
     if (!bar) { this.tip.hidden = true; return; }
     this.tip.innerHTML = bar.span ? hoverText(bar.span)
       : `<b>${bar.n} × ${escapeHtml(bar.kind)}</b> · ${escapeHtml(bar.lane)}<br>merged: widen the step window to see each span`;

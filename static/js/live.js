@@ -3,9 +3,18 @@
 import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, WindowedBars, storeBarriers, windowRange } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+import { MetricPanel } from "./metricpanel.js";
+import { TrajectorySelection } from "./trajectory.js";
+import { trajectoryView, StepPicker } from "./bytraj.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
+// The server accepts, then closes with these codes (docs/web-contract.md): retrying cannot help.
+const FINAL_CLOSES = {
+  4401: "Your session has expired: log in again to follow this run.",
+  4404: "This run no longer exists or is not yours.",
+  4400: "The page asked for a malformed replay cursor: reload the page.",
+};
 
 const root = document.getElementById("run-app");
 const $ = (id) => document.getElementById(id);
@@ -14,7 +23,7 @@ const el = {
   idleLive: $("idle-live"), idleLiveHint: $("idle-live-hint"), idleLast: $("idle-last"),
   stepTime: $("step-time"), reward: $("reward"), staleness: $("staleness"),
   spansDrawn: $("spans-drawn"), barsHint: $("bars-hint"),
-  windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"),
+  windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"), laneMode: $("lane-mode"),
   chartIdle: $("chart-idle"), chartStepTime: $("chart-step-time"),
   chartReward: $("chart-reward"), chartStaleness: $("chart-staleness"),
   progress: $("progress"), log: $("log-tail"),
@@ -23,6 +32,8 @@ const el = {
 const store = new SpanStore();
 const bars = new WindowedBars();
 const gantt = new GanttChart(el.gantt);
+new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note") });
+const trajSteps = new StepPicker($("traj-step"));
 const metrics = new Map(); // step -> values
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
@@ -42,25 +53,35 @@ const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed
 const num = (v, digits = 2) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
 
 // ---- Gantt -------------------------------------------------------------------------------
+/** What the Gantt shows: rollout-slot lanes over the last K steps, or one step by trajectory. */
+function ganttView() {
+  if (el.laneMode.value === "traj") {
+    const step = trajSteps.pick(store.sortedSteps());
+    const view = trajectoryView(store, step);
+    const barriers = storeBarriers(store).filter((b) => b.step === step);
+    return { ...view, barriers, lo: view.range[0], hi: view.range[1], key: `traj-${step}` };
+  }
+  const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
+  const plotPx = Math.max(300, el.gantt.clientWidth - 140);
+  return { bars: bars.build(store, lo, plotPx), lanes: orderLanes(store.lanes), barriers: storeBarriers(store), lo, hi, key: "slots" };
+}
+
 async function drawGantt() {
   if (!store.size) return;
   const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
-  const windowSteps = Number(el.windowSteps.value);
-  const [lo, hi] = windowRange(store, windowSteps);
-  const plotPx = Math.max(300, el.gantt.clientWidth - 140);
-  const allBars = bars.build(store, lo, plotPx);
+  const { bars: allBars, lanes, barriers, lo, hi, key } = ganttView();
   const follow = el.follow.checked;
   const builtMs = epochMs();
   await gantt.draw({
-    bars: allBars, lanes: orderLanes(store.lanes), barriers: storeBarriers(store),
-    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}`,
+    bars: allBars, lanes, barriers,
+    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}-${key}`,
   });
   draws++;
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
   barsDrawn = allBars.length;
   el.spansDrawn.textContent = `spans drawn: ${spansDrawn}`;
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
-  el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(store.lanes.size, "lane")}`;
+  el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(lanes.length, "lane")}`;
   const drawnMs = epochMs();
   drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
   for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
@@ -77,6 +98,14 @@ const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY
 
 el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
 el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
+for (const input of [el.laneMode, $("traj-step")]) {
+  input.addEventListener("change", () => {
+    $("traj-step-label").hidden = el.laneMode.value !== "traj";
+    el.follow.checked = true;
+    followEpoch++;
+    requestGantt({ now: true });
+  });
+}
 
 function watchUserZoom() {
   // A user zoom or pan stops following the live edge until "follow live" is ticked again.
@@ -122,7 +151,13 @@ async function drawMetrics() {
     ], { yTitle: "policy versions" })),
   ]);
 }
-const requestMetrics = throttledRedraw(async () => { await drawMetrics(); chartsDrawnMs = epochMs(); }, 400);
+const metricPanel = new MetricPanel($("metric-panel"));
+const requestMetrics = throttledRedraw(async () => {
+  await drawMetrics();
+  chartsDrawnMs = epochMs();
+  const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
+  await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
+}, 400);
 
 // ---- Progress and log --------------------------------------------------------------------
 const clock = (ms) => { // m:ss or h:mm:ss
@@ -241,6 +276,13 @@ function connect() {
   socket.onclose = (ev) => {
     closeCodes.push(ev.code);
     if (ws !== socket) return; // replaced by reconnect()
+    if (FINAL_CLOSES[ev.code]) {
+      el.conn.textContent = "closed";
+      el.conn.className = "conn down";
+      el.error.textContent = FINAL_CLOSES[ev.code];
+      el.error.hidden = false;
+      return;
+    }
     // A finished run has nothing more to send once its replay is complete.
     if (TERMINAL.has(status) && replayDone) return;
     el.conn.textContent = "disconnected, retrying…";

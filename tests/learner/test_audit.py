@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from learner.audit import AuditError, audit_dump, write_dump
 from learner.config import AdvantageConfig, AlgorithmConfig
 from learner.exactness import random_batch, scored_turns
-from learner.learner import StreamingLearner
+from learner.gradients import StreamingLearner
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from plotly.offline import get_plotlyjs_version
 
-from learner.bench_measure import Calibration, calibrate, compare, drain_steps, summarize
+from learner.bench.measure import Calibration, calibrate, compare, drain_steps, summarize
 from learner.cli import main
 
 FIELDS = ("step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
@@ -118,7 +118,7 @@ def test_balance_is_calibrated_in_two_sync_runs_and_the_measured_ratio_is_report
 def test_quick_calibrates_on_three_steps_unless_steps_are_given():
     from argparse import Namespace
 
-    from learner.bench import QUICK_STEPS, calibration_steps
+    from learner.bench.run import QUICK_STEPS, calibration_steps
 
     assert calibration_steps(Namespace(quick=True, steps=None, warmup=1), QUICK_STEPS) == 3
     assert calibration_steps(Namespace(quick=True, steps=None, warmup=3), QUICK_STEPS) == 5  # two measured steps
@@ -127,7 +127,7 @@ def test_quick_calibrates_on_three_steps_unless_steps_are_given():
 
 
 def test_the_refining_calibration_run_measures_the_main_runs_batches_when_it_is_cheap():
-    from learner.bench_plan import QUICK_BUDGET_S, QUICK_REFINE_SHARE, refine_run_steps
+    from learner.bench.plan import QUICK_BUDGET_S, QUICK_REFINE_SHARE, refine_run_steps
 
     assert refine_run_steps(3, 6, fixed_s=5.0, sync_step_s=1.3) == 6  # this session's VM: 13 s
     assert refine_run_steps(3, 6, fixed_s=12.0, sync_step_s=6.3) == 3  # the 4x slower one: 50 s
@@ -137,7 +137,7 @@ def test_the_refining_calibration_run_measures_the_main_runs_batches_when_it_is_
 
 
 def test_quick_plans_the_most_steps_that_fit_the_budget():
-    from learner.bench_plan import RunCost, plan_steps, step_estimates
+    from learner.bench.plan import RunCost, plan_steps, step_estimates
 
     # a 3-step sync calibration run: 5 s warm-up, 4 s steps, 30 s in all: 18 s fixed per run
     cost = RunCost(wall_s=30.0, step_s=[5.0, 4.0, 4.0])

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from learner.config import RunConfig
-from learner.rollout.boot import boot_workers, core_plan
+from learner.rollout.boot import boot_workers
+from learner.rollout.cores import core_plan
 from learner.rollout.fleet import Fleet, RolloutError
 from learner.rollout.weights import WeightStore
 

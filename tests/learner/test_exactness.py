@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import learner.exactness as exactness
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
 from learner.exactness import random_batch, relative_error, run_case, streamed_gradient, tiny_llama
-from learner.learner import reference_gradient
+from learner.gradients import reference_gradient
 from learner.objectives import OPD_LOSS_AGG_MODES
 
 torch.set_num_threads(1)

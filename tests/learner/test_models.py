@@ -13,17 +13,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from learner.config import TaskConfig
 from learner.rollout import models
 from learner.rollout.env import ArithToolEnv, Task, canonical_turns, evaluate
-from learner.rollout.models import (
-    BuildRecipe,
-    generate_turns,
-    load_model,
-    load_tokenizer,
-    resolve_model_dir,
-    sft_batch,
-    sft_success_rate,
-    sft_warm_start,
-    stop_token_ids,
-)
+from learner.rollout.models import generate_turns, load_model, load_tokenizer, resolve_model_dir, sft_success_rate, stop_token_ids
+from learner.rollout.warm_start import BuildRecipe, sft_batch, sft_warm_start
 from learner.rollout.tokenizer import AGENT_TAGS, build_char_tokenizer
 
 FAST_RECIPE = BuildRecipe(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, sft_steps=3, batch_size=4)
@@ -193,7 +184,7 @@ def test_builtin_policy_loads_in_eval_mode_and_stops_at_turn_ends(shared_builtin
     torch.manual_seed(0)
     turns = generate_turns(model, tok, contexts, temperature=0.0, max_new_tokens=24)
     assert all(turn[-1] in stop_token_ids(tok) for turn in turns)
-    # the warm start mixes tool calls and direct answers (models.BuildRecipe): both well formed
+    # the warm start mixes tool calls and direct answers (warm_start.BuildRecipe): both well formed
     kinds = [env.parse_turn(t, tok.decode(turn)).kind for t, turn in zip(tasks, turns)]
     assert set(kinds) <= {"tool", "final"} and "tool" in kinds, kinds
 

@@ -3,7 +3,7 @@
 import pytest
 from learner.config import load_config
 from learner.rollout.models import load_model
-from learner.schedules import train
+from learner.driver.loop import train
 from learner.timeline import MemorySink
 
 pytestmark = pytest.mark.slow

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.sim_workload import (
+from learner.sim.workload import (
     PAPER_PRESET, BatchWork, Segment, TrajWork, Workload, at_speed, synthetic_workload, with_overrides,
 )
-from learner.sim_engine import run_schedule
-from learner.simulate import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
+from learner.sim.engine import run_schedule
+from learner.sim.cli import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
 from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS, chrome_trace
 
 

@@ -7,7 +7,7 @@ import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig
 from learner.exactness import random_batch, relative_error, scored_turns, tiny_llama
-from learner.learner import OffPolicyLearner, StreamingLearner, reference_gradient
+from learner.gradients import OffPolicyLearner, StreamingLearner, reference_gradient
 from learner.objectives import advantages, token_logprobs
 from learner.streaming import GradAccumulator, OpenGroupError
 

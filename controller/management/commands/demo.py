@@ -40,13 +40,14 @@ def ensure_presets() -> list[Schedule]:
 def ensure_demo_experiment(user) -> Experiment:
     path = settings.BASE_DIR / "configs" / "quickstart.yaml"
     try:
-        config = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+        config = yaml.safe_load(text) or {}
     except (OSError, yaml.YAMLError) as err:
         raise CommandError(f"cannot read the demo config {path}: {err}") from None
     experiment = Experiment.objects.filter(owner=user, name=DEMO_EXPERIMENT).first() or Experiment(
         owner=user, name=DEMO_EXPERIMENT, description="A tiny model on arith-tool; a run takes about a minute on CPU."
     )
-    experiment.config = config
+    experiment.config, experiment.config_text = config, text
     experiment.full_clean()
     experiment.save()
     return experiment

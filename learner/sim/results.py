@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from learner.config import SCHEDULES
-from learner.sim_engine import SimRun, learner_alone_s, rollout_alone_s, run_schedule
-from learner.sim_workload import Workload, workload_from_spans
+from learner.sim.engine import SimRun, learner_alone_s, rollout_alone_s, run_schedule
+from learner.sim.workload import Workload, workload_from_spans
 from learner.timeline import Span, window_metrics
 
 
@@ -52,7 +52,7 @@ class ScheduleResult:
 
 
 def step_metrics(run: SimRun, spans: list[Span]) -> list[dict[str, float]]:
-    """Per-step values under the driver's metric names (learner/schedules.py)."""
+    """Per-step values under the driver's metric names (learner/driver/loop.py)."""
     out = []
     for rec in run.steps:
         width = rec.t_end - rec.t_start

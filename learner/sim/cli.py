@@ -3,8 +3,8 @@
 `thundersync simulate` runs a discrete-event model of the four schedules (DESIGN §4) and
 prints step time, the R/L bound, idle ratios and staleness per schedule. The Python API
 (``simulate``, ``simulate_all``, ``simulate_spans``, ``workload_from_spans``,
-``synthetic_workload``) lives in learner/sim_results.py and learner/sim_workload.py and
-is re-exported here; the model itself is described in learner/sim_engine.py.
+``synthetic_workload``) lives in learner/sim/results.py and learner/sim/workload.py and
+is re-exported here; the model itself is described in learner/sim/engine.py.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from learner.config import SCHEDULES
 from learner.cli_args import number, schedule_list
-from learner.sim_engine import ASSIGN_POLICIES
-from learner.sim_results import ScheduleResult, report, simulate, simulate_all, simulate_spans, simulated_events
-from learner.sim_workload import (
+from learner.sim.engine import ASSIGN_POLICIES
+from learner.sim.results import ScheduleResult, report, simulate, simulate_all, simulate_spans, simulated_events
+from learner.sim.workload import (
     PAPER_PRESET, PAPER_REFERENCE, ROLLOUT_DISTS, SimInputError, SyntheticSpec, Workload, load_events,
     synthetic_workload, with_overrides, workload_from_spans,
 )

@@ -35,7 +35,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from learner.sim_workload import BatchWork, TrajWork, Workload
+from learner.sim.workload import BatchWork, TrajWork, Workload
 from learner.timeline import Span
 
 ASSIGN_POLICIES = ("least-loaded", "round-robin")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @contextmanager
 def asgi_server(start_timeout: float = 60.0):
-    """Run daphne with bench.web_asgi in its own process; yields the base URL.
+    """Run daphne with tests.harness.web_asgi in its own process; yields the base URL.
 
     A separate process, as in production: the websocket consumer talks to the worker only
     through the database and the Redis channel layer."""
@@ -40,7 +40,7 @@ def asgi_server(start_timeout: float = 60.0):
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "bench.web_asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "tests.harness.web_asgi:application"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     try:
@@ -211,7 +211,11 @@ def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slo
         t = learner + 0.08
         step_spans.sort(key=lambda e: e["t1"])  # emission order: a span is reported when it ends
         values = window_metrics(step_spans, t_start, t)
+        last_reward = max(r[0] for r in rewards)
+        first_backward = min(e["t0"] for e in step_spans if e["kind"] == "learner.backward")
         values.update({"timing_s/step": t - t_start, "step/t_start": t_start, "step/t_end": t,
+                       "step/last_reward_t": last_reward, "step/first_backward_t": first_backward,
+                       "timing_s/tail": t - last_reward,
                        "staleness/mean": 0.0, "staleness/max": 0.0, "reward/mean": rng.uniform(0.2, 0.8)})
         spans += step_spans
         metrics.append({"type": "metrics", "step": step, "values": values})

@@ -8,7 +8,7 @@ import os
 from django.conf import settings
 
 if os.environ.get("DJANGO_SETTINGS_MODULE") != "controller.settings.test":
-    raise RuntimeError("bench.web_asgi serves the test database: set DJANGO_SETTINGS_MODULE=controller.settings.test")
+    raise RuntimeError("tests.harness.web_asgi serves the test database: set DJANGO_SETTINGS_MODULE=controller.settings.test")
 settings.DATABASES["default"]["NAME"] = settings.DATABASES["default"]["TEST"]["NAME"]
 
 from controller.asgi import application  # noqa: E402,F401  (sets Django up with the name above)

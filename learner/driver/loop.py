@@ -26,13 +26,14 @@ from typing import Callable
 import torch
 
 from learner.config import RunConfig
-from learner.learner import OffPolicyLearner, StreamingLearner
+from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.mismatch import check_sampled_versions, step_mismatch
 from learner.rollout.env import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
-from learner.rollout.boot import BootedWorkers, boot_fleet, core_plan
+from learner.rollout.boot import BootedWorkers, boot_fleet
+from learner.rollout.cores import core_plan
 from learner.rollout.worker import pin_to_core
 from learner.timeline import EventSink, Span, StepMetrics, union_length, window_metrics
 from learner.trajectory import ScoredTurn, Trajectory

@@ -25,14 +25,14 @@ from typing import Any
 
 import yaml
 
-from learner.bench_measure import (
+from learner.bench.measure import (
     BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
 )
-from learner.bench_plan import QUICK_BUDGET_S, RunCost, plan_steps, refine_run_steps, run_cost, step_estimates
+from learner.bench.plan import QUICK_BUDGET_S, RunCost, plan_steps, refine_run_steps, run_cost, step_estimates
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bench.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench.yaml"
 QUICK_STEPS = 6  # one warm-up step + five measured ones
 QUICK_CALIBRATION_STEPS = 3  # a warm-up step + two measured ones (the first calibration run)
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -114,7 +114,7 @@ def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
     order); raises ``SimInputError`` / ``ValueError`` when a recording cannot be replayed."""
     from dataclasses import replace
 
-    from learner.simulate import workload_from_spans
+    from learner.sim.cli import workload_from_spans
 
     workloads = [workload_from_spans([e for e in events if e.get("type") not in ("span", "metrics")
                                       or e["step"] >= warmup]) for events in sync_runs]
@@ -123,7 +123,7 @@ def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
 
 def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
     """The simulator's prediction per schedule from the sync runs alone, at their machine speed."""
-    from learner.simulate import simulate_all
+    from learner.sim.cli import simulate_all
 
     results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
     return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
@@ -139,8 +139,8 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dic
     not). A speedup against the simulated sync at the same speed is what the schedule gains on
     a machine that holds still; the simulated step beside the measured one checks the schedule
     model, not the drift."""
-    from learner.simulate import simulate_all
-    from learner.sim_workload import at_speed
+    from learner.sim.cli import simulate_all
+    from learner.sim.workload import at_speed
 
     out = {}
     for name, r in results.items():
@@ -164,7 +164,7 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
             runs[name].append(runner.train(run_label, name, steps + drain, scale))
     summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
     results = compare(summaries)
-    from learner.sim_workload import SimInputError
+    from learner.sim.workload import SimInputError
 
     try:  # the sync recordings replayed: as they ran, and at each schedule's machine speed
         pooled = sync_workload(runs["sync"], warmup)
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     if args.html:
-        from learner.bench_report import render_html
+        from learner.bench.report import render_html
 
         Path(args.html).write_text(render_html(doc))
     return 0
@@ -329,7 +329,7 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int, 
 def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibration, scale: float,
                 elapsed_s: float) -> int:
     """Steps per run that fit what is left of --quick's budget, planned from the last
-    calibration run (the machine as it is now; bench_plan)."""
+    calibration run (the machine as it is now; bench/plan.py)."""
     cost = runner.costs[-1]
     order = list(dict.fromkeys(["sync", *args.schedules]))
     estimates = step_estimates(order, cost.steady_step_s, calibration.rollout_at(scale), calibration.learner_s)

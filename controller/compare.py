@@ -1,0 +1,174 @@
+"""The compare summary: per run, the headline figures of docs/pages.md ("Compare summary"),
+every one computed from the run's stored step metrics and spans.
+
+Times are seconds on the learner's clock (seconds since its process started). A run's
+*training window* starts at its first step's ``step/t_start`` (after boot: workers up, model
+loaded) and ends at its last step's ``step/t_end``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from learner.timeline import window_metrics
+
+from .models import Run, Span, StepMetric
+
+MIN_COMPARED, MAX_COMPARED = 2, 4
+REFERENCE_SCHEDULE = "sync"
+MAX_ID = 2**31 - 1
+
+
+class CompareError(ValueError):
+    """A bad ``runs``/``reward`` query: ``field`` names the parameter."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(reason)
+        self.field = field
+
+
+def parse_run_ids(raw: str) -> list[int]:
+    """``"1,2,3"`` -> [1, 2, 3]: 2 to 4 distinct ids (empty text -> [])."""
+    try:
+        ids = [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise CompareError("runs", "expected comma-separated run ids") from None
+    if any(not 1 <= i <= MAX_ID for i in ids):
+        raise CompareError("runs", f"run ids are between 1 and {MAX_ID}")
+    if len(ids) != len(set(ids)):
+        raise CompareError("runs", "a run is listed twice")
+    if ids and not MIN_COMPARED <= len(ids) <= MAX_COMPARED:
+        raise CompareError("runs", f"pick between {MIN_COMPARED} and {MAX_COMPARED} runs")
+    return ids
+
+
+def parse_reward_level(raw: str) -> float | None:
+    if raw == "":
+        return None
+    try:
+        level = float(raw)
+    except ValueError:
+        raise CompareError("reward", f"expected a number, got {raw[:40]!r}") from None
+    if not math.isfinite(level):
+        raise CompareError("reward", "must be a finite number")
+    return level
+
+
+def number(values: dict, key: str) -> float | None:
+    """A stored metric as a float; None when missing or stored as null (NaN at the learner)."""
+    value = values.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def present(rows: list[dict], key: str) -> list[float]:
+    """The step rows' values of ``key``, skipping steps without it."""
+    return [v for v in (number(r, key) for r in rows) if v is not None]
+
+
+def median_of(rows: list[dict], key: str) -> float | None:
+    found = present(rows, key)
+    return statistics.median(found) if found else None
+
+
+def phase_medians(rows: list[dict]) -> tuple[float | None, float | None]:
+    """R and L of a sync run (docs/bench.md): median (last reward - step start) and median
+    (step end - first backward). In sync the phases do not overlap, so each ran alone."""
+    rollout, learner = [], []
+    for r in rows:
+        start, end = number(r, "step/t_start"), number(r, "step/t_end")
+        last_reward, first_backward = number(r, "step/last_reward_t"), number(r, "step/first_backward_t")
+        if start is not None and last_reward is not None:
+            rollout.append(last_reward - start)
+        if end is not None and first_backward is not None:
+            learner.append(end - first_backward)
+    return (statistics.median(rollout) if rollout else None, statistics.median(learner) if learner else None)
+
+
+def step_rows(run_ids: list[int]) -> dict[int, list[dict]]:
+    """run id -> its step metrics' values in step order (each with ``step`` added)."""
+    rows: dict[int, list[dict]] = {rid: [] for rid in run_ids}
+    for m in StepMetric.objects.filter(run_id__in=run_ids).order_by("run_id", "step").values("run_id", "step", "values"):
+        rows[m["run_id"]].append({**m["values"], "step": m["step"]})
+    return rows
+
+
+def run_table_figures(rows: list[dict]) -> dict:
+    """What the runs table shows besides status: steps done, final reward, median step time."""
+    rewards = present(rows, "reward/mean")
+    return {"steps_done": len(rows), "final_reward": rewards[-1] if rewards else None,
+            "step_s": median_of(rows, "timing_s/step")}
+
+
+def training_window(rows: list[dict]) -> tuple[float, float] | None:
+    starts = present(rows, "step/t_start")
+    ends = present(rows, "step/t_end")
+    return (min(starts), max(ends)) if starts and ends and max(ends) > min(starts) else None
+
+
+def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, float | None]:
+    """Learner and rollout idle over the whole training window, from every stored span (the
+    per-step rollouter/idle_ratio is computed before the rollout spans running beside the
+    learner reach the driver, docs/bench.md, so it is not averaged here)."""
+    if window is None:
+        return {"learner_idle": None, "rollout_idle": None}
+    lo, hi = window
+    spans = Span.objects.filter(run_id=run_id, t1__gt=lo, t0__lt=hi).values("kind", "t0", "t1")
+    idle = window_metrics(spans.iterator(chunk_size=5000), lo, hi)
+    return {"learner_idle": idle["trainer/idle_ratio"], "rollout_idle": idle["rollouter/idle_ratio"]}
+
+
+def time_to_reward(rows: list[dict], level: float | None, start: float | None) -> tuple[float | None, int | None]:
+    """Seconds from the first step's start to the end of the first step whose reward/mean
+    reaches ``level`` (None when it never does)."""
+    if level is None or start is None:
+        return None, None
+    for r in rows:
+        reward, end = number(r, "reward/mean"), number(r, "step/t_end")
+        if reward is not None and end is not None and reward >= level:
+            return end - start, r["step"]
+    return None, None
+
+
+def default_reward_level(all_rows: list[list[dict]]) -> float | None:
+    """The highest reward/mean every run with rewards reached at least once."""
+    bests = []
+    for rows in all_rows:
+        rewards = present(rows, "reward/mean")
+        if rewards:
+            bests.append(max(rewards))
+    return min(bests) if bests else None
+
+
+def run_figures(run: Run, rows: list[dict], level: float | None) -> dict:
+    window = training_window(rows)
+    staleness = present(rows, "staleness/mean")
+    worst = present(rows, "staleness/max")
+    seconds, step = time_to_reward(rows, level, window[0] if window else None)
+    return {
+        "id": run.pk, "name": str(run), "status": run.status,
+        "schedule": run.config.get("train", {}).get("schedule", run.schedule.kind),
+        **run_table_figures(rows),
+        **idle_over(run.pk, window),
+        "training_s": window[1] - window[0] if window else None,
+        "staleness_mean": statistics.fmean(staleness) if staleness else None,
+        "staleness_max": max(worst) if worst else None,
+        "tail_s": median_of(rows, "timing_s/tail"),
+        "time_to_reward_s": seconds, "reward_step": step,
+    }
+
+
+def compare_summary(runs: list[Run], level: float | None = None) -> dict:
+    """The compare page's summary table (GET /api/compare/): see docs/pages.md."""
+    rows = step_rows([r.pk for r in runs])
+    if level is None:
+        level = default_reward_level([rows[r.pk] for r in runs])
+    figures = [run_figures(r, rows[r.pk], level) for r in runs]
+    reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
+    rollout_s, learner_s = phase_medians(rows[reference["id"]]) if reference else (None, None)
+    bound = max(rollout_s, learner_s) if rollout_s is not None and learner_s is not None else None
+    for f in figures:
+        f["speedup_vs_sync"] = reference["step_s"] / f["step_s"] if reference and f["step_s"] else None
+        f["efficiency"] = bound / f["step_s"] if bound is not None and f["step_s"] else None
+    return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s,
+            "learner_s": learner_s, "bound_s": bound, "reward_level": level, "runs": figures}

@@ -1,0 +1,1 @@
+"""``thundersync bench``: the schedules measured side by side (docs/bench.md)."""

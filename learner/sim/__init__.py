@@ -1,0 +1,1 @@
+"""Discrete-event simulator of the four schedules (``thundersync simulate``)."""

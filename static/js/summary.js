@@ -1,0 +1,72 @@
+// Compare page summary table: GET /api/compare/ (docs/pages.md, "Compare summary"). Every cell
+// keeps the API's raw number in data-value; the text is that number formatted.
+import { getJSON } from "./api.js";
+
+const dash = "—";
+const fixed = (digits, unit = "") => (v) => `${v.toFixed(digits)}${unit}`;
+const percent = (v) => `${(100 * v).toFixed(1)}%`;
+const times = (v) => `${v.toFixed(2)}×`;
+
+// [field, header, format, title]
+const COLUMNS = [
+  ["steps_done", "Steps", String, "steps with stored metrics"],
+  ["step_s", "Median step", fixed(3, " s"), "median timing_s/step"],
+  ["speedup_vs_sync", "Speedup vs sync", times, "the sync run's median step / this run's"],
+  ["efficiency", "Efficiency", percent, "max(R, L) / median step; R and L from the sync run's metrics"],
+  ["learner_idle", "Learner idle", percent, "share of the training window with no learner span"],
+  ["rollout_idle", "Rollout idle", percent, "share of the training window with no rollout span"],
+  ["staleness_mean", "Staleness mean", fixed(2), "mean of staleness/mean over the steps"],
+  ["staleness_max", "Staleness max", fixed(0), "max of staleness/max"],
+  ["tail_s", "Tail", fixed(3, " s"), "median time from the last reward to the step's end"],
+  ["final_reward", "Final reward", fixed(3), "reward/mean of the last step"],
+  ["time_to_reward_s", "Time to reward", fixed(1, " s"), "from the first step's start (boot excluded)"],
+];
+
+function cell(tag, text, attrs = {}) {
+  const el = document.createElement(tag);
+  el.textContent = text;
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  return el;
+}
+
+function headerRow(level) {
+  const row = document.createElement("tr");
+  row.append(cell("th", "Run"), cell("th", "Schedule"));
+  for (const [field, header, , title] of COLUMNS) {
+    const text = field === "time_to_reward_s" && level !== null ? `${header} ≥ ${level.toFixed(3)}` : header;
+    row.append(cell("th", text, { title, class: "num" }));
+  }
+  return row;
+}
+
+function runRow(run, reference) {
+  const row = document.createElement("tr");
+  row.dataset.runId = String(run.id);
+  row.append(cell("td", run.name + (run.id === reference ? " (reference)" : "")), cell("td", run.schedule));
+  for (const [field, , format] of COLUMNS) {
+    const v = run[field];
+    let text = v === null || v === undefined ? dash : format(v);
+    if (field === "time_to_reward_s" && v !== null) text += ` (step ${run.reward_step})`;
+    row.append(cell("td", text, { class: "num", "data-field": field, "data-value": v === null ? "" : String(v) }));
+  }
+  return row;
+}
+
+function describe(summary) {
+  if (summary.reference === null) return "No sync run among these: no speedup or efficiency.";
+  const s = (v) => (v === null ? dash : `${v.toFixed(3)} s`);
+  return `R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)}, bound max(R, L) = ${s(summary.bound_s)} (the sync run's medians).`;
+}
+
+/** Fetches the summary for ``runIds`` (and ``level``, or the API's default) and fills ``table``. */
+export async function drawSummary(table, note, runIds, level = null) {
+  const query = `runs=${runIds.join(",")}${level === null ? "" : `&reward=${encodeURIComponent(level)}`}`;
+  const summary = await getJSON(`/api/compare/?${query}`);
+  const head = document.createElement("thead"), body = document.createElement("tbody");
+  head.append(headerRow(summary.reward_level));
+  body.append(...summary.runs.map((r) => runRow(r, summary.reference)));
+  table.replaceChildren(head, body);
+  note.textContent = describe(summary);
+  table.dataset.rewardLevel = summary.reward_level === null ? "" : String(summary.reward_level);
+  return summary;
+}

@@ -1,0 +1,105 @@
+// One trajectory across the lanes of a Gantt: click a bar (or type a traj id) and every span of
+// that trajectory (rollout turns, tool waits, verify, its learner.backward) and its group's close
+// are painted over the faded chart, joined in time order by a connecting line; #traj-detail lists
+// exactly the highlighted spans.
+import { isLearnerKind } from "./spans.js";
+
+const OUTLINE = "#111827";
+
+/** The highlighted bars for ``traj`` among ``bars``: its spans and its group's close, by start. */
+export function trajectoryBars(bars, traj) {
+  const mine = bars.filter((b) => b.span && b.span.traj === traj);
+  const groups = new Set(mine.map((b) => b.span.group).filter((g) => g !== null && g !== undefined));
+  const closes = bars.filter((b) => b.span && b.span.kind === "learner.group_close" && groups.has(b.span.group));
+  return [...mine, ...closes].sort((a, b) => a.t0 - b.t0 || a.t1 - b.t1);
+}
+
+function paintSelection(ctx, { x, laneY, thickness, colour }, bars) {
+  // the path: end of each span to the start of the next one (reward -> backward across lanes)
+  ctx.strokeStyle = OUTLINE;
+  ctx.lineWidth = 1.2;
+  ctx.setLineDash([4, 3]);
+  ctx.beginPath();
+  for (let i = 1; i < bars.length; i++) {
+    const a = bars[i - 1], b = bars[i];
+    if (a.lane === b.lane) continue;
+    ctx.moveTo(x(a.t1), laneY.get(a.lane));
+    ctx.lineTo(x(b.t0), laneY.get(b.lane));
+  }
+  ctx.stroke();
+  ctx.setLineDash([]);
+  for (const b of bars) {
+    const x0 = x(b.t0), y = laneY.get(b.lane) - thickness / 2, w = Math.max(2, x(b.t1) - x0);
+    ctx.fillStyle = colour(b.kind);
+    ctx.fillRect(x0, y, w, thickness);
+    ctx.strokeRect(x0, y, w, thickness);
+  }
+}
+
+function row(span) {
+  const tr = document.createElement("tr");
+  Object.assign(tr.dataset, { kind: span.kind, traj: String(span.traj ?? ""), group: String(span.group ?? ""), seq: String(span.seq) });
+  const cells = [span.kind, span.lane, span.step, span.turn ?? "–", span.policy_version ?? "–", span.tokens,
+    span.t0.toFixed(3), span.t1.toFixed(3), ((span.t1 - span.t0) * 1000).toFixed(1)];
+  for (const c of cells) {
+    const td = document.createElement("td");
+    td.textContent = String(c);
+    tr.append(td);
+  }
+  return tr;
+}
+
+export class TrajectorySelection {
+  /** chart: a GanttChart; search: a number input; detail: a <table>; note: where the summary line goes. */
+  constructor(chart, { search, detail, note }) {
+    Object.assign(this, { chart, search, detail, note, traj: null, seenBars: null, bars: [] });
+    chart.div.addEventListener("click", (ev) => {
+      const span = chart.barAtEvent(ev)?.span;
+      if (span && span.traj !== null && span.traj !== undefined) this.select(span.traj);
+      else if (!span) this.select(null);
+    });
+    search.addEventListener("change", () => this.select(search.value.trim() === "" ? null : Number(search.value)));
+  }
+
+  select(traj) {
+    this.traj = Number.isInteger(traj) ? traj : null;
+    this.search.value = this.traj === null ? "" : String(this.traj);
+    this.seenBars = null;
+    this.chart.overlay = this.traj === null ? null : { dim: true, paint: (ctx, geometry) => this.paint(ctx, geometry) };
+    if (this.traj === null) this.render();
+    this.chart.paint();
+  }
+
+  paint(ctx, geometry) {
+    if (this.seenBars !== this.chart.bars) { // a redraw brought new bars: find the trajectory's again
+      this.seenBars = this.chart.bars;
+      this.bars = trajectoryBars(this.chart.bars, this.traj);
+      this.render();
+    }
+    paintSelection(ctx, geometry, this.bars);
+  }
+
+  render() {
+    const spans = this.traj === null ? [] : this.bars.map((b) => b.span);
+    const body = document.createElement("tbody");
+    body.append(...spans.map(row));
+    this.detail.tBodies[0]?.remove();
+    this.detail.append(body);
+    this.detail.hidden = !spans.length;
+    this.detail.dataset.traj = this.traj === null ? "" : String(this.traj);
+    this.note.textContent = this.traj === null ? "Click a bar, or type a trajectory id, to follow one trajectory."
+      : spans.length ? summary(this.traj, spans) : `trajectory ${this.traj}: no spans in the drawn window`;
+  }
+}
+
+/** "traj 12 · group 3 · 4 rollout spans · backward 35 ms after its last rollout span" */
+function summary(traj, spans) {
+  const rollout = spans.filter((s) => s.traj === traj && !isLearnerKind(s.kind));
+  const backward = spans.find((s) => s.kind === "learner.backward");
+  const parts = [`trajectory ${traj}`, `group ${spans[0].group ?? "–"}`, `${rollout.length} rollout spans`];
+  if (backward && rollout.length) {
+    const gap = backward.t0 - Math.max(...rollout.map((s) => s.t1));
+    parts.push(`backward on ${backward.lane} ${(gap * 1000).toFixed(0)} ms after its last rollout span`);
+  } else if (!backward) parts.push("not trained yet");
+  return parts.join(" · ");
+}
