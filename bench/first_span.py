@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.web_harness import bench_database  # noqa: E402
+from tests.harness.web_harness import bench_database  # noqa: E402
 
 PHASES = ("claimed", "interpreter up", "torch imported", "run started", "first span")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.web_harness import asgi_server, bench_database  # noqa: E402
+from tests.harness.web_harness import asgi_server, bench_database  # noqa: E402
 
 TARGET_P95_MS = 250.0
 

@@ -9,12 +9,12 @@ import threading
 import time
 
 import pytest
-from bench.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
+from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 from controller import ingestion
 from controller.models import Run, Span
 from controller.runlog import log_path
 
-from .conftest import make_run, wait_for_status
+from .conftest import launch_from_page, make_run, wait_for_status
 
 pytestmark = [pytest.mark.browser]
 
@@ -51,12 +51,7 @@ def test_progress_eta_live_log_and_the_finished_state(
     page, errors = browser_page
     page.add_init_script(RECORDER)
     log_in(page, live_url, "alice", "alice-password")
-    page.goto(f"{live_url}/experiments/{alice_experiment.pk}/")
-    page.select_option("#id_schedule", str(streaming_preset.pk))
-    page.fill("#id_steps", "4")
-    page.click("#launch-form button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs/\d+/$"))
-    run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+    run_id = launch_from_page(page, live_url, alice_experiment, streaming_preset, steps=4)
     run = wait_for_status(run_id, Run.FINISHED, RUN_TIMEOUT_S)
     assert run.status == Run.Status.SUCCEEDED, run.error
     page.wait_for_function(f"{STATE}.status === 'succeeded' && {STATE}.stepsDone === 4", timeout=60_000)

@@ -19,6 +19,19 @@ async def ack(communicator, frames: int) -> None:
     await communicator.send_to(text_data=json.dumps({"type": "ack", "frames": frames}))
 
 
+async def receive_acking(communicator, frames: int, until: str | None = None) -> tuple[list[int], int]:
+    """Read frames, acknowledging each as the page does, until one of type ``until`` (or just one);
+    returns the span seqs read and the number of frames received so far on this socket."""
+    seqs = []
+    while True:
+        frame = json.loads((await communicator.receive_output(timeout=5))["text"])
+        frames += 1
+        await ack(communicator, frames)
+        seqs += span_seqs([frame])
+        if until is None or frame["type"] == until:
+            return seqs, frames
+
+
 async def publish_stored(run, start: int, stop: int) -> None:
     """What the ingestor does: store the spans, then publish them as one frame."""
     await database_sync_to_async(store_spans_range)(run, start, stop)
@@ -50,14 +63,7 @@ async def test_a_stalled_viewer_is_closed_within_the_backlog_and_recovers_every_
     # the page reconnects after the highest seq it holds and gets the rest from the database
     resumed, connected, _ = await connect(alice_run, user=alice, after=sent[-1])
     assert connected
-    received, frames = [], 0
-    while True:
-        out = json.loads((await resumed.receive_output(timeout=5))["text"])
-        frames += 1
-        await ack(resumed, frames)
-        received += span_seqs([out])
-        if out["type"] == "replay_done":
-            break
+    received, _ = await receive_acking(resumed, 0, until="replay_done")
     assert sent + received == list(range(2000))
     await resumed.disconnect()
 
@@ -70,21 +76,13 @@ async def test_the_replay_waits_for_acks_and_a_viewer_that_acks_is_never_closed(
     first = json.loads((await viewer.receive_output(timeout=5))["text"])
     assert len(first["spans"]) == consumers.REPLAY_BATCH
     assert await viewer.receive_nothing(timeout=0.5)  # half the limit is in flight: it waits
-    frames, seqs = 1, span_seqs([first])
-    await ack(viewer, frames)
-    while True:
-        frame = json.loads((await viewer.receive_output(timeout=5))["text"])
-        frames += 1
-        await ack(viewer, frames)
-        seqs += span_seqs([frame])
-        if frame["type"] == "replay_done":
-            break
+    await ack(viewer, 1)
+    rest, frames = await receive_acking(viewer, 1, until="replay_done")
+    seqs = span_seqs([first]) + rest
     for start in range(6000, 9000, 100):  # live frames, acknowledged as they come
         await publish_stored(alice_run, start, start + 100)
-        frame = json.loads((await viewer.receive_output(timeout=5))["text"])
-        frames += 1
-        await ack(viewer, frames)
-        seqs += span_seqs([frame])
+        live, frames = await receive_acking(viewer, frames)
+        seqs += live
     assert seqs == list(range(9000))
     await viewer.disconnect()
 
