@@ -107,17 +107,17 @@ async def viewer(ws_url: str, origin: str, cookie: str, frames: list, ready: asy
                        max_size=None, open_timeout=60) as ws:
         acked_at = 0.0
         while True:
-            text = await asyncio.wait_for(ws.recv(), timeout=600)
-            frames.append((time.time(), text))
+            raw = await asyncio.wait_for(ws.recv(decode=False), timeout=600)  # decoded after the run
+            frames.append((time.time(), raw))
+            text = raw[:40].decode(errors="replace")
             if not counter[0] or time.monotonic() - acked_at >= ACK_EVERY_S:
                 acked_at = time.monotonic()
                 await ws.send(json.dumps({"type": "ack", "frames": len(frames)}))
-            head = text[:40]
-            if '"replay_done"' in head:
+            if '"replay_done"' in text:
                 counter[0] += 1
                 if counter[0] == counter[1]:
                     ready.set()
-            elif '"status"' in head and json.loads(text)["status"] in TERMINAL:
+            elif '"status"' in text and json.loads(raw)["status"] in TERMINAL:
                 return
 
 
@@ -132,7 +132,7 @@ def viewers_main(url: str, run_id: int, cookie: str, n: int, out: str) -> None:
         await asyncio.wait_for(ready.wait(), timeout=300)
         print("ready", flush=True)
         await asyncio.gather(*tasks)
-        Path(out).write_text(json.dumps(per_viewer))
+        Path(out).write_text(json.dumps([[(t, raw.decode()) for t, raw in frames] for frames in per_viewer]))
 
     asyncio.run(main())
 
@@ -190,7 +190,9 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
             stages["read -> published"].append(1000 * (probe.published[seq] - probe.read[seq]))
     expected = sorted(kinds)
     exact = all(seen == expected for seen in counts)
+    span_frames = sum(1 for _, text in per_viewer[0] if text.startswith('{"type": "spans"'))
     return {"viewers": viewers, "spans": len(kinds), "wall_s": wall, "latencies": latencies, "stages": stages,
+            "frames": span_frames,
             "exactly_once": exact, "median_step_s": statistics.median(step_s) if step_s else float("nan")}
 
 
@@ -223,7 +225,8 @@ def main() -> int:
         p95 = statistics.quantiles(r["latencies"], n=100, method="inclusive")[94]
         ok &= p95 <= TARGET_P95_MS and r["exactly_once"]
         print(f"\n{r['viewers']} viewer(s): {r['spans']} spans in {r['wall_s']:.1f} s "
-              f"({r['spans'] / r['wall_s']:.0f} spans/s incl. boot), median step {r['median_step_s']:.2f} s, "
+              f"({r['spans'] / r['wall_s']:.0f} spans/s incl. boot) in {r['frames']} span frames, "
+              f"median step {r['median_step_s']:.2f} s, "
               f"every viewer got every span once in order: {r['exactly_once']}")
         for name, values in r["stages"].items():
             print(f"  {name:30s} {percentiles(values)}")
