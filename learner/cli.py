@@ -30,7 +30,10 @@ def check_resolvable(cfg) -> None:
     from learner.rollout.models import BUILTIN_PREFIX, is_model_dir
 
     try:
-        make_env(cfg.task)
+        env = make_env(cfg.task)
+        check = getattr(env, "check", None)
+        if check is not None:  # data tasks: read the data now, so a bad row stops the run here
+            check(cfg.seed, cfg.train.steps * cfg.train.prompts_per_step)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     specs = {"model.policy": cfg.model.policy}
@@ -99,8 +102,15 @@ def cmd_train(args) -> int:
         bar.update(1)
         bar.write(_summary_line(m), file=sys.stderr)
 
+    from learner.rollout.fleet import RolloutError
+
     try:
         _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted)
+    except RolloutError as exc:  # e.g. a task's reward failed on a row: its reason, not our traceback
+        reason = str(exc).splitlines()[0]
+        sink.emit({"type": "run", "status": "failed", "error": f"RolloutError: {reason}"})
+        print(f"thundersync: run failed: {reason}", file=sys.stderr)
+        return 1
     except Exception as exc:
         sink.emit({"type": "run", "status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         raise

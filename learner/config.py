@@ -55,6 +55,14 @@ class ToolLatency(Strict):
     scale: float = Field(1.0, ge=0.0, le=1000.0, description="multiplies every draw (the bench's --balance)")
 
 
+class GymDataset(Strict):
+    """One reasoning-gym dataset of a ``reasoning-gym`` task (docs/tasks.md)."""
+
+    name: str = Field(..., min_length=1, max_length=100, description="a reasoning_gym dataset name, e.g. basic_arithmetic")
+    weight: float = Field(1.0, gt=0.0, le=1e6)
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own options")
+
+
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
                       description="a registered environment (learner.rollout.env.register_env)")
@@ -63,6 +71,28 @@ class TaskConfig(Strict):
     max_operand: int = Field(20, ge=2, le=999)
     max_turns: int = Field(4, ge=1, le=16)
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
+    # tasks from data (task.name: dataset; docs/tasks.md)
+    path: str | None = Field(None, max_length=4096,
+                             description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf-disk"] = "auto"
+    prompt_field: str = Field("prompt", min_length=1, max_length=200)
+    answer_field: str = Field("answer", min_length=1, max_length=200)
+    system_prompt: str | None = Field(None, max_length=20_000, description="a system message before each prompt")
+    reward: str = Field("exact-match", min_length=1, max_length=500,
+                        description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'")
+    reward_pattern: str | None = Field(None, max_length=1000, description="regex reward: group 1 is the answer")
+    on_bad_data: Literal["error", "score-zero"] = Field(
+        "error", description="bad row or failing reward: stop with an error naming row and field, or score 0 and count it")
+    shuffle: bool = Field(True, description="reshuffle the training rows each epoch, from the run seed")
+    epochs: int = Field(0, ge=0, le=1_000_000, description="passes over the training rows allowed (0: no limit)")
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of rows held out for train.eval_every")
+    tools: list[Literal["calculator", "python-sandbox"]] = Field(
+        default_factory=list, max_length=1, description="the tool the policy may call (at most one)")
+    tool_format: Literal["auto", "tags", "hermes"] = Field(
+        "auto", description="how turns call tools: <call> tags (built-in) or <tool_call> JSON (Qwen/Hermes)")
+    # reasoning-gym (task.name: reasoning-gym)
+    datasets: list[GymDataset] = Field(default_factory=list, max_length=100)
+    size: int = Field(10_000, ge=1, le=10_000_000, description="reasoning-gym items generated per split")
 
     @model_validator(mode="after")
     def _ops_ordered(self) -> "TaskConfig":
@@ -71,6 +101,16 @@ class TaskConfig(Strict):
         if self.name == "arith-tool" and self.max_turns < self.max_ops + 1:
             # n operators need n single-operation calls plus the answer turn
             raise ValueError(f"max_turns must be >= max_ops + 1 = {self.max_ops + 1} so arith-tool tasks are solvable")
+        return self
+
+    @model_validator(mode="after")
+    def _data_task_complete(self) -> "TaskConfig":
+        if self.name == "dataset" and not self.path:
+            raise ValueError("path: a dataset task needs task.path (a JSONL/Parquet/CSV file or a datasets directory)")
+        if self.name == "reasoning-gym" and not self.datasets:
+            raise ValueError("datasets: a reasoning-gym task needs at least one dataset (name and weight)")
+        if self.reward == "regex" and not self.reward_pattern:
+            raise ValueError("reward_pattern: reward 'regex' needs a pattern whose group 1 is the answer")
         return self
 
 

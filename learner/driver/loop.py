@@ -15,7 +15,6 @@ metrics are derived from the spans of the step's wall-clock window.
 from __future__ import annotations
 
 import gc
-import random
 import resource
 from collections import deque
 import time
@@ -28,7 +27,7 @@ import torch
 from learner.config import RunConfig
 from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.mismatch import check_sampled_versions, step_mismatch
-from learner.rollout.env import make_env
+from learner.rollout.env import make_env, task_for_group, task_metrics
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
@@ -139,7 +138,7 @@ class Trainer:
         for _ in range(n):
             g = self.next_group
             self.next_group += 1
-            task = self.env.sample_task(random.Random(self.cfg.seed * 1_000_003 + g))
+            task = task_for_group(self.env, g, self.cfg.seed)
             for _ in range(G):
                 items.append((self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
                 self.next_traj += 1
@@ -286,6 +285,7 @@ class Trainer:
             "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "policy/version": float(self.version),
             **rec.mismatch,
+            **task_metrics(rec.trajs),
         })
         if self.cfg.train.schedule == "fully-async":
             values["rollout/dropped_groups"] = float(rec.dropped_groups)

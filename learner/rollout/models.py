@@ -41,7 +41,7 @@ from learner.rollout.tokenizer import build_char_tokenizer
 from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
 # Bump when the build code changes what a cached model contains.
-CODE_VERSION = "2"
+CODE_VERSION = "3"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE
 BUILTIN_PREFIX = "builtin:"
 
 
