@@ -4,12 +4,14 @@ Protocol (docs/web-contract.md): connect to /ws/runs/<id>/?after=<seq>; the serv
 every stored span with seq > after in batches, all metrics, the status and
 ``replay_done``, then forwards live frames; the client acknowledges the frames it has
 received, which paces the replay and bounds what a slow viewer can leave buffered. Each
-span is delivered exactly once: the consumer joins the run's group before it reads the database, remembers the highest seq
-it sent, drops live spans at or below it, and reads a gap (a dropped live frame) back
-from the database, which the ingestor always writes before it publishes.
+span is delivered exactly once: the consumer joins the run's group before it reads the
+database, remembers the highest seq it sent, drops live spans at or below it, and reads a
+gap (a dropped live frame) back from the database, which the ingestor always writes before
+it publishes.
 """
 
 import json
+import logging
 from collections import deque
 from urllib.parse import parse_qs
 
@@ -17,6 +19,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import DatabaseError
 
 from .live import group_name
 from .models import Run, Span
@@ -28,6 +31,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
 CLOSE_TOO_SLOW = 4408  # the viewer fell THUNDERSYNC_WS_BACKLOG_BYTES behind: reconnect with ?after
+CLOSE_TRY_AGAIN_LATER = 1013  # an infrastructure outage (database, channel layer)
+log = logging.getLogger(__name__)
 
 
 @database_sync_to_async
@@ -66,6 +71,10 @@ class RunConsumer(AsyncWebsocketConsumer):
     ``CLOSE_TOO_SLOW``; the page then reconnects with ``?after`` and reads the rest from the
     database (docs/controller.md, "Websocket")."""
 
+    accepted = False
+    replaying = closing = False
+    live_error: Exception | None = None
+
     async def refuse(self, code: int) -> None:
         """Accept, then close with ``code``: a close before accept would reach the browser as
         a bare HTTP 403, and the page could not tell an expired session from a network drop."""
@@ -81,17 +90,38 @@ class RunConsumer(AsyncWebsocketConsumer):
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST)
             return
-        run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
+        try:
+            run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
+        except DatabaseError as err:  # an outage: "try again later", never a 500
+            await self.refuse_for_now("database", err)
+            return
         if run is None:  # missing or another user's: the same answer
             await self.refuse(CLOSE_NOT_FOUND)
             return
         self.run_id, self.sent_seq = run.pk, after
         self.limit = settings.THUNDERSYNC_WS_BACKLOG_BYTES
-        self.frames_sent, self.unacked, self.backlog, self.replaying, self.closing = 0, deque(), 0, True, False
-        self.group = group_name(run.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.frames_sent, self.unacked, self.backlog, self.replaying = 0, deque(), 0, True
+        try:
+            await self.channel_layer.group_add(group_name(run.pk), self.channel_name)
+        except Exception as err:  # the channel layer is down: replay what is stored, then retry later
+            self.live_error = err
+        else:
+            self.group = group_name(run.pk)
         await self.accept()
         await self.continue_replay()
+
+    async def refuse_for_now(self, what: str, err: Exception) -> None:
+        """Close with 1013 (try again later): the page reconnects from its last seq."""
+        log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
+        self.closing = True
+        if self.accepted:
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        else:
+            await self.refuse(CLOSE_TRY_AGAIN_LATER)
+
+    async def accept(self, subprotocol=None, headers=None):
+        self.accepted = True
+        await super().accept(subprotocol, headers)
 
     async def disconnect(self, code):
         if hasattr(self, "group"):
@@ -113,18 +143,23 @@ class RunConsumer(AsyncWebsocketConsumer):
             return  # the page sends nothing else; anything malformed is ignored
         while acked is not None and self.unacked and self.unacked[0][0] <= acked:
             self.backlog -= self.unacked.popleft()[1]
-        if self.replaying:
+        if self.replaying and not self.closing:
             await self.continue_replay()
 
     async def continue_replay(self) -> None:
-        """Send stored spans while the client keeps up; at the end, metrics, status, replay_done."""
-        while batch := await stored_spans(self.run_id, self.sent_seq):
-            await self.send_frame(json.dumps({"type": "spans", "spans": batch}))
-            self.sent_seq = batch[-1]["seq"]
-            if self.backlog >= self.limit // 2:
-                return  # the client has not caught up: its next ack continues the replay
+        """Send stored spans while the client keeps up; at the end, metrics, log tail, status,
+        replay_done."""
+        try:
+            while batch := await stored_spans(self.run_id, self.sent_seq):
+                await self.send_frame(json.dumps({"type": "spans", "spans": batch}))
+                self.sent_seq = batch[-1]["seq"]
+                if self.backlog >= self.limit // 2:
+                    return  # the client has not caught up: its next ack continues the replay
+            metrics, status = await current_state(self.run_id)
+        except DatabaseError as err:
+            await self.refuse_for_now("database", err)
+            return
         self.replaying = False
-        metrics, status = await current_state(self.run_id)
         if metrics:
             await self.send_frame(json.dumps({"type": "metrics", "metrics": metrics}))
         first, lines = await sync_to_async(log_tail)(self.run_id)
@@ -132,6 +167,8 @@ class RunConsumer(AsyncWebsocketConsumer):
             await self.send_frame(json.dumps({"type": "log", "first": first, "lines": lines}))
         await self.send_frame(json.dumps(status))
         await self.send_frame(json.dumps({"type": "replay_done", "last_seq": self.sent_seq}))
+        if self.live_error is not None:
+            await self.refuse_for_now("channel layer", self.live_error)
 
     async def send_stored_spans(self, through: int) -> None:
         """Every stored span after the last one sent, up to ``through``, in seq order."""
@@ -143,7 +180,7 @@ class RunConsumer(AsyncWebsocketConsumer):
         if self.replaying or self.closing:  # the replay reads these from the database
             return
         first, last = event.get("first_seq"), event.get("last_seq")
-        if first is None:  # metrics, status: as published
+        if first is None:  # metrics, status, log: as published
             await self.send_frame(event["text"])
         elif last <= self.sent_seq:
             return
@@ -151,7 +188,11 @@ class RunConsumer(AsyncWebsocketConsumer):
             await self.send_frame(event["text"])
             self.sent_seq = last
         else:  # a frame went missing (or overlaps what was sent): the database has it
-            await self.send_stored_spans(through=last)
+            try:
+                await self.send_stored_spans(through=last)
+            except DatabaseError as err:
+                await self.refuse_for_now("database", err)
+                return
         if self.backlog > self.limit:
             self.closing = True
             await self.close(code=CLOSE_TOO_SLOW)

@@ -66,6 +66,10 @@ def as_event(event: Span | StepMetrics | dict[str, Any]) -> dict[str, Any]:
     return event if isinstance(event, dict) else event.to_event()
 
 
+class EventsUnwritable(OSError):
+    """The event stream cannot be written (one line: where and why)."""
+
+
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
@@ -84,9 +88,16 @@ class JsonlSink:
 
     def __init__(self, path: str, max_delay_s: float | None = MAX_DELAY_S):
         self._own = path != "-"
-        self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+        self._name = "stdout" if path == "-" else path
+        try:
+            self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+        except OSError as err:
+            raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []
         self._oldest = 0.0  # when the oldest queued event arrived
+        # None: writable; an EventsUnwritable the flusher met (raised on the learner's next write);
+        # False: already reported, events are dropped
+        self._error: EventsUnwritable | bool | None = None
         self._queue_lock = threading.Lock()  # held for list operations only: emit never waits on I/O
         self._write_lock = threading.Lock()  # one writer at a time, taking from the head: order kept
         self._stop = threading.Event()
@@ -109,6 +120,13 @@ class JsonlSink:
         self._write(busy, wait=False)  # the flusher is writing: nothing to do here
 
     def _write(self, busy: Callable[[], bool], wait: bool) -> None:
+        if self._error is not None:  # reported once; nothing more can be written
+            error, self._error = self._error, False
+            with self._queue_lock:
+                self._queue.clear()
+            if error:
+                raise error
+            return
         if not self._write_lock.acquire(blocking=wait):
             return
         try:
@@ -124,6 +142,11 @@ class JsonlSink:
                 wrote = True
             if wrote:
                 self._fh.flush()
+        except OSError as err:  # a full disk, a reader that went away (EPIPE)
+            with self._queue_lock:
+                self._queue.clear()
+            self._error = False
+            raise EventsUnwritable(f"cannot write events to {self._name}: {err.strerror or err}") from None
         finally:
             self._write_lock.release()
 
@@ -135,16 +158,22 @@ class JsonlSink:
             if late:
                 try:
                     self._write(lambda: False, wait=True)
-                except (OSError, ValueError):  # the reader went away or the file closed: the
-                    return  # main thread meets the same error on its next write and reports it
+                except EventsUnwritable as err:  # the learner's thread raises it on its next write
+                    self._error = err
+                    return
 
     def close(self) -> None:
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join()
-        self._write(lambda: False, wait=True)
-        if self._own:
-            self._fh.close()
+        try:
+            self._write(lambda: False, wait=True)
+        finally:
+            if self._own:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass
 
 
 class MemorySink:
