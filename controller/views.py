@@ -18,7 +18,7 @@ from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
-from .runlog import log_path
+from .runlog import log_path, readable_log
 
 
 def owned_runs(user):
@@ -105,14 +105,16 @@ def run(request, run_id: int):
 def run_log(request, run_id: int):
     """The learner's whole log as a download (empty before the learner wrote anything)."""
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
-    name = f"run-{found.pk}-learner.log"
+    name, path = f"run-{found.pk}-learner.log", log_path(found.pk)
     try:
-        return FileResponse(open(log_path(found.pk), "rb"), as_attachment=True, filename=name,
-                            content_type="text/plain; charset=utf-8")
-    except FileNotFoundError:
-        response = HttpResponse(b"", content_type="text/plain; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="{name}"'
-        return response
+        if readable_log(path):
+            return FileResponse(open(path, "rb"), as_attachment=True, filename=name,
+                                content_type="text/plain; charset=utf-8")
+    except OSError:
+        pass
+    response = HttpResponse(b"", content_type="text/plain; charset=utf-8")  # nothing written yet
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
 
 
 @login_required

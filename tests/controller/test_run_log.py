@@ -47,3 +47,13 @@ def test_the_full_log_downloads_for_its_owner_only(alice_run, alice_client, bob_
     assert f'filename="run-{alice_run.pk}-learner.log"' in response["Content-Disposition"]
     assert b"".join(response.streaming_content).decode().splitlines()[1] == "step   0  reward 0.300"
     assert bob_client.get(url).status_code == 404
+
+
+def test_a_log_that_is_not_a_regular_file_is_never_read(alice_run, alice_client, settings, tmp_path):
+    settings.THUNDERSYNC_RUN_DIR = tmp_path
+    path = log_path(alice_run.pk)
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/full")  # endless zeros when read
+    assert log_tail(alice_run.pk) == (0, [])
+    response = alice_client.get(f"/runs/{alice_run.pk}/log/")
+    assert response.status_code == 200 and response.content == b""
