@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from learner.config import SCHEDULES, ConfigError, load_config
+from learner.cli_args import choice_list, int_list
+from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.rollout.boot import boot_fleet
 from learner.timeline import JsonlSink
 
@@ -107,6 +108,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_check_exactness(args) -> int:
+    if args.world_size:  # data-parallel ranks (docs/distributed.md)
+        from learner.distributed.exactness import main as distributed_main
+
+        return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
+    if args.engine or args.zero or args.offload:
+        raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
     from learner.exactness import main
 
     return main(json_out=args.json)
@@ -136,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--world-size", type=int_list(1, 8), metavar="W[,W...]",
+                   help="data-parallel ranks (spawned processes): streamed-and-reduced vs single-process gradient")
+    p.add_argument("--engine", type=choice_list(LEARNER_ENGINES), metavar="torch,deepspeed",
+                   help="with --world-size: engines (torch: float64; deepspeed: float32)")
+    p.add_argument("--zero", type=int_list(0, 2), metavar="0,1,2", help="with --engine deepspeed: ZeRO stages")
+    p.add_argument("--offload", action="store_true", help="with --zero 1/2: optimizer state offloaded to CPU")
     p.set_defaults(func=cmd_check_exactness)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
@@ -169,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"thundersync: invalid config: {err}", file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"thundersync: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -26,7 +26,8 @@ import math
 import torch
 import torch.distributed as dist
 
-ENGINES = ("torch", "deepspeed")
+from learner.config import LEARNER_ENGINES
+
 ZERO_STAGES = (0, 1, 2)
 
 
@@ -121,4 +122,4 @@ def make_engine(kind: str, model: torch.nn.Module, lr: float, weight_decay: floa
         return TorchEngine(params, torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), grad_clip)
     if kind == "deepspeed":
         return DeepSpeedEngine(model, params, lr, weight_decay, grad_clip, zero_stage, offload)
-    raise ValueError(f"learner.engine: {kind!r} is not one of {', '.join(ENGINES)}")
+    raise ValueError(f"learner.engine: {kind!r} is not one of {', '.join(LEARNER_ENGINES)}")

@@ -31,12 +31,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+              local_rank: int | None = None) -> None:
     """Join the gloo process group (the rendezvous waits at most ``timeout_s``; so does every collective)."""
     import torch
     import torch.distributed as dist
 
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's accelerator when no GPU is used
+    # what a launcher would set; DeepSpeed reads them
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank if local_rank is None else local_rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
