@@ -79,7 +79,7 @@ def dist_batch(rng: random.Random, n_groups: int) -> list[Trajectory]:
     return trajs
 
 
-def test_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
+def exactness_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """The exactness Llama plus a parameter no loss touches (its gradient must reduce to 0)."""
     model = tiny_llama(dtype, seed)
     model.register_parameter("unused_bias", torch.nn.Parameter(torch.ones(3, dtype=dtype)))
@@ -140,7 +140,7 @@ def _run_case(rank: int, world: int, setup: EngineSetup, case: DistCase, seed: i
 def _rank_main(rank: int, world: int, setups: list[EngineSetup], seed: int) -> list[dict]:
     results = []
     for setup in setups:
-        model = test_model(setup.dtype, seed).train()
+        model = exactness_model(setup.dtype, seed).train()
         ref_model = tiny_llama(setup.dtype, seed + 1)
         engine = make_engine(setup.engine, model, lr=0.0, weight_decay=0.0, grad_clip=1.0,
                              zero_stage=setup.zero_stage or 0, offload=setup.offload)

@@ -15,7 +15,7 @@ import torch
 from learner.config import AlgorithmConfig
 from learner.distributed.assignment import assign_owners, groups_of_rank
 from learner.distributed.barrier import BatchCounts, DistributedBatchError, exchange_counts
-from learner.distributed.exactness import dist_batch, test_model
+from learner.distributed.exactness import dist_batch, exactness_model
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import RankFailure, spawn_ranks
 from learner.gradients import LearnerOptions, StreamingLearner
@@ -78,7 +78,7 @@ def test_check_exactness_rejects_bad_world_sizes():
 
 
 def _learn_batch(rank: int, world: int, withhold_on: int | None = None, die_on: int | None = None) -> dict:
-    model = test_model(torch.float64, 0)
+    model = exactness_model(torch.float64, 0)
     rl = RankLearner(StreamingLearner(model, AlgorithmConfig(), None, LearnerOptions(path="per-trajectory")),
                      rank, world)
     trajs = dist_batch(random.Random(3), 5)
