@@ -20,7 +20,6 @@ reported with the load average, since the machine is shared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -30,6 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.load_report import finish  # noqa: E402
 
 
 def bench_batch(n: int, vocab: int, seed: int = 0):
@@ -88,13 +89,10 @@ def main() -> int:
         for name in names[r % len(names):] + names[: r % len(names)]:
             times[name].append(variants[name]())
     out = {"ms_per_trajectory": {n: statistics.median(v) for n, v in times.items()}, "all": times,
-           "rounds": args.rounds, "trajs": len(trajs), "load_start": load_start, "load_end": os.getloadavg()[0]}
+           "rounds": args.rounds, "trajs": len(trajs), "load_start": load_start}
     for n in names:
         print(f"{n:20} {out['ms_per_trajectory'][n]:7.2f} ms/trajectory  ({', '.join(f'{v:.2f}' for v in times[n])})")
-    print(f"load average {load_start:.1f} -> {out['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0
+    return finish(out, args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ measured steps, the most gradient-sized buffers held at once (``actor/peak_buffe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.load_report import finish  # noqa: E402
 
 
 def main() -> int:
@@ -50,7 +51,7 @@ def main() -> int:
                 events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
                 steps[name] += measured_steps(events, warmup=1)
     out = {"variants": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
-           "load_start": load_start, "load_end": os.getloadavg()[0]}
+           "load_start": load_start}
     for name, values in steps.items():
         out["variants"][name] = {
             "max_open_groups": variants[name][1], "schedule": variants[name][0],
@@ -66,10 +67,7 @@ def main() -> int:
         v["step_vs_unlimited"] = v["step_s"] / base
         print(f"{name:22} step {v['step_s']:.3f} s ({v['step_vs_unlimited']:.2f}x)  peak buffers "
               f"{v['peak_buffers']:.0f}  accumulator {v['peak_accumulator_mb']:.2f} MB  RSS {v['peak_rss_mb']:.0f} MB")
-    print(f"load average {load_start:.1f} -> {out['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0
+    return finish(out, args.json)
 
 
 if __name__ == "__main__":

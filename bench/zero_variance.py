@@ -16,7 +16,6 @@ members add exactly nothing, so the learner skips their backward (docs/learner.m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.load_report import finish  # noqa: E402
 
 
 def record_run(config: str, schedule: str, steps: int | None):
@@ -57,6 +58,14 @@ def record_run(config: str, schedule: str, steps: int | None):
     return cfg, trainer.model, batches, metrics
 
 
+def zero_advantage(trajs, algo):
+    """(trajectory, A) for the members of ``trajs`` whose advantage is exactly 0."""
+    from learner.gradients import batch_advantages
+
+    adv = batch_advantages(trajs, algo.advantage)
+    return [(t, adv[t.id]) for t in trajs if adv[t.id] == 0.0]
+
+
 def replay_s(model, algo, budget: int, trajs, with_zero: bool) -> float:
     """Seconds of the micro-batched backward of ``trajs`` (known advantages), with or without A = 0 rows."""
     from learner.gradients import batch_advantages
@@ -85,6 +94,8 @@ def main() -> int:
         print("this config has a KL/entropy term: zero-variance members still take their backward", file=sys.stderr)
     n = sum(len(b) for b in batches)
     skipped = sum(m.get("learner/skipped_trajectories", 0.0) for m in metrics)
+    zero = [t for b in batches for t, a in zero_advantage(b, cfg.algorithm)]
+    tokens = sum(len(t.input_ids) for b in batches for t in b)
     full, lean = [], []
     for r in range(args.rounds):
         for with_zero in ((True, False) if r % 2 == 0 else (False, True)):
@@ -93,16 +104,16 @@ def main() -> int:
     out = {"config": args.config, "schedule": args.schedule, "steps": len(batches), "trajectories": n,
            "skipped_trajectories": skipped, "skipped_fraction": skipped / n,
            "skipped_per_step": [m.get("learner/skipped_trajectories", 0.0) for m in metrics],
+           "zero_advantage_trajectories": len(zero),
+           "zero_advantage_token_fraction": sum(len(t.input_ids) for t in zero) / tokens,
            "replay_s_all": statistics.median(full), "replay_s_skip": statistics.median(lean),
-           "replays_all": full, "replays_skip": lean, "load_start": load_start, "load_end": os.getloadavg()[0]}
+           "replays_all": full, "replays_skip": lean, "load_start": load_start}
     out["saved_fraction"] = 1 - out["replay_s_skip"] / out["replay_s_all"]
-    print(f"{args.schedule}: {skipped:.0f} of {n} trajectories skipped as zero-variance ({out['skipped_fraction']:.1%}); "
+    print(f"{args.schedule}: {skipped:.0f} of {n} trajectories skipped as zero-variance ({out['skipped_fraction']:.1%}; "
+          f"{out['zero_advantage_token_fraction']:.1%} of the tokens); "
           f"micro-batched backward over the {len(batches)} batches {out['replay_s_all']:.2f} s with them, "
-          f"{out['replay_s_skip']:.2f} s without ({out['saved_fraction']:.1%} saved); load {load_start:.1f} -> "
-          f"{out['load_end']:.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0
+          f"{out['replay_s_skip']:.2f} s without ({out['saved_fraction']:.1%} saved)")
+    return finish(out, args.json)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
+from . import ownership
 from .models import Run
 from .quotas import quotas_for
 
@@ -56,7 +57,9 @@ def claim_next_run() -> int | None:
         run_id = next_run_id()
         if run_id is None:
             return None
-        Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=timezone.now())
+        now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
+        Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=now, heartbeat=now,
+                                             supervisor=ownership.me())
         return run_id
 
 

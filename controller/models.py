@@ -114,6 +114,7 @@ class Run(models.Model):
         CANCELLED = "cancelled"
 
     FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+    ACTIVE = (Status.STARTING, Status.RUNNING)
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
@@ -130,6 +131,12 @@ class Run(models.Model):
     summary = models.JSONField(default=dict, blank=True)
     cancel_requested = models.BooleanField(default=False)
     pids = models.JSONField(default=list, blank=True)  # the learner's pid; it leads its process group
+    # Ownership (docs/controller.md "No run without an owner"): the supervising process
+    # ("host:pid") stamps ``heartbeat`` while it runs; the reaper ends or resumes a run
+    # whose stamp went stale, and re-sends a queued run's message the broker lost.
+    supervisor = models.CharField(max_length=200, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -197,6 +197,16 @@ def recompute_gradient(model: torch.nn.Module, ref_model: torch.nn.Module, batch
     return {n: (torch.zeros_like(p) if g is None else g) for (n, p), g in zip(named, grads)}
 
 
+def _load_policy(path: Path) -> torch.nn.Module:
+    """The dumped pre-step policy; a LoRA policy's dump is its adapter, applied to the base
+    model it names (``adapter_config.json``), with the adapter trainable as in the run."""
+    if (path / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, local_files_only=True).eval()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", local_files_only=True).eval()
+
+
 def audit_dump(dir: str | Path) -> dict:
     """Recompute DIR's gradient independently and compare: {rel_error, max_abs, passed, n_traj, tol}."""
     root = Path(dir)
@@ -204,7 +214,7 @@ def audit_dump(dir: str | Path) -> dict:
         if not (root / name).exists():
             raise AuditError(f"{root / name}: missing from the dump")
     batch = load_batch(root / "batch.json")
-    model = AutoModelForCausalLM.from_pretrained(str(root / "model"), dtype="auto", local_files_only=True).eval()
+    model = _load_policy(root / "model")
     ref_dir = root / "ref_model"
     ref_model = (
         AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype="auto", local_files_only=True).eval()

@@ -29,6 +29,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraSettings(Strict):
+    """LoRA adapters on the policy (learner.lora): only they train; engines get merged weights."""
+
+    rank: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0.0, le=1e6, description="scale alpha/rank on B·A")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64,
+        description="names of the Linear modules that get adapters")
+
+
 class ModelConfig(Strict):
     # server_path: the controller reads these only from its model roots (controller/server_paths.py)
     policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory",
@@ -40,6 +50,7 @@ class ModelConfig(Strict):
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
     cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
                                   json_schema_extra={"server_path": "run"})
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of all weights (docs/tasks.md)")
 
 
 class ToolLatency(Strict):
@@ -152,6 +163,12 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
+    eval_every: int = Field(0, ge=0, le=1_000_000, description="evaluate on held-out prompts every N steps (0: never)")
+    eval_mode: Literal["greedy", "pass@k"] = "greedy"
+    eval_k: int = Field(4, ge=1, le=256, description="samples per prompt for pass@k")
+    eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts evaluated (at most)")
+    output_dir: str | None = Field(None, max_length=4096,
+                                   description="save the final policy here (LoRA: the adapter and merged/)")
     micro_batch_tokens: int = Field(
         4096, ge=1, le=10_000_000,
         description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
@@ -295,9 +312,13 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read YAML/JSON at ``path``; ``overrides`` maps dotted names ('train.steps') to values."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as err:
         raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config: {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
     try:
         data = load_yaml(text)
     except UnsafeYamlError as err:
@@ -305,4 +326,17 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
+    check_overridden_fields(data, overrides or {})
     return parse_config(apply_overrides(data, overrides or {}))
+
+
+def check_overridden_fields(data: dict, overrides: dict[str, Any]) -> None:
+    """A field the command line overrides must still be valid in the file: a bad
+    ``train.steps`` is an error even when ``--steps`` replaces it (the file is what the
+    next run without the flag, or the controller, reads)."""
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as err:
+        bad = [e for e in err.errors() if ".".join(str(x) for x in e["loc"]) in overrides]
+        if bad:
+            raise ConfigError(describe_validation_error(ValidationError.from_exception_data(err.title, bad))) from None

@@ -85,6 +85,9 @@ STATICFILES_FINDERS = [
 CELERY_TASK_ROUTES = {"controller.tasks.run_training": {"queue": "runs"}}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
+# A pool process killed mid-run (OOM killer, kill -9) hands its message back at once; the
+# redelivered task adopts the run its dead supervisor left (controller/tasks.py).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
@@ -102,6 +105,20 @@ THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
+# No run without an owner (docs/controller.md): the supervisor stamps its run every
+# HEARTBEAT_S; a run whose stamp is older than STALE_S (and whose supervising process is
+# gone, where this host can tell) is ended or resumed by the reaper, which every worker runs
+# at start and every REAP_INTERVAL_S. A queued run whose message the broker no longer holds
+# is sent again once it has waited REQUEUE_AFTER_S.
+THUNDERSYNC_HEARTBEAT_S = 2.0
+THUNDERSYNC_STALE_S = 20.0
+THUNDERSYNC_REAP_INTERVAL_S = 10.0
+THUNDERSYNC_REQUEUE_AFTER_S = 30.0
+# The learner reports at least every few seconds while it trains; silence this long means
+# it hangs (a stuck tool, a blocked pipe): the run fails with that reason.
+THUNDERSYNC_PROGRESS_TIMEOUT_S = 600.0
+THUNDERSYNC_DB_RETRY_MAX_S = 5.0  # backoff ceiling while the database is unreachable
+THUNDERSYNC_DB_OUTAGE_LIMIT_S = 600.0  # past this the supervisor gives up (the reaper ends the run)
 
 # Per-user quotas (controller/quotas.py); a UserQuota row in the admin overrides them per user.
 THUNDERSYNC_QUOTA_DEFAULTS = {

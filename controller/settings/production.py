@@ -59,9 +59,12 @@ DATABASES = {
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
 CELERY_BROKER_URL = REDIS_URL
-# A run can train for hours; with acks_late Redis would redeliver it after the visibility
-# timeout (harmless, the task is idempotent, but wasteful), so make it longer than any run.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+# With acks_late, Redis hands an unacknowledged message out again after the visibility
+# timeout: that is how the message of a worker that vanished comes back. A redelivery while
+# the run's supervisor is alive finds its heartbeat fresh and is dropped (controller/tasks.py),
+# so the timeout only bounds how long a lost message waits; the reaper ends or resumes the
+# run itself well before (docs/controller.md).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 

@@ -26,8 +26,11 @@ import torch
 
 from learner.config import RunConfig
 from learner.gradients import OffPolicyLearner, StreamingLearner
+from learner.evaluation import Evaluator
+from learner.lora import grad_buffer_mb, publish_view, save_policy, with_lora
 from learner.mismatch import check_sampled_versions, step_mismatch
 from learner.rollout.env import make_env, task_for_group, task_metrics
+from learner.rollout.chat import turn_stop_ids
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
@@ -108,7 +111,7 @@ class Trainer:
         teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
                        if cfg.algorithm.objective == "opd" else None)
         dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
-        self.model = load_model(self.policy_dir, dtype).to(device).train()
+        self.model = with_lora(load_model(self.policy_dir, dtype).to(device), cfg.model.lora).train()
         self.tokenizer = load_tokenizer(self.policy_dir)
         ref = None
         if cfg.algorithm.kl_coef > 0:
@@ -119,7 +122,9 @@ class Trainer:
         on_policy = cfg.train.schedule in ("sync", "streaming")
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
         self.env = make_env(cfg.task)
-        self.store = WeightStore(dict(self.model.named_parameters()), counters=booted.counters)
+        self.evaluator = (Evaluator(cfg, self.env, self.model, self.tokenizer, turn_stop_ids(self.tokenizer, self.policy_dir))
+                          if cfg.train.eval_every else None)
+        self.store = WeightStore(publish_view(self.model), counters=booted.counters)
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
@@ -209,7 +214,7 @@ class Trainer:
         rec.trained_version = self.version
         self.version += 1
         t0 = self.now()
-        self.store.publish(dict(self.model.named_parameters()), self.version)
+        self.store.publish(publish_view(self.model), self.version)
         if wait_for_replicas:
             self.ensure_fleet_version()
         self.learner_span("learner.publish", t0, self.now())
@@ -285,6 +290,10 @@ class Trainer:
         for k in ("clip_frac", "peak_buffers"):
             if k in rec.learner_stats:
                 values[f"actor/{k}"] = float(rec.learner_stats[k])
+        if self.evaluator is not None and self.evaluator.due(rec.step):  # the policy just published
+            values.update(self.evaluator.run(rec.step))
+        if "peak_buffers" in rec.learner_stats:  # the accumulators' memory: adapter-sized under LoRA
+            values["memory/grad_buffers_mb"] = grad_buffer_mb(self.params, rec.learner_stats["peak_buffers"])
         self.sink.emit(StepMetrics(rec.step, values))
         self.recent = [s for s in self.recent if s["t1"] > t_end]
         self.rewards.append(values["reward/mean"])
@@ -409,6 +418,8 @@ class Trainer:
                 self.settle_fleet()
         finally:
             self.fleet.close()
+        if self.cfg.train.output_dir:
+            save_policy(self.model, self.tokenizer, self.cfg.train.output_dir)
         summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,
                    "final_version": self.version, "spans": self.seq, "wall_s": self.now()}
         self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})

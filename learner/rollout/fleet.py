@@ -7,6 +7,7 @@ from typing import Any
 
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory pickling of tensors)
 
+from learner import stopping
 from learner.config import RunConfig
 from learner.rollout.boot import BootedWorkers, stop_workers
 from learner.rollout.weights import WeightStore
@@ -38,8 +39,10 @@ class Fleet:
             else:
                 self._early.append(msg)
 
-    def _get_raw(self, timeout: float | None) -> tuple:
+    def _get_raw(self, timeout: float | None, interruptible: bool = True) -> tuple:
         while True:
+            if interruptible:
+                stopping.check()  # a safe point: SIGTERM/SIGINT stop the run here (learner/stopping.py)
             try:
                 msg = self.out_q.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
             except queue.Empty:
@@ -55,10 +58,10 @@ class Fleet:
                 raise RolloutError(f"rollout worker {msg[1]}: {msg[2]}")
             return msg
 
-    def get(self, timeout: float | None = None) -> tuple:
+    def get(self, timeout: float | None = None, interruptible: bool = True) -> tuple:
         if self._early:
             return self._early.pop(0)
-        msg = self._get_raw(timeout)
+        msg = self._get_raw(timeout, interruptible)
         if msg[0] == "traj":
             self.load[self._owner.pop(msg[1].id)] -= 1
         return msg
@@ -99,7 +102,7 @@ class Fleet:
             q.put(("load", version))
         acks = []
         while len(acks) < len(self.cmd_qs):
-            msg = self.get()
+            msg = self.get(interruptible=False)  # the optimizer has stepped: finish the publish first
             if msg[0] == "ack":
                 if msg[2] != version:
                     raise RolloutError(f"replica {msg[1]} acknowledged version {msg[2]}, expected {version}")

@@ -266,6 +266,9 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
         gc.freeze()
         worker.serve(cmd_q)
+        # the driver reads nothing more once it said stop: exit without waiting for the
+        # queue's feeder to push what is left into a full pipe (that would hang the exit)
+        out_q.cancel_join_thread()
         gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text

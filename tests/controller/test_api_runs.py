@@ -1,6 +1,7 @@
 """Creating, listing, showing and cancelling runs (the worker side is in test_run_end_to_end)."""
 
 import pytest
+from django.utils import timezone
 from django.test import Client
 
 from controller.launching import enqueue
@@ -126,7 +127,9 @@ def test_cancelling_a_queued_run_ends_it_at_once(alice_client, alice_experiment,
 
 
 def test_cancelling_a_running_run_sets_the_flag(alice_client, alice_experiment, sync_preset):
-    run = make_run(alice_experiment, sync_preset, status=Run.Status.RUNNING)
+    # supervised elsewhere and alive (a fresh heartbeat): its supervisor stops the learner
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.RUNNING, supervisor="other-node:7:1",
+                   heartbeat=timezone.now())
     body = alice_client.post(f"{URL}{run.pk}/cancel/").json()
     assert body["status"] == "running" and body["cancel_requested"] is True
 
