@@ -71,6 +71,8 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    if args.learner_world_size is not None:
+        overrides["learner.world_size"] = args.learner_world_size
     cfg = load_config(args.config, overrides)
     preflight(cfg, dump_dir=args.dump_step, events=args.events)
     return cfg
@@ -175,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
+    p.add_argument("--learner-world-size", type=int, metavar="W",
+                   help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -78,7 +78,13 @@ class DeepSpeedEngine:
             raise ValueError(f"model.dtype: learner.engine deepspeed trains float32 here, got {', '.join(bad)} "
                              "(float64 runs on learner.engine torch)")
         import deepspeed
+        import deepspeed.ops
         from deepspeed.utils import logger as ds_logger
+
+        # DeepSpeed's shared-memory comm op serves only its inference all-reduce; the training
+        # reduction here runs over torch.distributed (gloo). Without this it JIT-compiles C++ at
+        # start-up (minutes on a loaded 2-core machine, and again whenever its build hash moves).
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
         ds_logger.setLevel(logging.WARNING)
         zero: dict = {"stage": zero_stage}

@@ -104,7 +104,9 @@ class DataParallelLearner:
         for q in self.cmd_qs:
             q.put(("finish",))
         self._check_alive()
-        return self.local.finish_batch()
+        stats = self.local.finish_batch()
+        self.rank_stats = {0: stats}
+        return stats
 
     # -- the reduction and the step ----------------------------------------------------------
     def reduce(self) -> None:
@@ -116,9 +118,8 @@ class DataParallelLearner:
     def step(self) -> float:
         """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
         norm = self.engine.step()
-        self.rank_stats = {}
         deadline = time.monotonic() + self.timeout_s
-        while len(self.rank_stats) < self.world - 1:
+        while len(self.rank_stats) < self.world:
             self._next_up(deadline)
         return norm
 
@@ -136,7 +137,7 @@ class DataParallelLearner:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"learner ranks {sorted(set(range(1, self.world)) - set(self.rank_stats))} did "
+                raise TimeoutError(f"learner ranks {sorted(set(range(self.world)) - set(self.rank_stats))} did "
                                    f"not finish their step within learner.timeout_s = {self.timeout_s:g} s")
             try:
                 msg = self.up_q.get(timeout=min(remaining, 0.5))
@@ -183,3 +184,30 @@ class DataParallelLearner:
             q.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def uses_ranks(cfg: RunConfig) -> bool:
+    """Does this run's learner go through ``DataParallelLearner`` (ranks or the DeepSpeed engine)?"""
+    return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
+
+
+def rank_lane(rank: int) -> str:
+    return f"learner/{rank}"
+
+
+def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
+    """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
+    trajectories and backward seconds (``trainer/idle_ratio`` stays the learner as a whole:
+    no span on any rank)."""
+    from learner.timeline import union_length
+
+    width = max(t_end - t_start, 1e-12)
+    out: dict[str, float] = {}
+    for r in range(world):
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == rank_lane(r) and s["kind"].startswith("learner.")]
+        out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
+        stats = rank_stats.get(r, {})
+        if stats:
+            out[f"learner/{r}/trajectories"] = float(stats.get("rank_trajectories", 0))
+            out[f"learner/{r}/backward_s"] = float(stats.get("backward_s", 0.0))
+    return out
