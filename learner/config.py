@@ -240,6 +240,8 @@ class RunConfig(Strict):
                              "(float64 runs on learner.engine torch)")
         if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
             raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
+            raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
             raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
                              f"streaming), not {self.train.schedule}")

@@ -20,6 +20,7 @@ import torch
 from learner.config import RunConfig
 from learner.distributed.assignment import assign_owners
 from learner.distributed.ranks import free_port, init_rank
+from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -30,7 +31,6 @@ class DataParallelLearner:
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase):
         from learner.distributed.engines import make_engine
         from learner.distributed.rank import RankLearner
-        from learner.distributed.worker import broadcast_from_rank0, rank_main
 
         self.cfg, self.world = cfg, cfg.learner.world_size
         self.timeout_s = cfg.learner.timeout_s
@@ -118,9 +118,13 @@ class DataParallelLearner:
     def step(self) -> float:
         """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
         norm = self.engine.step()
+        self.rank_stats[0]["param_digest"] = param_digest(self.local.learner.model)
         deadline = time.monotonic() + self.timeout_s
         while len(self.rank_stats) < self.world:
             self._next_up(deadline)
+        digests = {r: s.get("param_digest") for r, s in self.rank_stats.items()}
+        if len(set(digests.values())) != 1:  # the invariant data parallelism rests on
+            raise RuntimeError(f"learner ranks diverged after the optimizer step: parameter digests {digests}")
         return norm
 
     # -- messages from the other ranks --------------------------------------------------------
@@ -197,8 +201,9 @@ def rank_lane(rank: int) -> str:
 
 def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
     """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
-    trajectories and backward seconds (``trainer/idle_ratio`` stays the learner as a whole:
-    no span on any rank)."""
+    trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
+    hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
+    of the step with no learner span on any rank."""
     from learner.timeline import union_length
 
     width = max(t_end - t_start, 1e-12)
@@ -210,4 +215,7 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, ra
         if stats:
             out[f"learner/{r}/trajectories"] = float(stats.get("rank_trajectories", 0))
             out[f"learner/{r}/backward_s"] = float(stats.get("backward_s", 0.0))
+    digests = {s.get("param_digest") for s in rank_stats.values()}
+    if len(rank_stats) == world:
+        out["learner/ranks_in_sync"] = 1.0 if len(digests) == 1 and None not in digests else 0.0
     return out

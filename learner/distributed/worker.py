@@ -50,6 +50,18 @@ def broadcast_from_rank0(model) -> None:
             dist.broadcast(p.data, src=0)
 
 
+def param_digest(model) -> str:
+    """SHA-256 of every parameter's bytes: equal on all ranks iff their weights are bit-identical."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q) -> None:
     """Entry point of a spawned rank process."""
     from learner.config import RunConfig
@@ -57,6 +69,9 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
 
     cfg = RunConfig.model_validate(cfg_dict)
     try:
+        import os
+
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
         init_rank(rank, world, init_method, cfg.learner.timeout_s)
         rl, engine = build_rank(cfg, policy_dir, rank, world)
         _serve(rl, engine, rank, cmd_q, up_q)
@@ -95,6 +110,7 @@ def _serve(rl, engine, rank: int, cmd_q, up_q) -> None:
             t0 = time.monotonic()
             engine.reduce()
             stats["grad_norm"] = engine.step()
+            stats["param_digest"] = param_digest(rl.learner.model)
             on_phase("learner.optimizer", t0, time.monotonic(), None, None)
             up_q.put(("stepped", rank, stats))
         elif msg[0] == "stop":

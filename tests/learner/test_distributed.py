@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from learner.config import AlgorithmConfig
+from learner.config import AlgorithmConfig, ConfigError, parse_config
 from learner.distributed.assignment import assign_owners, groups_of_rank
 from learner.distributed.barrier import BatchCounts, DistributedBatchError, exchange_counts
 from learner.distributed.exactness import dist_batch, exactness_model
@@ -49,6 +49,19 @@ def test_an_open_group_anywhere_raises_at_the_barrier_naming_ranks():
     assert exchange_counts(BatchCounts(10, 4, 6), rank=0) == BatchCounts(10, 4, 6)
 
 
+@pytest.mark.parametrize("body, field", [
+    ({"learner": {"engine": "deepspeed"}, "model": {"dtype": "float64"}}, "learner.engine"),
+    ({"learner": {"engine": "deepspeed", "offload_optimizer": True}}, "learner.offload_optimizer"),
+    ({"learner": {"zero_stage": 3}}, "learner.zero_stage"),
+    ({"learner": {"world_size": 2}, "train": {"schedule": "async"}}, "learner.world_size"),
+    ({"learner": {"world_size": 0}}, "learner.world_size"),
+])
+def test_it_rejects_data_parallel_configs_it_cannot_train_exactly(body, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        parse_config(body)
+
+
+@pytest.mark.slow
 def test_check_exactness_across_two_rank_processes_torch_and_deepspeed():
     r = subprocess.run(CLI + ["check-exactness", "--world-size", "2", "--engine", "torch,deepspeed",
                               "--zero", "0,1,2", "--json"], capture_output=True, text=True, timeout=900)
