@@ -82,6 +82,8 @@ class TaskConfig(Strict):
     max_operand: int = Field(20, ge=2, le=999)
     max_turns: int = Field(4, ge=1, le=16)
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
+    tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                  description="a tool call still running after this is abandoned; its observation says so")
     # tasks from data (task.name: dataset; docs/tasks.md)
     path: str | None = Field(None, max_length=4096,
                              description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
@@ -133,6 +135,8 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(24, ge=1, le=4096, description="per turn")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
+    receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
+                                     description="the run fails when the fleet sends nothing for this long")
 
 
 class AdvantageConfig(Strict):
@@ -169,6 +173,9 @@ class TrainConfig(Strict):
     eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts evaluated (at most)")
     output_dir: str | None = Field(None, max_length=4096,
                                    description="save the final policy here (LoRA: the adapter and merged/)")
+    checkpoint_every: int = Field(0, ge=0, le=1_000_000,
+                                  description="checkpoint every N steps and at the end, under output_dir/checkpoints/ (0: never)")
+    keep_checkpoints: int = Field(3, ge=1, le=1000, description="checkpoints kept (the newest)")
     micro_batch_tokens: int = Field(
         4096, ge=1, le=10_000_000,
         description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
@@ -253,6 +260,12 @@ class RunConfig(Strict):
         if self.algorithm.objective == "opd" and self.algorithm.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("algorithm.loss_agg_mode: seq-mean-token-mean is not available for opd "
                              "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoints_need_a_place(self) -> "RunConfig":
+        if self.train.checkpoint_every and not self.train.output_dir:
+            raise ValueError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
         return self
 
     @model_validator(mode="after")

@@ -186,3 +186,50 @@ def test_stop_tokens_come_from_the_generation_config(tmp_path):
     builtin = resolve_model_dir("builtin:tiny")
     assert turn_stop_ids(load_tokenizer(builtin), builtin) == sorted(
         load_tokenizer(builtin).convert_tokens_to_ids(["</call>", "<eos>"]))
+
+
+# ---------------------------------------------------------------- a local HF chat model, end to end
+
+
+def chat_model_dir(path: Path) -> Path:
+    """A tiny random Llama with the Qwen-like tokenizer, saved as a local HF chat model."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = qwen_like_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                                         tie_word_embeddings=False))
+    model.generation_config = GenerationConfig(eos_token_id=tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]),
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_local_chat_model_trains_on_data_with_its_own_template(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    policy = chat_model_dir(tmp_path / "chat-model")
+    cfg = {"model": {"policy": str(policy)},
+           "task": {"name": "dataset", "path": "configs/data/math.jsonl", "prompt_field": "question",
+                    "reward": "math-verify", "tools": ["python-sandbox"], "tool_latency": {"distribution": "none"}},
+           "rollout": {"max_new_tokens": 8},
+           "train": {"steps": 1, "prompts_per_step": 2, "group_size": 2}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "learner.cli", "train", "--config", str(tmp_path / "c.yaml"),
+                        "--dump-step", str(tmp_path / "dump"), "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    tok = qwen_like_tokenizer()
+    batch = json.loads((tmp_path / "dump" / "batch.json").read_text())
+    for traj in batch["trajectories"]:
+        text = tok.decode(traj["input_ids"], skip_special_tokens=False)
+        assert text.startswith("<|im_start|>system\nYou are Qwen") and '"name": "python"' in text  # its template, our tool
+        assert "<|im_start|>user\n" in text and text.count("<|im_start|>assistant\n") >= 1
+        first_scored = traj["loss_mask"].index(1)
+        assert tok.decode(traj["input_ids"][:first_scored], skip_special_tokens=False).endswith("<|im_start|>assistant\n")
