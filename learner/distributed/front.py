@@ -19,7 +19,7 @@ import torch
 
 from learner.config import RunConfig
 from learner.distributed.assignment import assign_owners
-from learner.distributed.ranks import free_port, init_rank
+from learner.distributed.ranks import free_port, init_rank, stop_processes
 from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
@@ -173,16 +173,7 @@ class DataParallelLearner:
                 q.put(("stop",))
             except (ValueError, OSError):
                 pass
-        end = time.monotonic() + min(self.timeout_s, 30.0)
-        for p in self.procs:
-            p.join(max(0.0, end - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5.0)
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
+        stop_processes(self.procs, min(self.timeout_s, 30.0))
         for q in [self.up_q, *self.cmd_qs]:
             q.cancel_join_thread()
             q.close()

@@ -91,7 +91,7 @@ def spawn_ranks(target: Callable, world_size: int, args: tuple = (), timeout_s: 
                 if dead:  # died without a word (killed, segfault): its peers would wait for it
                     raise RankFailure(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} and no result")
     finally:
-        _stop(procs, max(1.0, min(10.0, deadline - time.monotonic())))
+        stop_processes(procs, max(1.0, min(10.0, deadline - time.monotonic())))
         results.close()
         results.join_thread()
     errors = {r: v for r, (s, v) in got.items() if s == "error"}
@@ -100,7 +100,7 @@ def spawn_ranks(target: Callable, world_size: int, args: tuple = (), timeout_s: 
     return [got[r][1] for r in range(world_size)]
 
 
-def _stop(procs: list, grace_s: float) -> None:
+def stop_processes(procs: list, grace_s: float) -> None:
     """Join every rank; terminate, then kill, whichever is still running after ``grace_s``."""
     end = time.monotonic() + grace_s
     for p in procs:
