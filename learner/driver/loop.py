@@ -26,9 +26,11 @@ import torch
 
 from learner.config import RunConfig
 from learner.gradients import OffPolicyLearner, StreamingLearner
+from learner.evaluation import Evaluator
 from learner.lora import grad_buffer_mb, publish_view, save_policy, with_lora
 from learner.mismatch import check_sampled_versions, step_mismatch
 from learner.rollout.env import make_env, task_for_group, task_metrics
+from learner.rollout.chat import turn_stop_ids
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
@@ -122,6 +124,8 @@ class Trainer:
         on_policy = cfg.train.schedule in ("sync", "streaming")
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
         self.env = make_env(cfg.task)
+        self.evaluator = (Evaluator(cfg, self.env, self.model, self.tokenizer, turn_stop_ids(self.tokenizer, self.policy_dir))
+                          if cfg.train.eval_every else None)
         self.store = WeightStore(publish_view(self.model), counters=booted.counters)
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
@@ -293,6 +297,8 @@ class Trainer:
         for k in ("clip_frac", "peak_buffers"):
             if k in rec.learner_stats:
                 values[f"actor/{k}"] = float(rec.learner_stats[k])
+        if self.evaluator is not None and self.evaluator.due(rec.step):  # the policy just published
+            values.update(self.evaluator.run(rec.step))
         if "peak_buffers" in rec.learner_stats:  # the accumulators' memory: adapter-sized under LoRA
             values["memory/grad_buffers_mb"] = grad_buffer_mb(self.params, rec.learner_stats["peak_buffers"])
         self.sink.emit(StepMetrics(rec.step, values))

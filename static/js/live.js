@@ -19,7 +19,7 @@ const FINAL_CLOSES = {
 const root = document.getElementById("run-app");
 const $ = (id) => document.getElementById(id);
 const el = {
-  badge: $("status-badge"), conn: $("conn"), error: $("error-box"), cancel: $("cancel-form"),
+  badge: $("status-badge"), conn: $("conn"), error: $("error-box"), cancel: $("cancel-form"), resume: $("resume-form"),
   idleLive: $("idle-live"), idleLiveHint: $("idle-live-hint"), idleLast: $("idle-last"),
   stepTime: $("step-time"), reward: $("reward"), staleness: $("staleness"),
   spansDrawn: $("spans-drawn"), barsHint: $("bars-hint"),
@@ -208,6 +208,7 @@ function addLog(first, lines) {
 // ---- Status ------------------------------------------------------------------------------
 function setStatus(next, error, frame = {}) {
   status = next;
+  if (el.resume) el.resume.hidden = !frame.resumable;
   if (frame.started !== undefined) startedMs = parseTime(frame.started);
   if (frame.finished !== undefined) finishedMs = parseTime(frame.finished);
   if (!store.size) gantt.note(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
@@ -330,5 +331,5 @@ window.__thundersync = {
 
 // The socket first: the server's replay overlaps the evaluation of plotly.js (deferred script).
 connect();
-setStatus(status, "");
+setStatus(status, "", { resumable: Boolean(el.resume && !el.resume.hidden) });
 watchUserZoom();
