@@ -192,11 +192,12 @@ class Trainer:
 
     # -- learner side --------------------------------------------------------------
     def learn(self, item: Trajectory | ScoredTurn) -> None:
+        # the learner may run an item's backward later (micro-batches, idle work): keep them all
         if isinstance(item, ScoredTurn):
-            self.backward_tokens = {item.traj: item.turn_span[1] - item.turn_span[0]}
+            self.backward_tokens[item.traj] = item.turn_span[1] - item.turn_span[0]
             self.learner.on_turn(item, on_phase=self.on_phase)
         else:
-            self.backward_tokens = {item.id: item.n_scored}
+            self.backward_tokens[item.id] = item.n_scored
             self.learner.on_trajectory(item, on_phase=self.on_phase)
 
     def optimizer_step(self, wait_for_replicas: bool) -> None:
@@ -259,6 +260,8 @@ class Trainer:
         rec = self.rec
         t_end = self.now() if t_end is None else t_end
         self.t_step_end = t_end
+        for traj in rec.trajs:  # trained by now
+            self.backward_tokens.pop(traj.id, None)
         self.drain_spans()
         window = [s for s in self.recent if s["t1"] > rec.t_start]
         values = window_metrics(window, rec.t_start, t_end)

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from django.utils import timezone
 from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 from controller import ingestion
 from controller.models import Run, Span
@@ -99,7 +100,9 @@ def test_failed_and_cancelled_runs_render_as_such(live_url, browser_page, alice,
     assert page.inner_text("#progress") == "failed after 0 / 2 steps"
 
     # a running run is cancelled: "Cancelling ..." goes once the run says cancelled
-    running = make_run(alice_experiment, streaming_preset, status=Run.Status.RUNNING)
+    # supervised by a live worker on another host (docs/controller.md "No run without an owner")
+    running = make_run(alice_experiment, streaming_preset, status=Run.Status.RUNNING,
+                       supervisor="worker-elsewhere:1:1", heartbeat=timezone.now())
     page.goto(f"{live_url}/runs/{running.pk}/")
     page.wait_for_function(f"{STATE}.replayDone")
     page.click("#cancel-button")
