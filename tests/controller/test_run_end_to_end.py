@@ -52,8 +52,10 @@ async def test_a_launched_run_trains_and_streams_every_span_once(
     statuses = [f["status"] for f in frames if f["type"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
 
-    exported = await database_sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")
-    trace = json.loads(b"".join(exported.streaming_content))  # streamed (controller/exports.py)
+    def export() -> bytes:  # streamed from the database (controller/exports.py)
+        return b"".join(alice_client.get(f"/api/runs/{run_id}/trace.json").streaming_content)
+
+    trace = json.loads(await database_sync_to_async(export)())
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == len(stored)
 
 
@@ -69,7 +71,9 @@ def test_cancel_stops_the_whole_process_group(celery_worker, alice_client, alice
         os.killpg(leader, 0)
 
 
-def test_a_learner_failure_is_recorded_with_its_reason(celery_worker, alice, alice_client, streaming_preset):
+def test_a_learner_failure_is_recorded_with_its_reason(celery_worker, alice, alice_client, streaming_preset,
+                                                       settings):
+    settings.THUNDERSYNC_MODEL_ROOTS = ["/nonexistent"]  # a model root the server allows, with no model in it
     broken = Experiment.objects.create(
         owner=alice, name="broken", config={**QUICKSTART, "model": {"policy": "/nonexistent/model"}}
     )
