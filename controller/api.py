@@ -17,6 +17,7 @@ from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
 from .limits import INT32_MAX
 from .models import Experiment, Run, Schedule, Span
+from .resuming import ResumeRefused, request_resume
 from .openapi import schema
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
@@ -93,6 +94,16 @@ def run_cancel(request, run_id: int):
     run = owned_run(request.user, run_id)
     if not request_cancel(run):
         raise ApiError(409, {"status": f"the run has already {run.status}"})
+    return JsonResponse(run_json(run), status=202)
+
+
+@api_view("POST")
+def run_resume(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    try:
+        request_resume(run)
+    except ResumeRefused as err:
+        raise ApiError(409, {"status": str(err)})
     return JsonResponse(run_json(run), status=202)
 
 

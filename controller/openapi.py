@@ -136,6 +136,9 @@ SCHEMAS = {
             "summary": {"type": "object", "description": "the learner's summary, steps, mean/<metric>"},
             "cancel_requested": {"type": "boolean"},
             "last_seq": {"type": "integer", "description": "highest stored span seq, -1 before any"},
+            "attempt": {"type": "integer", "description": "times the run was resumed from a checkpoint"},
+            "checkpoints": {"type": "array", "items": {"type": "integer"},
+                            "description": "steps after which the learner wrote a checkpoint"},
         },
     },
     "Metric": {
@@ -231,6 +234,11 @@ PATHS = {
         "post": operation("Cancel: SIGTERM, then SIGKILL after a grace period; ends 'cancelled'",
                           json_body(ref("Run"), "cancel requested"), [RUN_ID], ok_status="202",
                           more_responses={"409": json_body(ref("Errors"), "the run has already finished")}),
+    },
+    "/api/runs/{run_id}/resume/": {
+        "post": operation("Resume a failed or cancelled run from its latest checkpoint (a new attempt)",
+                          json_body(ref("Run"), "queued again"), [RUN_ID], ok_status="202",
+                          more_responses={"409": json_body(ref("Errors"), "not failed/cancelled, or no checkpoint")}),
     },
     "/api/runs/{run_id}/metrics/": {
         "get": operation("Per-step metrics", json_body(list_of("metrics", "Metric"), "metrics"), [RUN_ID]),

@@ -53,11 +53,14 @@ def run_json(run: Run) -> dict:
         "summary": run.summary,
         "cancel_requested": run.cancel_requested,
         "last_seq": last_seq(run.pk),
+        "attempt": run.attempt,
+        "checkpoints": list(run.checkpoints.values_list("step", flat=True)),
     }
 
 
 def status_frame(run: Run) -> dict:
-    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error}
+    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
 
 
 def spans_json(queryset, limit: int | None = None) -> list[dict]:

@@ -7,9 +7,12 @@ import gc
 import json
 import os
 import sys
+from pathlib import Path
 
 from learner import stopping
-from learner.config import SCHEDULES, ConfigError, load_config
+from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint
+from learner.cli_args import choice_list, int_list
+from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
 from learner.timeline import EventsUnwritable, JsonlSink
@@ -70,9 +73,35 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
-    cfg = load_config(args.config, overrides)
-    preflight(cfg, dump_dir=args.dump_step, events=args.events)
+    if args.learner_world_size is not None:
+        overrides["learner.world_size"] = args.learner_world_size
+    if args.output:
+        overrides["train.output_dir"] = args.output
+    if args.checkpoint_every is not None:
+        overrides["train.checkpoint_every"] = args.checkpoint_every
+    source = args.config
+    if args.resume:
+        source = resume_source(args)
+        overrides["train.output_dir"] = args.resume  # the continued run writes where it left off
+    elif not args.config:
+        raise ConfigError("--config: required (or --resume DIR)")
+    cfg = load_config(source, overrides)
+    preflight(cfg, dump_dir=args.dump_step, output_dir=cfg.train.output_dir, events=args.events)
     return cfg
+
+
+def resume_source(args) -> Path:
+    """The config a run stored in its output directory (``learner/checkpoint.py``)."""
+    if args.config:
+        raise ConfigError("--resume: continues with the config stored in DIR; --config cannot change it")
+    if args.output and Path(args.output) != Path(args.resume):
+        raise ConfigError("--output: a resumed run writes to its --resume directory")
+    source = Path(args.resume) / RUN_CONFIG
+    if not source.is_file():
+        raise ConfigError(f"--resume: {args.resume} holds no {RUN_CONFIG} (not the --output directory of a run)")
+    if latest_checkpoint(args.resume) is None:
+        raise ConfigError(f"--resume: no checkpoint under {Path(args.resume) / CHECKPOINTS}")
+    return source
 
 
 def cmd_train(args) -> int:
@@ -146,6 +175,12 @@ def train_and_report(cfg, args, booted) -> int:
 
 
 def cmd_check_exactness(args) -> int:
+    if args.world_size:  # data-parallel ranks (docs/distributed.md)
+        from learner.distributed.exactness import main as distributed_main
+
+        return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
+    if args.engine or args.zero or args.offload:
+        raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
     from learner.exactness import main
 
     return main(json_out=args.json)
@@ -164,17 +199,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a policy with one of the four schedules")
-    p.add_argument("--config", required=True, help="run config (YAML/JSON), see configs/")
+    p.add_argument("--config", help="run config (YAML/JSON), see configs/ (required unless --resume)")
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
+    p.add_argument("--learner-world-size", type=int, metavar="W",
+                   help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
+                                                   "the run's config go here (train.output_dir)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run of --output DIR from its latest checkpoint")
+    p.add_argument("--seq-from", type=int, default=0, metavar="N",
+                   help="number spans from at least N (the controller resumes a run whose spans it has stored)")
+    p.add_argument("--clock-from", type=float, default=0.0, metavar="S",
+                   help="run clock starts at at least S seconds (as --seq-from, for the timeline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--world-size", type=int_list(1, 8), metavar="W[,W...]",
+                   help="data-parallel ranks (spawned processes): streamed-and-reduced vs single-process gradient")
+    p.add_argument("--engine", type=choice_list(LEARNER_ENGINES), metavar="torch,deepspeed",
+                   help="with --world-size: engines (torch: float64; deepspeed: float32)")
+    p.add_argument("--zero", type=int_list(0, 2), metavar="0,1,2", help="with --engine deepspeed: ZeRO stages")
+    p.add_argument("--offload", action="store_true", help="with --zero 1/2: optimizer state offloaded to CPU")
     p.set_defaults(func=cmd_check_exactness)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
@@ -208,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"thundersync: invalid config: {err}", file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"thundersync: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, stopping.Interrupted):  # before a run started, or a second signal
         return 130 if stopping.requested() in (None, 2) else 128 + stopping.requested()

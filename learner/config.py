@@ -82,6 +82,8 @@ class TaskConfig(Strict):
     max_operand: int = Field(20, ge=2, le=999)
     max_turns: int = Field(4, ge=1, le=16)
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
+    tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                  description="a tool call still running after this is abandoned; its observation says so")
     # tasks from data (task.name: dataset; docs/tasks.md)
     path: str | None = Field(None, max_length=4096,
                              description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
@@ -133,6 +135,8 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(24, ge=1, le=4096, description="per turn")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
+    receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
+                                     description="the run fails when the fleet sends nothing for this long")
 
 
 class AdvantageConfig(Strict):
@@ -169,11 +173,15 @@ class TrainConfig(Strict):
     eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts evaluated (at most)")
     output_dir: str | None = Field(None, max_length=4096,
                                    description="save the final policy here (LoRA: the adapter and merged/)")
+    checkpoint_every: int = Field(0, ge=0, le=1_000_000,
+                                  description="checkpoint every N steps and at the end, under output_dir/checkpoints/ (0: never)")
+    keep_checkpoints: int = Field(3, ge=1, le=1000, description="checkpoints kept (the newest)")
     micro_batch_tokens: int = Field(
         4096, ge=1, le=10_000_000,
         description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
 
 
+LEARNER_ENGINES: tuple[str, ...] = ("torch", "deepspeed")
 LearnerPath = Literal["auto", "per-trajectory", "micro-batched", "adaptive"]
 # The best learner of each schedule, what ``learner.path: auto`` picks (docs/learner.md).
 BEST_LEARNER_PATH: dict[str, str] = {
@@ -194,6 +202,15 @@ class LearnerConfig(Strict):
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
+    # data parallel (docs/distributed.md)
+    world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
+                                                        "every member of a group is learnt on its owner rank")
+    engine: Literal["torch", "deepspeed"] = Field(
+        "torch", description="gradient reduction + optimizer: torch.distributed (float64 too) or DeepSpeed ZeRO (float32)")
+    zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage (engine deepspeed); 3 is not supported")
+    offload_optimizer: bool = Field(False, description="DeepSpeed: optimizer state in host memory (zero_stage 1 or 2)")
+    timeout_s: float = Field(120.0, gt=0.0, le=86_400.0,
+                             description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
 
 
 class RunConfig(Strict):
@@ -223,11 +240,35 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _data_parallel_fits(self) -> "RunConfig":
+        lrn = self.learner
+        if lrn.engine == "deepspeed" and self.model.dtype != "float32":
+            raise ValueError(f"learner.engine: deepspeed trains float32 here, model.dtype is {self.model.dtype} "
+                             "(float64 runs on learner.engine torch)")
+        if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
+            raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.checkpoint_every:
+            raise ValueError("train.checkpoint_every: checkpoints hold one process's optimizer; data-parallel "
+                             "ranks (learner.world_size > 1, engine deepspeed) do not checkpoint yet")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
+            raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
+            raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
+                             f"streaming), not {self.train.schedule}")
+        return self
+
+    @model_validator(mode="after")
     def _opd_has_no_per_sequence_mean(self) -> "RunConfig":
         # 1/|o_i| is unknown until the last turn is scored, so a turn's backward cannot apply it
         if self.algorithm.objective == "opd" and self.algorithm.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("algorithm.loss_agg_mode: seq-mean-token-mean is not available for opd "
                              "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoints_need_a_place(self) -> "RunConfig":
+        if self.train.checkpoint_every and not self.train.output_dir:
+            raise ValueError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
         return self
 
     @model_validator(mode="after")

@@ -17,11 +17,11 @@ from typing import IO, Any, Callable, Iterable, Protocol
 from learner.chrome_trace import chrome_trace  # noqa: F401  (the export lives there; re-exported)
 
 SPAN_KINDS: tuple[str, ...] = (
-    "rollout.generate", "rollout.tool", "rollout.verify", "teacher.score",
+    "rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score",
     "learner.backward", "learner.group_close", "learner.optimizer", "learner.publish",
 )
 LEARNER_KINDS = tuple(k for k in SPAN_KINDS if k.startswith("learner."))
-ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.verify", "teacher.score")
+ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score")
 
 
 @dataclass

@@ -117,6 +117,7 @@ THUNDERSYNC_HEARTBEAT_S = 2.0
 THUNDERSYNC_STALE_S = 20.0
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
 THUNDERSYNC_REQUEUE_AFTER_S = 30.0
+THUNDERSYNC_AUTO_RESUMES = 2  # a run whose supervisor is gone resumes from its checkpoint this often, then fails
 # The learner reports at least every few seconds while it trains; silence this long means
 # it hangs (a stuck tool, a blocked pipe): the run fails with that reason.
 THUNDERSYNC_PROGRESS_TIMEOUT_S = 600.0

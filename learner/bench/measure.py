@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, window_metrics
 
 
@@ -236,7 +237,7 @@ def calibrate(events: list[dict[str, Any]], warmup: int, scale_run: float) -> Ca
                 continue
             traj = e["traj"]
             end[traj] = max(end.get(traj, 0.0), e["t1"] - v["step/t_start"])
-            if e["kind"] == "rollout.tool":
+            if e["kind"] in MODELLED_KINDS:
                 tool[traj] = tool.get(traj, 0.0) + e["t1"] - e["t0"]
         if not end:
             raise BenchError(f"calibration: step {v['step']} has no rollout spans")

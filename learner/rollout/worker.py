@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import math
 import queue
 import random
 import time
@@ -33,6 +34,7 @@ from learner.rollout.engine import SamplingParams
 from learner.rollout.chat import ChatFormat, turn_stop_ids
 from learner.rollout.env import Task, make_env, score_final
 from learner.rollout.models import stop_token_ids
+from learner.rollout.tool_calls import ToolCalls
 from learner.trajectory import ScoredTurn, Trajectory
 
 IDLE_POLL_S = 0.05
@@ -54,8 +56,7 @@ class LoopState:
     turn_versions: list[int] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     teacher: list[float | None] | None = None
-    ready_at: float = 0.0  # run clock; the modelled tool latency ends here
-    tool_t0: float = 0.0
+    ready_at: float = 0.0  # run clock; the modelled tool latency ends here (inf: a tool call is running)
 
 
 def pin_to_core(core: int | None) -> None:
@@ -120,6 +121,8 @@ class AgentWorker:
     def handle(self, cmd) -> bool:
         if cmd[0] == "stop":
             return False
+        if cmd[0] == "wake":  # a tool call returned (ToolCalls)
+            return True
         if cmd[0] == "load":
             t0, t1 = self.load(cmd[1])
             self.out_q.put(("ack", self.wid, self.engine.version, t0, t1))
@@ -195,17 +198,8 @@ class AgentWorker:
         result = self.chat.parse_turn(lp.task, text, stop_text) if out.stopped else None
         out_of_room = len(lp.ids) + self.cfg.rollout.max_new_tokens + 16 > self.max_len
         if result is not None and result.kind == "tool" and len(lp.turn_spans) < lp.task.max_turns and not out_of_room:
-            t0 = self.now()
-            output = self.env.run_tool(result.payload)  # the tool's real work
-            latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
-            obs_ids = self.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
-            lp.ids += obs_ids
-            lp.mask += [0] * len(obs_ids)
-            lp.blogp += [0.0] * len(obs_ids)
-            if lp.teacher is not None:
-                lp.teacher += [None] * len(obs_ids)
-            lp.ready_at = t0 + latency  # modelled tool latency (TaskConfig.tool_latency)
-            self.span("rollout.tool", t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
+            lp.ready_at = math.inf  # until the tool answers (learner/rollout/tool_calls.py)
+            self.tools.start(lp.traj, result.payload)
             return
         t0 = self.now()
         reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
@@ -221,11 +215,40 @@ class AgentWorker:
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
 
+    def observe(self, lp: LoopState, t0: float, t1: float, output: str) -> None:
+        """The tool's answer joins the trajectory; the loop generates again after the
+        task's modelled latency. Spans: ``rollout.tool`` is the tool's real time,
+        ``rollout.tool_wait`` the modelled wait after it (TaskConfig.tool_latency)."""
+        start, end = lp.turn_spans[-1]
+        turn = len(lp.turn_spans) - 1
+        self.span("rollout.tool", t0, t1, lp, turn=turn)
+        latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
+        obs_ids = self.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
+        lp.ids += obs_ids
+        lp.mask += [0] * len(obs_ids)
+        lp.blogp += [0.0] * len(obs_ids)
+        if lp.teacher is not None:
+            lp.teacher += [None] * len(obs_ids)
+        lp.ready_at = t1 + latency
+        if latency > 0:
+            self.span("rollout.tool_wait", t1, lp.ready_at, lp, turn=turn)
+
     def serve(self, cmd_q) -> None:
         self.out_q.put(("ready", self.wid))
+        self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now,
+                               wake=lambda: cmd_q.put(("wake",)))
+        try:
+            self._serve(cmd_q)
+        finally:
+            self.tools.close()
+
+    def _serve(self, cmd_q) -> None:
         while True:
+            for traj, t0, t1, output in self.tools.finished():
+                self.observe(self.loops[traj], t0, t1, output)
             if self.loops:
-                wait = max(0.0, min(lp.ready_at for lp in self.loops.values()) - self.now())
+                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
+                wait = max(0.0, due - self.now())
             elif self.follow_latest:
                 wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
             else:

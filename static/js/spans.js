@@ -7,6 +7,7 @@
 const KIND_COLOURS = new Map([
   ["rollout.generate", "#4c78a8"],
   ["rollout.tool", "#f2a03d"],
+  ["rollout.tool_wait", "#f7c98b"],
   ["rollout.verify", "#59a14f"],
   ["teacher.score", "#b07aa1"],
   ["learner.backward", "#e15759"],
