@@ -60,10 +60,7 @@ class ScriptedPolicy:
 
 def run_loop(worker: AgentWorker, tasks: list[Task]) -> list:
     worker.handle(("work", 0, [(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
-    deadline = time.monotonic() + 120
-    while worker.loops and time.monotonic() < deadline:
-        worker.step_loops()
-    assert not worker.loops, "the agent loops did not finish"
+    worker.run_loops(timeout_s=120)
     msgs = []
     while not worker.out_q.empty():
         msgs.append(worker.out_q.get_nowait())
@@ -261,3 +258,14 @@ def test_the_builtin_format_calls_the_python_sandbox_with_tags(tmp_path):
     assert tok.decode(traj.input_ids, skip_special_tokens=False) == (
         "<bos>Q:6*7\n<call>print(6*7)</call><obs>42\n</obs><ans>42</ans><eos>")
     assert traj.reward == 1.0
+
+
+def test_a_template_without_tool_messages_is_named_before_any_rollout():
+    tok = qwen_like_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}"
+                         "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+                         "{% endif %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError) as err:
+        ChatFormat(tok, ArithToolEnv(config().task))
+    assert str(err.value) == ("model.policy: its chat template cannot render a tool message after an assistant turn "
+                              "(TemplateError: Conversation roles must alternate user/assistant); tools need one that can")
