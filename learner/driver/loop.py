@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from learner.config import RunConfig
-from learner.gradients import OffPolicyLearner, StreamingLearner
+from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner
 from learner.evaluation import Evaluator
 from learner.lora import grad_buffer_mb, publish_view, save_policy, with_lora
 from learner.mismatch import check_sampled_versions, step_mismatch
@@ -122,7 +122,8 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         on_policy = cfg.train.schedule in ("sync", "streaming")
-        self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
+        self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref,
+                                                                                  LearnerOptions.from_config(cfg))
         self.env = make_env(cfg.task)
         self.evaluator = (Evaluator(cfg, self.env, self.model, self.tokenizer, turn_stop_ids(self.tokenizer, self.policy_dir))
                           if cfg.train.eval_every else None)
@@ -153,12 +154,15 @@ class Trainer:
         self.fleet.dispatch(step, items)
         return groups
 
-    def receive(self, timeout: float | None = None):
-        """Next trajectory or scored turn from the fleet; spans are emitted on the way."""
+    def receive(self, timeout: float | None = None, on_idle=None):
+        """Next trajectory or scored turn from the fleet; spans are emitted on the way.
+        ``on_idle()``: called instead of blocking while it returns True (the learner's deferred work)."""
         if self.pending:
             return self.pending.popleft()
         while True:
             msg = self.fleet.poll()
+            if msg is None and on_idle is not None and on_idle():
+                continue
             if msg is None:  # about to wait: the sink writes its queued events meanwhile
                 self.sink.idle(self.fleet.has_message)
                 t0 = self.now()
@@ -191,14 +195,19 @@ class Trainer:
                 self.pending.append(item)
 
     # -- learner side --------------------------------------------------------------
-    def learn(self, item: Trajectory | ScoredTurn) -> None:
-        # the learner may run an item's backward later (micro-batches, idle work): keep them all
-        if isinstance(item, ScoredTurn):
-            self.backward_tokens[item.traj] = item.turn_span[1] - item.turn_span[0]
-            self.learner.on_turn(item, on_phase=self.on_phase)
-        else:
-            self.backward_tokens[item.id] = item.n_scored
-            self.learner.on_trajectory(item, on_phase=self.on_phase)
+    def learn(self, items: list) -> None:
+        """Hand the learner everything waiting; it decides how to batch it (docs/learner.md). It
+        may run an item's backward later (micro-batches, idle work): their span tokens are kept."""
+        for item in items:
+            if isinstance(item, ScoredTurn):
+                self.backward_tokens[item.traj] = item.turn_span[1] - item.turn_span[0]
+            else:
+                self.backward_tokens[item.id] = item.n_scored
+        if items:
+            self.learner.learn(items, on_phase=self.on_phase)
+
+    def learner_idle_work(self) -> bool:
+        return self.learner.idle_work(on_phase=self.on_phase)
 
     def optimizer_step(self, wait_for_replicas: bool) -> None:
         """Barrier: (dump), clip the final gradient, one optimizer step, publish."""
@@ -304,6 +313,10 @@ class Trainer:
             values.update(self.evaluator.run(rec.step))
         if "peak_buffers" in rec.learner_stats:  # the accumulators' memory: adapter-sized under LoRA
             values["memory/grad_buffers_mb"] = grad_buffer_mb(self.params, rec.learner_stats["peak_buffers"])
+        for k in ("skipped_trajectories", "speculative_trajectories", "micro_batches", "peak_accumulator_mb",
+                  "peak_memory_mb"):
+            if k in rec.learner_stats:
+                values[f"learner/{k}"] = float(rec.learner_stats[k])
         self.sink.emit(StepMetrics(rec.step, values))
         self.recent = [s for s in self.recent if s["t1"] > t_end]
         self.rewards.append(values["reward/mean"])
@@ -315,7 +328,6 @@ class Trainer:
     def run_on_policy(self, streaming: bool) -> None:
         """sync and streaming: identical except *when* each trajectory's backward runs."""
         P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
-        opd = self.cfg.algorithm.objective == "opd"
         self.t_step_end = self.now()
         groups = self.new_groups(P, 0)
         for step in range(steps):
@@ -323,27 +335,22 @@ class Trainer:
             self.learner.begin_batch({g: G for g in groups})
             held: list = []
             while len(self.rec.trajs) < P * G:
-                item = self.receive()
+                item = self.receive(on_idle=self.learner_idle_work if streaming else None)
+                waiting = [item]
                 if streaming:
-                    # take every message already waiting in one go, so the backward passes
-                    # that follow run back to back instead of each after a pipe read, and the
-                    # spans of trajectories queued behind them reach the page now, not after them
+                    # everything already waiting goes to the learner in one call: it drains a
+                    # queue in micro-batches and streams per trajectory when caught up; the spans
+                    # of trajectories queued behind reach the page now, not after their backward
                     self.drain_spans()
-                if isinstance(item, Trajectory):
-                    self.rec.trajs.append(item)
-                if opd and isinstance(item, Trajectory):
-                    held.append(item)  # closes the trajectory's turn accounting
-                elif streaming:
-                    self.learn(item)
+                    waiting += list(self.pending)
+                    self.pending.clear()
+                self.rec.trajs += [x for x in waiting if isinstance(x, Trajectory)]
+                if streaming:
+                    self.learn(waiting)
                 else:
-                    held.append(item)
-            if not streaming:
-                # sync: the learner starts only after the last reward of the batch
-                for item in sorted(held, key=lambda x: isinstance(x, Trajectory)):
-                    self.learn(item)
-            else:
-                for item in held:
-                    self.learn(item)
+                    held += waiting
+            # sync: the learner starts only after the last reward of the batch
+            self.learn(sorted(held, key=lambda x: isinstance(x, Trajectory)))
             self.rec.learner_stats = self.learner.finish_batch()
             self.optimizer_step(wait_for_replicas=True)
             published = self.now()
