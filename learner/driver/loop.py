@@ -140,7 +140,8 @@ class Trainer:
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
-                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
+                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs),
+                        **({"learner_rank_pids": self.learner.pids} if uses_ranks(cfg) else {})})
 
     # -- rollout side --------------------------------------------------------------
     def new_groups(self, n: int, step: int) -> list[int]:
