@@ -22,6 +22,7 @@ import heapq
 import math
 import queue
 import random
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -232,6 +233,27 @@ class AgentWorker:
         lp.ready_at = t1 + latency
         if latency > 0:
             self.span("rollout.tool_wait", t1, lp.ready_at, lp, turn=turn)
+
+    def run_loops(self, timeout_s: float) -> None:
+        """Run the loops already handed out (``handle(("work", ...))``) to their end in this
+        thread, without a command queue: the learner's eval (learner.evaluation) and tests."""
+        woken = threading.Event()
+        self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now, wake=woken.set)
+        deadline = self.now() + timeout_s
+        try:
+            while self.loops:
+                if self.now() > deadline:
+                    raise TimeoutError(f"{len(self.loops)} agent loops unfinished after {timeout_s:g}s")
+                for traj, t0, t1, output in self.tools.finished():
+                    self.observe(self.loops[traj], t0, t1, output)
+                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
+                if due > self.now():  # every loop waits on a tool or its modelled latency
+                    woken.wait(timeout=min(due - self.now(), deadline - self.now(), IDLE_POLL_S))
+                    woken.clear()
+                    continue
+                self.step_loops()
+        finally:
+            self.tools.close()
 
     def serve(self, cmd_q) -> None:
         self.out_q.put(("ready", self.wid))

@@ -60,10 +60,7 @@ class ScriptedPolicy:
 
 def run_loop(worker: AgentWorker, tasks: list[Task]) -> list:
     worker.handle(("work", 0, [(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
-    deadline = time.monotonic() + 120
-    while worker.loops and time.monotonic() < deadline:
-        worker.step_loops()
-    assert not worker.loops, "the agent loops did not finish"
+    worker.run_loops(timeout_s=120)
     msgs = []
     while not worker.out_q.empty():
         msgs.append(worker.out_q.get_nowait())
