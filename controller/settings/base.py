@@ -137,6 +137,9 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
 THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
+# Behind a reverse proxy: the META key of the header it sets to the client's address (e.g.
+# "HTTP_X_REAL_IP"); only a header the proxy overwrites, a client could forge any other.
+THUNDERSYNC_CLIENT_IP_HEADER = os.environ.get("THUNDERSYNC_CLIENT_IP_HEADER", "")
 
 LOGGING = {
     "version": 1,
