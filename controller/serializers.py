@@ -60,6 +60,7 @@ def run_json(run: Run) -> dict:
 
 def status_frame(run: Run) -> dict:
     return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "started": iso(run.started), "finished": iso(run.finished),
             "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
 
 

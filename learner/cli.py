@@ -52,6 +52,11 @@ def check_resolvable(cfg) -> None:
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
+def boot_phase(text: str) -> None:
+    """A line the run page shows while the run starts (controller: the log's "boot: " lines)."""
+    print(f"boot: {text}", file=sys.stderr, flush=True)
+
+
 def report_failure(events: str | None, error: str) -> None:
     """Tell whoever reads the event stream why there is no (more) run."""
     if not events:
@@ -73,6 +78,10 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    if args.tensorboard:
+        overrides["tracking.tensorboard"] = args.tensorboard
+    if args.wandb:
+        overrides["tracking.wandb"] = True
     if args.learner_world_size is not None:
         overrides["learner.world_size"] = args.learner_world_size
     if args.output:
@@ -108,13 +117,19 @@ def cmd_train(args) -> int:
     stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
     stopping.tag_semaphores()
     stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
-    booted = None
+    booted, extra_sinks = None, []
     try:
         cfg = validated_config(args)
         if cfg.train.steps > 0:
             # the rollout workers import torch beside this process from here on
+            boot_phase(f"starting {cfg.rollout.workers if cfg.rollout.engine == 'torch' else cfg.rollout.replicas} "
+                       f"rollout worker(s)")
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
+        if cfg.train.steps > 0:
+            from learner.tracking import tracking_sinks
+
+            extra_sinks = tracking_sinks(cfg)
     except ConfigError as err:
         if booted:
             booted.close()
@@ -124,7 +139,7 @@ def cmd_train(args) -> int:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
     try:
-        return train_and_report(cfg, args, booted)
+        return train_and_report(cfg, args, booted, extra_sinks)
     except EventsUnwritable as err:
         booted.close()
         gc.unfreeze()  # set-up may have frozen the heap; exit-time leak checks must see it freed
@@ -134,13 +149,14 @@ def cmd_train(args) -> int:
         return 1
 
 
-def train_and_report(cfg, args, booted) -> int:
+def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
+    boot_phase(f"loading torch and the policy {cfg.model.policy}")
     from tqdm import tqdm
 
     from learner.driver.loop import train
     from learner.timeline import FanoutSink, MemorySink
 
-    sinks = [JsonlSink(args.events)] if args.events else []
+    sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
     sink = FanoutSink(*sinks) if sinks else MemorySink()
     bar = tqdm(total=cfg.train.steps, desc=f"{cfg.train.schedule}", file=sys.stderr, disable=args.quiet)
 
@@ -207,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write step metrics as TensorBoard event files in DIR")
+    p.add_argument("--wandb", action="store_true", help="also log step metrics to W&B in offline mode")
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
                                                    "the run's config go here (train.output_dir)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")

@@ -213,6 +213,14 @@ class LearnerConfig(Strict):
                              description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
 
 
+class TrackingConfig(Strict):
+    """Step metrics also written for TensorBoard / W&B (learner/tracking.py)."""
+
+    tensorboard: str | None = Field(
+        None, max_length=500, description="directory for TensorBoard event files (relative: to the working directory)")
+    wandb: bool = Field(False, description="log to Weights & Biases in offline mode (needs the wandb package)")
+
+
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -221,6 +229,7 @@ class RunConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     def learner_path(self) -> str:

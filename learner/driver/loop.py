@@ -71,6 +71,7 @@ class Trainer:
         self.next_group = 0
         self.rewards: list[float] = []
         self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
+        self.backward_tokens: dict[int, int] = {}  # traj -> tokens its (next) learner.backward trains on
 
     # -- clock and spans -----------------------------------------------------------
     def now(self) -> float:
@@ -94,7 +95,8 @@ class Trainer:
         t0, t1 = t0 - self.origin, t1 - self.origin
         if kind == "learner.backward" and self.rec.first_backward is None:
             self.rec.first_backward = t0
-        self.learner_span(kind, t0, t1, traj, group)
+        tokens = self.backward_tokens.get(traj, 0) if kind == "learner.backward" else 0
+        self.learner_span(kind, t0, t1, traj, group, tokens=tokens)
 
     # -- set-up --------------------------------------------------------------------
     def setup(self, booted: BootedWorkers) -> None:
@@ -128,7 +130,10 @@ class Trainer:
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
-        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
+        # origin_epoch: the wall clock at t=0 of the run clock (pages show elapsed time, the
+        # live-latency bench dates span ends)
+        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "origin_epoch": time.time() - self.now(),
+                        "config": cfg.model_dump(),
                         "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
     # -- rollout side --------------------------------------------------------------
@@ -187,9 +192,12 @@ class Trainer:
 
     # -- learner side --------------------------------------------------------------
     def learn(self, item: Trajectory | ScoredTurn) -> None:
+        # the learner may run an item's backward later (micro-batches, idle work): keep them all
         if isinstance(item, ScoredTurn):
+            self.backward_tokens[item.traj] = item.turn_span[1] - item.turn_span[0]
             self.learner.on_turn(item, on_phase=self.on_phase)
         else:
+            self.backward_tokens[item.id] = item.n_scored
             self.learner.on_trajectory(item, on_phase=self.on_phase)
 
     def optimizer_step(self, wait_for_replicas: bool) -> None:
@@ -252,6 +260,8 @@ class Trainer:
         rec = self.rec
         t_end = self.now() if t_end is None else t_end
         self.t_step_end = t_end
+        for traj in rec.trajs:  # trained by now
+            self.backward_tokens.pop(traj.id, None)
         self.drain_spans()
         window = [s for s in self.recent if s["t1"] > rec.t_start]
         values = window_metrics(window, rec.t_start, t_end)
@@ -314,9 +324,10 @@ class Trainer:
             held: list = []
             while len(self.rec.trajs) < P * G:
                 item = self.receive()
-                if streaming and not self.pending:
+                if streaming:
                     # take every message already waiting in one go, so the backward passes
-                    # that follow run back to back instead of each after a pipe read
+                    # that follow run back to back instead of each after a pipe read, and the
+                    # spans of trajectories queued behind them reach the page now, not after them
                     self.drain_spans()
                 if isinstance(item, Trajectory):
                     self.rec.trajs.append(item)
@@ -341,6 +352,7 @@ class Trainer:
             self.finish_step(t_end=published)
 
     def train_off_policy(self) -> None:
+        self.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
         self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         self.optimizer_step(wait_for_replicas=False)
         self.finish_step()
