@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from learner.config import RunConfig
+from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
 from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.evaluation import Evaluator
 from learner.lora import grad_buffer_mb, publish_view, save_policy, with_lora
@@ -98,6 +99,15 @@ class Trainer:
         tokens = self.backward_tokens.get(traj, 0) if kind == "learner.backward" else 0
         self.learner_span(kind, t0, t1, traj, group, tokens=tokens)
 
+    def on_rank_phase(self, rank: int, kind: str, t0: float, t1: float, traj, group) -> None:
+        """Another learner rank's phase, on its own lane ``learner/<rank>``."""
+        t0, t1 = t0 - self.origin, t1 - self.origin
+        if kind == "learner.backward" and (self.rec.first_backward is None or t0 < self.rec.first_backward):
+            self.rec.first_backward = t0
+        tokens = self.backward_tokens.get(traj, 0) if kind == "learner.backward" else 0
+        self.emit_span(Span(step=self.rec.step, kind=kind, t0=t0, t1=t1, lane=rank_lane(rank), traj=traj,
+                            group=group, policy_version=self.version, tokens=tokens))
+
     # -- set-up --------------------------------------------------------------------
     def setup(self, booted: BootedWorkers) -> None:
         """Load the models, build the learner and the weight store, start the rollout fleet
@@ -123,6 +133,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         on_policy = cfg.train.schedule in ("sync", "streaming")
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
+        if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
+            self.learner = DataParallelLearner(cfg, self.model, ref, str(self.policy_dir), self.on_rank_phase)
         self.env = make_env(cfg.task)
         self.evaluator = (Evaluator(cfg, self.env, self.model, self.tokenizer, turn_stop_ids(self.tokenizer, self.policy_dir))
                           if cfg.train.eval_every else None)
@@ -134,7 +146,8 @@ class Trainer:
         # live-latency bench dates span ends)
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "origin_epoch": time.time() - self.now(),
                         "config": cfg.model_dump(),
-                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
+                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs),
+                        **({"learner_rank_pids": self.learner.pids} if uses_ranks(cfg) else {})})
 
     # -- rollout side --------------------------------------------------------------
     def new_groups(self, n: int, step: int) -> list[int]:
@@ -207,16 +220,26 @@ class Trainer:
         # before the weights move: sampled versions as expected, engine vs learner log-probs
         check_sampled_versions(rec.trajs, self.dispatch_versions)
         rec.mismatch = step_mismatch(self.model, rec.trajs, self.version, known=self.learner.logprobs.take())
+        ranks = isinstance(self.learner, DataParallelLearner)
+        if ranks:
+            self.learner.reduce()  # the batch gradient: every rank's share, summed
         if self.dump_dir and rec.step == 0:
             from learner.audit import write_dump
 
-            grads = {n: p.grad.detach().float().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+            if ranks:
+                names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+                grads = {n: g.float() for n, g in zip(names, self.learner.reduced_grads())}
+            else:
+                grads = {n: p.grad.detach().float().clone() for n, p in self.model.named_parameters() if p.grad is not None}
             write_dump(self.dump_dir, self.model, self.tokenizer, rec.trajs, self.cfg.algorithm, grads)
             t0 = self.now()  # the audit dump is not training work
-        clip = self.cfg.train.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if ranks:  # the engine clips the reduced gradient and steps; every rank the same
+            norm = self.learner.step()
+        else:
+            clip = self.cfg.train.grad_clip
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else float("inf"))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.learner_span("learner.optimizer", t0, self.now())
         rec.learner_stats["grad_norm"] = float(norm)
         rec.trained_version = self.version
@@ -300,6 +323,8 @@ class Trainer:
         for k in ("clip_frac", "peak_buffers"):
             if k in rec.learner_stats:
                 values[f"actor/{k}"] = float(rec.learner_stats[k])
+        if isinstance(self.learner, DataParallelLearner):
+            values.update(rank_metrics(window, rec.t_start, t_end, self.learner.world, self.learner.rank_stats))
         if self.evaluator is not None and self.evaluator.due(rec.step):  # the policy just published
             values.update(self.evaluator.run(rec.step))
         if "peak_buffers" in rec.learner_stats:  # the accumulators' memory: adapter-sized under LoRA
@@ -430,6 +455,8 @@ class Trainer:
                 self.settle_fleet()
         finally:
             self.fleet.close()
+            if isinstance(self.learner, DataParallelLearner):
+                self.learner.close()
         if self.cfg.train.output_dir:
             save_policy(self.model, self.tokenizer, self.cfg.train.output_dir)
         summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,
