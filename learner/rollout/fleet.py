@@ -16,6 +16,15 @@ class RolloutError(RuntimeError):
     """A rollout worker failed; the message carries its error text."""
 
 
+def decode(msg: tuple) -> tuple[Any, list[dict]]:
+    """A data message as (finished trajectory or scored turn, or None; the spans it carries)."""
+    if msg[0] == "spans":
+        return None, msg[1]
+    if msg[0] in ("traj", "turn"):
+        return msg[1], msg[2] if len(msg) > 2 else []
+    raise RuntimeError(f"unexpected rollout message {msg[0]!r} from replica {msg[1]}")
+
+
 class Fleet:
     """Takes over the workers ``booted`` (``learner.rollout.boot``): sends each its init
     command and waits until every one is ready."""
@@ -81,6 +90,15 @@ class Fleet:
             self.load[self._owner.pop(msg[1].id)] -= 1
         return msg
 
+    def poll_data(self) -> tuple[Any, list[dict]] | None:
+        """The next data message already waiting, decoded, or None (never blocks)."""
+        msg = self.poll()
+        return None if msg is None else decode(msg)
+
+    def get_data(self, timeout: float | None = None) -> tuple[Any, list[dict]]:
+        """The next data message, decoded (blocks up to ``timeout``)."""
+        return decode(self.get(timeout))
+
     def dispatch(self, step: int, items: list[tuple[int, int, Any, int]]) -> None:
         """Spread (traj, group, task, seed) items over the workers, least-loaded first."""
         per_worker: dict[int, list] = {}
@@ -93,8 +111,8 @@ class Fleet:
             self.cmd_qs[w].put(("work", step, chunk))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
-        """Every replica loads ``version``; returns (worker, t0, t1) per ack. Other messages
-        that arrive meanwhile go to ``on_other``."""
+        """Every replica loads ``version``; returns (worker, t0, t1) per ack. Data messages
+        that arrive meanwhile go, decoded, to ``on_other(item, spans)``."""
         for q in self.cmd_qs:
             q.put(("load", version))
         acks = []
@@ -105,7 +123,7 @@ class Fleet:
                     raise RolloutError(f"replica {msg[1]} acknowledged version {msg[2]}, expected {version}")
                 acks.append((msg[1], msg[3], msg[4]))
             else:
-                on_other(msg)
+                on_other(*decode(msg))
         return acks
 
     def close(self) -> None:

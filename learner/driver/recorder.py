@@ -1,0 +1,53 @@
+"""The run clock and the span stream of one run: numbering, the sink, the spans and fleet
+waits still inside a step's window (docs/spans.md)."""
+
+from __future__ import annotations
+
+import time
+
+from learner.timeline import EventSink, Span
+
+LEARNER_LANE = "learner/0"
+
+
+class Recorder:
+    def __init__(self, sink: EventSink):
+        self.sink = sink
+        self.origin = time.monotonic()
+        self.seq = 0
+        self.recent: list[dict] = []  # span events still inside a step window (metrics)
+        self.waits: list[tuple[float, float]] = []  # run-clock intervals blocked on the fleet for data
+        self.step = 0  # the step spans are stamped with
+
+    def now(self) -> float:
+        return time.monotonic() - self.origin
+
+    def emit_span(self, span: Span | dict) -> None:
+        """Number the span and pass it on; worker spans arrive as dicts and stay dicts (this
+        runs on the learner's core, once per span)."""
+        event = span.to_event() if isinstance(span, Span) else {"type": "span", **span}
+        event["seq"] = self.seq
+        self.seq += 1
+        self.sink.emit(event)
+        self.recent.append(event)
+
+    def emit_spans(self, spans: list) -> None:
+        for s in spans:
+            self.emit_span(s)
+
+    def learner_span(self, kind: str, t0: float, t1: float, version: int, traj=None, group=None) -> None:
+        self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=LEARNER_LANE, traj=traj,
+                            group=group, policy_version=version))
+
+    def replica_spans(self, acks: list[tuple[int, float, float]], version: int) -> None:
+        for w, t0, t1 in acks:  # one publish span per replica that loaded the weights
+            self.emit_span(Span(step=self.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",
+                                policy_version=version))
+
+    def window(self, t_start: float, t_end: float) -> tuple[list[dict], list[tuple[float, float]]]:
+        """The spans and waits of the step window [t_start, t_end]; forgets those that end
+        before ``t_end`` (the next window starts there)."""
+        spans, waits = [s for s in self.recent if s["t1"] > t_start], self.waits
+        self.recent = [s for s in self.recent if s["t1"] > t_end]
+        self.waits = [w for w in self.waits if w[1] > t_end]
+        return spans, waits

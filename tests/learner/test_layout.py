@@ -1,0 +1,41 @@
+"""The learner package's shape (docs/architecture.md): no two modules import each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def learner_modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text()) for p in sorted((ROOT / "learner").rglob("*.py"))}
+
+
+def imports_of(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """Learner modules ``name`` imports anywhere (module level or inside a function)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:  # relative: resolve against the package
+                package = name.split(".")[: -node.level] if not name.endswith("__init__") else name.split(".")
+                base = ".".join([*package, node.module])
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m in known and m != name}
+
+
+def test_no_two_learner_modules_import_each_other():
+    modules = learner_modules()
+    graph = {name: imports_of(name, tree, set(modules)) for name, tree in modules.items()}
+    assert "learner.driver.rules" in graph["learner.sim.engine"]  # the parser sees real imports
+    pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ())})
+    assert pairs == [], pairs
