@@ -61,6 +61,8 @@ def cmd_train(args) -> int:
             # the rollout workers import torch beside this process from here on
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
+        if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
+            raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
     except ConfigError as err:
         if booted:
             booted.close()
@@ -84,7 +86,7 @@ def cmd_train(args) -> int:
         bar.write(_summary_line(m), file=sys.stderr)
 
     try:
-        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted)
+        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at)
     except Exception as exc:
         sink.emit({"type": "run", "status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         raise
@@ -120,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
-    p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--dump-step", metavar="DIR", help="dump one step (model, batch, gradient) for audit")
+    p.add_argument("--dump-at", metavar="STEP", type=int, default=0, help="the step --dump-step dumps [0]")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

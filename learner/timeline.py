@@ -39,6 +39,12 @@ class Span:
     def to_event(self) -> dict[str, Any]:
         return {"type": "span", **vars(self)}  # flat fields: vars() is a cheap asdict()
 
+    def __reduce__(self):
+        # pickled as its field values: workers send thousands per step and the learner's
+        # core unpickles every one (a default dataclass pickle costs about twice as much)
+        return (Span, (self.step, self.kind, self.t0, self.t1, self.lane, self.traj, self.group, self.turn,
+                       self.policy_version, self.tokens, self.seq))
+
 
 @dataclass
 class StepMetrics:

@@ -40,9 +40,9 @@ from learner.trajectory import ScoredTurn, Trajectory
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, sink: EventSink, dump_dir: str | None = None,
+    def __init__(self, cfg: RunConfig, sink: EventSink, dump: tuple[str, int] | None = None,
                  on_step: Callable[[dict], None] | None = None):
-        self.cfg, self.sink, self.dump_dir, self.on_step = cfg, sink, dump_dir, on_step
+        self.cfg, self.sink, self.dump, self.on_step = cfg, sink, dump, on_step
         self.schedule = cfg.train.schedule
         self.recorder = Recorder(sink)
         self.version, self.rewards = 0, []
@@ -141,7 +141,7 @@ class Trainer:
                 self.learn(item)
             self.rec.learner_stats = self.learner.finish_batch()
         self.version = barrier(self.parts, self.rec, self.version, self.recorder, self.rollouts, self.cfg,
-                               self.dump_dir, wait_for_replicas=not rules.off_policy(self.schedule))
+                               self.dump, wait_for_replicas=not rules.off_policy(self.schedule))
 
     def finish_step(self, t_end: float) -> dict:
         """Metrics of the step that ended at ``t_end`` (its publish). The next step starts
@@ -193,10 +193,11 @@ class Trainer:
 
 def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
           on_step: Callable[[dict], None] | None = None, booted: BootedWorkers | None = None,
-          ) -> tuple[Trainer, dict[str, Any]]:
+          dump_at: int = 0) -> tuple[Trainer, dict[str, Any]]:
     """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary.
-    ``booted``: the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None)."""
-    trainer = Trainer(cfg, sink, str(dump_dir) if dump_dir else None, on_step)
+    ``dump_dir``: write step ``dump_at``'s audit dump there (learner/audit.py); ``booted``:
+    the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None)."""
+    trainer = Trainer(cfg, sink, (str(dump_dir), dump_at) if dump_dir else None, on_step)
     booted = booted or boot_fleet(cfg)
     try:
         trainer.setup(booted)

@@ -22,16 +22,16 @@ class Recorder:
     def now(self) -> float:
         return time.monotonic() - self.origin
 
-    def emit_span(self, span: Span | dict) -> None:
-        """Number the span and pass it on; worker spans arrive as dicts and stay dicts (this
-        runs on the learner's core, once per span)."""
-        event = span.to_event() if isinstance(span, Span) else {"type": "span", **span}
+    def emit_span(self, span: Span) -> None:
+        """Number the span and pass it on as an event (a dict, as the sink and the step
+        window take it; this runs on the learner's core, once per span)."""
+        event = span.to_event()
         event["seq"] = self.seq
         self.seq += 1
         self.sink.emit(event)
         self.recent.append(event)
 
-    def emit_spans(self, spans: list) -> None:
+    def emit_spans(self, spans: list[Span]) -> None:
         for s in spans:
             self.emit_span(s)
 

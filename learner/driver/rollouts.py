@@ -10,6 +10,7 @@ from learner.config import RunConfig
 from learner.driver.recorder import Recorder
 from learner.rollout.env import Environment
 from learner.rollout.fleet import Fleet
+from learner.rollout.messages import WorkItem
 from learner.trajectory import ScoredTurn, Trajectory
 
 
@@ -30,7 +31,7 @@ class Rollouts:
             self.next_group += 1
             task = self.env.sample_task(random.Random(self.cfg.seed * 1_000_003 + g))
             for _ in range(G):
-                items.append((self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
+                items.append(WorkItem(self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
                 self.next_traj += 1
             groups.append(g)
         if step >= 0:

@@ -9,10 +9,7 @@ engine call; a row that stops is handled at once (its tool starts, or it is veri
 sent to the learner) while the rest of the call decodes. Every phase is reported as a span
 on the trajectory's slot lane.
 
-Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn, [dict]),
-("traj", Trajectory, [dict]) (with the spans recorded before it), ("ack", worker, version, t0, t1),
-("ready", worker), ("error", worker, text).
-Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
+Messages to the driver (``out_q``) and commands from it: ``rollout/messages.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +28,9 @@ from learner.config import RunConfig
 from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.env import Task, make_env
+from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Work
 from learner.rollout.models import stop_token_ids
+from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
 
 IDLE_POLL_S = 0.05
@@ -70,7 +69,7 @@ class AgentWorker:
         self.env = make_env(cfg.task)
         self.loops: dict[int, LoopState] = {}
         self.free_slots: list[int] = []  # heap of slot lanes given back; new ones are numbered on
-        self.spans: list[dict] = []
+        self.spans: list[Span] = []
         self.stop_ids = stop_token_ids(tokenizer)
         model_config = getattr(getattr(engine, "model", None), "config", None)
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
@@ -79,27 +78,21 @@ class AgentWorker:
     def now(self) -> float:
         return time.monotonic() - self.origin
 
-    # -- spans ---------------------------------------------------------------------
     def span(self, kind: str, t0: float, t1: float, loop: LoopState | None, turn=None, tokens=0, lane=None):
-        self.spans.append({  # the fields of timeline.Span, as a dict: cheap to pickle and emit
-            "step": loop.step if loop else -1, "kind": kind, "t0": t0, "t1": t1,
-            "lane": lane or f"rollout/{self.wid}/{loop.slot}", "traj": loop.traj if loop else None,
-            "group": loop.group if loop else None, "turn": turn, "policy_version": self.engine.version,
-            "tokens": tokens,
-        })
+        self.spans.append(Span(loop.step if loop else -1, kind, t0, t1, lane or f"rollout/{self.wid}/{loop.slot}",
+                               loop.traj if loop else None, loop.group if loop else None, turn,
+                               self.engine.version, tokens))
 
     def flush_spans(self) -> None:
         if self.spans:
-            self.out_q.put(("spans", self.spans))
+            self.out_q.put(Spans(self.spans))
             self.spans = []
 
-    def send(self, kind: str, item) -> None:
-        """A finished trajectory or scored turn, with the spans recorded since the last send:
-        one pipe message instead of two (the learner's core reads every message)."""
-        self.out_q.put((kind, item, self.spans))
+    def send(self, item: Trajectory | ScoredTurn) -> None:
+        """A finished trajectory or scored turn, with the spans recorded since the last send."""
+        self.out_q.put(Finished(item, self.spans))
         self.spans = []
 
-    # -- weights -------------------------------------------------------------------
     def load(self, want: int | None) -> tuple[float, float]:
         t0 = self.now()
         self.store.read_into(self.engine.load_weights, want=want)
@@ -111,17 +104,16 @@ class AgentWorker:
             t0, t1 = self.load(None)
             self.span("learner.publish", t0, t1, None, lane=f"replica/{self.wid}")
 
-    # -- commands ------------------------------------------------------------------
-    def handle(self, cmd) -> bool:
-        if cmd[0] == "stop":
+    def handle(self, cmd: Load | Work | Stop) -> bool:
+        if isinstance(cmd, Stop):
             return False
-        if cmd[0] == "load":
-            t0, t1 = self.load(cmd[1])
-            self.out_q.put(("ack", self.wid, self.engine.version, t0, t1))
-        elif cmd[0] == "work":
-            _, step, items = cmd
+        if isinstance(cmd, Load):
+            t0, t1 = self.load(cmd.version)
+            self.out_q.put(Ack(self.wid, self.engine.version, t0, t1))
+        elif isinstance(cmd, Work):
+            step = cmd.step
             encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
-            for traj, group, task, seed in items:
+            for traj, group, task, seed in cmd.items:
                 if task.prompt_text not in encoded:
                     encoded[task.prompt_text] = self.tok.encode(task.prompt_text, add_special_tokens=False)
                 ids = list(encoded[task.prompt_text])
@@ -133,7 +125,6 @@ class AgentWorker:
                 )
         return True
 
-    # -- the agent loop ------------------------------------------------------------
     def step_loops(self) -> None:
         now = self.now()
         ready = [lp for lp in self.loops.values() if lp.ready_at <= now]
@@ -176,7 +167,7 @@ class AgentWorker:
         lp.teacher[start:end] = tlp
         t1 = self.now()
         self.span("teacher.score", t0, t1, lp, turn=turn, tokens=end - start)
-        self.send("turn", ScoredTurn(
+        self.send(ScoredTurn(
             traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
             turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
             policy_version=self.engine.version, t_scored=t1,
@@ -204,7 +195,7 @@ class AgentWorker:
         reward = self.env.reward(lp.task, text) if result is not None and result.kind == "final" else 0.0
         t1 = self.now()
         self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
-        self.send("traj", Trajectory(
+        self.send(Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1,
@@ -212,28 +203,29 @@ class AgentWorker:
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
 
-    def serve(self, cmd_q) -> None:
-        self.out_q.put(("ready", self.wid))
-        while True:
-            if self.loops:
-                wait = max(0.0, min(lp.ready_at for lp in self.loops.values()) - self.now())
-            elif self.follow_latest:
-                wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
-            else:
-                wait = None  # idle: block until the driver says something
-            try:
-                cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
-                if not self.handle(cmd):
+def serve(worker: AgentWorker, cmd_q) -> None:
+    """The worker process's main loop: take the driver's commands, step the agent loops."""
+    worker.out_q.put(Ready(worker.wid))
+    while True:
+        if worker.loops:
+            wait = max(0.0, min(lp.ready_at for lp in worker.loops.values()) - worker.now())
+        elif worker.follow_latest:
+            wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
+        else:
+            wait = None  # idle: block until the driver says something
+        try:
+            cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
+            if not worker.handle(cmd):
+                return
+            while True:  # drain everything already queued before generating
+                if not worker.handle(cmd_q.get_nowait()):
                     return
-                while True:  # drain everything already queued before generating
-                    if not self.handle(cmd_q.get_nowait()):
-                        return
-            except queue.Empty:
-                pass
-            if not self.loops:
-                self.maybe_follow_latest()
-                self.flush_spans()
-            self.step_loops()
+        except queue.Empty:
+            pass
+        if not worker.loops:
+            worker.maybe_follow_latest()
+            worker.flush_spans()
+        worker.step_loops()
 
 
 def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | None, store, cmd_q, out_q,
@@ -255,8 +247,8 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         # torch, transformers and the model are ~10^6 long-lived objects; a full collection
         # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
         gc.freeze()
-        worker.serve(cmd_q)
+        serve(worker, cmd_q)
         gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text
-        out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        out_q.put(Failed(wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))

@@ -25,6 +25,7 @@ def test_steps_zero_only_validates_the_config():
     ("algorithm: {loss_agg_mode: mean}", "algorithm.loss_agg_mode"),
     ("model: {polcy: x}", "model.polcy"),
     ("train: {schedule: streaming}\nalgorithm: {ppo_epochs: 2}", "algorithm.ppo_epochs"),
+    ("train: {schedule: async}\nalgorithm: {mini_batches: 4}", "algorithm.mini_batches"),
     ("train: [1, 2", "not valid YAML"),
     ("- a list", "expected a mapping"),
     # what the schema cannot see: the env registry, the model dir, the turn budget

@@ -1,4 +1,5 @@
-"""The learner package's shape (docs/architecture.md): no two modules import each other."""
+"""The learner package's shape (docs/architecture.md): no two modules import each other,
+no function or class longer than ~150 lines."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+MAX_LINES = 150
 
 
 def module_name(path: Path) -> str:
@@ -39,3 +41,14 @@ def test_no_two_learner_modules_import_each_other():
     assert "learner.driver.rules" in graph["learner.sim.engine"]  # the parser sees real imports
     pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph.get(b, ())})
     assert pairs == [], pairs
+
+
+def test_no_function_or_class_in_learner_is_longer_than_150_lines():
+    long = []
+    for name, tree in learner_modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_LINES:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert long == [], long
