@@ -13,5 +13,13 @@ COPY templates ./templates
 COPY static ./static
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .
 
+# Web and worker run as an unprivileged user that can write only its run directories and its
+# model cache, never the code (docs/controller.md, "Production").
+RUN useradd --create-home --uid 10001 --user-group thundersync \
+    && mkdir -p /data/runs /models \
+    && chown thundersync:thundersync /data/runs
+ENV THUNDERSYNC_RUN_DIR=/data/runs THUNDERSYNC_MODEL_ROOTS=/models
+USER thundersync
+
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "controller.asgi:application"]

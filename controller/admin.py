@@ -1,6 +1,9 @@
 from django.contrib import admin
 
-from .models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric
+from .login_throttle import ThrottledAdminAuthenticationForm
+from .models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric, UserQuota
+
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 
 @admin.register(Experiment)
@@ -41,3 +44,12 @@ class SpanAdmin(admin.ModelAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
     list_display = ["run", "step", "path", "created"]
+
+
+@admin.register(UserQuota)
+class UserQuotaAdmin(admin.ModelAdmin):
+    """Empty limits fall back to THUNDERSYNC_QUOTA_DEFAULTS (controller/quotas.py)."""
+
+    list_display = ["user", "trajectories_per_step", "steps", "concurrent_runs", "queued_runs"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]

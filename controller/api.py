@@ -20,6 +20,7 @@ from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule, Span, StepMetric
 from .openapi import schema
+from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
@@ -70,12 +71,18 @@ def runs(request):
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
         return JsonResponse({"runs": [run_json(r) for r in owned]})
-    form = validated(RunCreateForm(read_json(request, RUN_FIELDS), user=request.user))
+    form = RunCreateForm(read_json(request, RUN_FIELDS), user=request.user)
+    unknown = {f: f"no such {f}" for f in ("experiment", "schedule") if form.has_error(f, "invalid_choice")}
+    if unknown:  # an id that is not yours is a missing object, as on every other path
+        raise ApiError(404, unknown)
+    validated(form)
     data = form.cleaned_data
     try:
         run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])
     except ConfigError as err:
         raise ApiError(400, {"schedule": f"does not fit the experiment's config: {err}"}) from None
+    except QuotaExceeded as err:
+        raise ApiError(err.status, {LAUNCH_FIELDS.get(err.field, err.field): err.message}) from None
     return JsonResponse(run_json(run), status=201)
 
 

@@ -2,6 +2,7 @@
 
 from django.http import JsonResponse
 from django.views.csrf import csrf_failure as page_csrf_failure
+from django.views.defaults import page_not_found as page_not_found_html
 
 
 class ApiError(Exception):
@@ -25,3 +26,11 @@ def csrf_failure(request, reason=""):
     if request.path.startswith("/api/"):
         return json_error(403, {"csrf": f"CSRF check failed: {reason}"})
     return page_csrf_failure(request, reason)
+
+
+def not_found(request, exception=None):
+    """handler404: a path under /api/ that no route matches (``/api/runs/abc/``) gets JSON
+    like every other API error; pages keep Django's HTML 404."""
+    if request.path.startswith("/api/"):
+        return json_error(404, {"path": "no such API path"})
+    return page_not_found_html(request, exception)

@@ -4,13 +4,17 @@ from typing import Any
 
 from learner.config import apply_overrides, parse_config
 
+from .server_paths import check_server_paths
+
 
 def run_config(experiment_config: dict, schedule_overrides: dict[str, Any], steps: int, name: str) -> dict:
     """The full, validated config (every default filled in) as JSON; raises ConfigError."""
     overrides = {**schedule_overrides, "train.steps": steps}
     if name:
         overrides["name"] = name
-    return parse_config(apply_overrides(experiment_config, overrides)).model_dump(mode="json")
+    config = parse_config(apply_overrides(experiment_config, overrides))
+    check_server_paths(config)
+    return config.model_dump(mode="json")
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:

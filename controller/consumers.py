@@ -8,10 +8,12 @@ it sent, drops live spans at or below it, and reads a gap (a dropped live frame)
 from the database, which the ingestor always writes before it publishes.
 """
 
+import logging
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import DatabaseError
 
 from .live import group_name
 from .models import Run, Span
@@ -21,6 +23,8 @@ REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+CLOSE_TRY_AGAIN_LATER = 1013  # an infrastructure outage (database, channel layer)
+log = logging.getLogger(__name__)
 
 
 @database_sync_to_async
@@ -51,29 +55,62 @@ def after_param(query_string: bytes) -> int | None:
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    accepted = False
+    async def refuse(self, code: int) -> None:
+        """Accept, then close with ``code``: a close before accept would reach the browser as
+        a bare HTTP 403, and the page could not tell an expired session from a network drop."""
+        await self.accept()
+        await self.close(code=code)
+
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
         after = after_param(self.scope.get("query_string", b""))
         if after is None:
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await self.refuse(CLOSE_BAD_REQUEST)
             return
-        run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
+        try:
+            run = await find_run(user, self.scope["url_route"]["kwargs"]["run_id"])
+        except DatabaseError as err:  # an outage: "try again later", never a 500
+            await self.refuse_for_now("database", err)
+            return
         if run is None:  # missing or another user's: the same answer
-            await self.close(code=CLOSE_NOT_FOUND)
+            await self.refuse(CLOSE_NOT_FOUND)
             return
         self.run_id, self.sent_seq = run.pk, after
-        self.group = group_name(run.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-        await self.send_stored_spans()
-        metrics, status = await current_state(run.pk)
+        try:
+            await self.channel_layer.group_add(group_name(run.pk), self.channel_name)
+        except Exception as err:  # the channel layer is down: replay what is stored, then retry later
+            live_error = err
+        else:
+            self.group, live_error = group_name(run.pk), None
+        try:
+            await self.accept()
+            await self.send_stored_spans()
+            metrics, status = await current_state(run.pk)
+        except DatabaseError as err:
+            await self.refuse_for_now("database", err)
+            return
         if metrics:
             await self.send_json({"type": "metrics", "metrics": metrics})
         await self.send_json(status)
         await self.send_json({"type": "replay_done", "last_seq": self.sent_seq})
+        if live_error is not None:
+            await self.refuse_for_now("channel layer", live_error)
+
+    async def refuse_for_now(self, what: str, err: Exception) -> None:
+        """Close with 1013 (try again later): the page reconnects from its last seq."""
+        log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
+        if self.accepted:
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        else:
+            await self.refuse(CLOSE_TRY_AGAIN_LATER)
+
+    async def accept(self, subprotocol=None, headers=None):
+        self.accepted = True
+        await super().accept(subprotocol, headers)
 
     async def disconnect(self, code):
         if hasattr(self, "group"):
@@ -94,7 +131,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not fresh:
             return
         if fresh[0]["seq"] != self.sent_seq + 1:  # a frame went missing: the database has it
-            await self.send_stored_spans(through=fresh[-1]["seq"])
+            try:
+                await self.send_stored_spans(through=fresh[-1]["seq"])
+            except DatabaseError as err:
+                await self.refuse_for_now("database", err)
             return
         await self.send_json({"type": "spans", "spans": fresh})
         self.sent_seq = fresh[-1]["seq"]

@@ -5,11 +5,14 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from learner.config import ConfigError, parse_config
+from learner.safe_yaml import MAX_YAML_CHARS, UnsafeYamlError, load_yaml
 
 from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
+from .quotas import QuotaExceeded, check_config
+from .server_paths import check_server_paths
 
-MAX_CONFIG_CHARS = 100_000
+MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
 DEFAULT_SCHEDULE = "streaming"
 
@@ -24,17 +27,10 @@ class ConfigField(forms.Field):
             return {}
         if isinstance(value, dict):
             return value
-        if len(value) > MAX_CONFIG_CHARS:
-            raise ValidationError(f"longer than {MAX_CONFIG_CHARS} characters")
         try:
-            data = yaml.safe_load(value)
-        except RecursionError:
-            raise ValidationError("not valid YAML: nested too deeply") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ValidationError(f"not valid YAML{where}: {problem}") from None
+            data = load_yaml(value, MAX_CONFIG_CHARS)
+        except UnsafeYamlError as err:
+            raise ValidationError(str(err)) from None
         if data is None:
             return {}
         if not isinstance(data, dict):
@@ -46,7 +42,7 @@ class ConfigField(forms.Field):
     def validate(self, value):
         super().validate(value)
         try:
-            parse_config(value)
+            check_server_paths(parse_config(value))
         except ConfigError as err:
             raise ValidationError(str(err)) from None
 
@@ -60,6 +56,14 @@ class ExperimentForm(forms.ModelForm):
     class Meta:
         model = Experiment
         fields = ["name", "description", "config"]
+
+    def clean_config(self):
+        config = self.cleaned_data["config"]
+        try:
+            check_config(self.instance.owner, parse_config(config).train.model_dump())
+        except QuotaExceeded as err:
+            raise ValidationError(err.message) from None
+        return config
 
     def __init__(self, *args, **kwargs):
         instance = kwargs.get("instance")

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from . import live
@@ -123,15 +123,21 @@ class RunIngestor:
         became_running = self._became_running
         self._spans, self._metrics, self._checkpoints, self._became_running = [], {}, [], False
         self._last_flush = time.monotonic()
-        with transaction.atomic():
-            Span.objects.bulk_create(spans, ignore_conflicts=True, batch_size=1000)
-            StepMetric.objects.bulk_create(
-                [StepMetric(run_id=self.run_id, step=step, values=values) for step, values in metrics.items()],
-                update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
-            )
-            Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
-            if became_running:
-                Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
+        try:
+            with transaction.atomic():
+                Span.objects.bulk_create(spans, ignore_conflicts=True, batch_size=1000)
+                StepMetric.objects.bulk_create(
+                    [StepMetric(run_id=self.run_id, step=step, values=values) for step, values in metrics.items()],
+                    update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
+                )
+                Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+                if became_running:
+                    Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
+        except DatabaseError:  # nothing was written: keep it all for the supervisor's next try
+            self._spans, self._checkpoints = spans + self._spans, checkpoints + self._checkpoints
+            self._metrics = {**metrics, **self._metrics}
+            self._became_running = self._became_running or became_running
+            raise
         if became_running:
             live.publish(self.run_id, status_frame(Run.objects.get(pk=self.run_id)))
         if spans:
@@ -155,9 +161,11 @@ def summarize(run_id: int, learner_summary: dict) -> dict:
     return {"steps": len(rows), **means, **learner_summary}
 
 
-def finish_run(run_id: int, status: str, error: str = "", summary: dict | None = None) -> Run:
-    """Record the final state once (a finished run is never rewritten) and tell the pages."""
-    Run.objects.filter(pk=run_id).exclude(status__in=Run.FINISHED).update(
+def finish_run(run_id: int, status: str, error: str = "", summary: dict | None = None,
+               only_if: dict | None = None) -> Run:
+    """Record the final state once (a finished run is never rewritten) and tell the pages.
+    ``only_if``: field values the run must still have (the reaper's compare-and-set)."""
+    Run.objects.filter(pk=run_id, **(only_if or {})).exclude(status__in=Run.FINISHED).update(
         status=status, error=error, summary=summarize(run_id, summary or {}), finished=timezone.now(),
     )
     run = Run.objects.get(pk=run_id)

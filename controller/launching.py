@@ -6,9 +6,10 @@ from functools import partial
 from django.db import transaction
 from django.utils import timezone
 
-from . import live
+from . import live, ownership
 from .config_merge import run_config
 from .models import Experiment, Run, Schedule
+from .quotas import check_config, check_queue
 from .serializers import status_frame
 from .tasks import run_training
 
@@ -17,13 +18,16 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
     ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
-    when the schedule's values do not fit the experiment's config.
+    when the schedule's values do not fit the experiment's config, and
+    quotas.QuotaExceeded when the run is over the owner's quota.
     """
     if steps is None:
         steps = experiment.run_config().train.steps
     config = run_config(experiment.config, schedule.overrides(), steps, name)
+    check_config(experiment.owner, config["train"])
     task_id = str(uuid.uuid4())
     with transaction.atomic():
+        check_queue(experiment.owner)
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
         )
@@ -32,6 +36,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
 
 
 def enqueue(run_id: int, task_id: str) -> None:
+    Run.objects.filter(pk=run_id).update(enqueued=timezone.now())  # the reaper re-sends a lost message
     run_training.apply_async(args=[run_id], task_id=task_id)
 
 
@@ -39,7 +44,8 @@ def request_cancel(run: Run) -> bool:
     """Ask a run to stop; False if it had already finished.
 
     A queued run is cancelled right here (its task will find it not queued and do nothing);
-    a starting or running one gets the flag, and its supervisor signals the learner.
+    a starting or running one gets the flag, and its supervisor signals the learner; one
+    whose supervisor is gone (docs/controller.md "No run without an owner") ends here too.
     """
     now = timezone.now()
     if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
@@ -48,8 +54,12 @@ def request_cancel(run: Run) -> bool:
         run.refresh_from_db()
         live.publish(run.pk, status_frame(run))
         return True
-    flagged = Run.objects.filter(pk=run.pk, status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(
-        cancel_requested=True
-    )
+    flagged = Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).update(cancel_requested=True)
     run.refresh_from_db()
+    if flagged and run.status in Run.ACTIVE:
+        reason = ownership.owner_dead(run.supervisor, run.pk)
+        if reason is None and ownership.heartbeat_stale(run, timezone.now()):
+            reason = "its supervisor stopped reporting"
+        if reason is not None and ownership.abandon(run, reason):
+            run.refresh_from_db()
     return bool(flagged)

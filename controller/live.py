@@ -1,11 +1,13 @@
 """Frames for the live run page, sent through the channel layer to group ``run_<id>``."""
 
 import logging
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 log = logging.getLogger(__name__)
+_outage: dict[str, float] = {}  # "since": when publishing started to fail
 
 
 def group_name(run_id: int) -> str:
@@ -20,5 +22,11 @@ def publish(run_id: int, frame: dict) -> None:
         return
     try:
         async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.frame", "frame": frame})
-    except Exception:  # a channel layer outage must not fail the training run
-        log.warning("run %s: could not publish a %s frame", run_id, frame.get("type"), exc_info=True)
+    except Exception as err:  # a channel layer outage must not fail the training run
+        if _outage.get("since") is None:  # one warning per outage, not a traceback per frame
+            _outage["since"] = time.monotonic()
+            log.warning("run %s: the channel layer is unreachable (%s); live frames are dropped until it is "
+                        "back, pages catch up from the database", run_id, err)
+        return
+    if _outage.get("since") is not None:
+        log.warning("the channel layer is back after %.1fs", time.monotonic() - _outage.pop("since"))

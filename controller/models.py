@@ -12,8 +12,10 @@ from django.db import models
 from django.db.models import Q
 
 from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
+from learner.safe_yaml import load_yaml
 
 from .config_merge import apply_overrides
+from .server_paths import check_server_paths
 
 
 class Experiment(models.Model):
@@ -34,8 +36,15 @@ class Experiment(models.Model):
         return self.name
 
     def config_yaml(self) -> str:
-        """The config as its author wrote it, or as YAML when it came as a JSON object."""
-        return self.config_text or yaml.safe_dump(self.config, sort_keys=False)
+        """The config as its author wrote it; as YAML when it came as a JSON object or was
+        changed elsewhere (the admin edits ``config``) so that the text no longer says it."""
+        if self.config_text:
+            try:
+                if (load_yaml(self.config_text, len(self.config_text)) or {}) == self.config:
+                    return self.config_text
+            except ValueError:  # UnsafeYamlError, yaml.YAMLError: show what is stored instead
+                pass
+        return yaml.safe_dump(self.config, sort_keys=False)
 
     def clean(self):
         try:
@@ -85,7 +94,7 @@ class Schedule(models.Model):
         if not isinstance(self.knobs, dict):
             raise ValidationError({"knobs": "expected a JSON object of config values"})
         try:
-            parse_config(apply_overrides({}, self.overrides()))
+            check_server_paths(parse_config(apply_overrides({}, self.overrides())))
         except (ConfigError, ValueError) as err:
             raise ValidationError({"knobs": str(err)}) from None
 
@@ -105,6 +114,7 @@ class Run(models.Model):
         CANCELLED = "cancelled"
 
     FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+    ACTIVE = (Status.STARTING, Status.RUNNING)
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
@@ -121,6 +131,12 @@ class Run(models.Model):
     summary = models.JSONField(default=dict, blank=True)
     cancel_requested = models.BooleanField(default=False)
     pids = models.JSONField(default=list, blank=True)  # the learner's pid; it leads its process group
+    # Ownership (docs/controller.md "No run without an owner"): the supervising process
+    # ("host:pid") stamps ``heartbeat`` while it runs; the reaper ends or resumes a run
+    # whose stamp went stale, and re-sends a queued run's message the broker lost.
+    supervisor = models.CharField(max_length=200, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -182,3 +198,19 @@ class Checkpoint(models.Model):
 
     def __str__(self):
         return f"{self.run} checkpoint @ step {self.step}"
+
+
+class UserQuota(models.Model):
+    """Per-user limits (controller/quotas.py); an empty field means the site default from
+    ``THUNDERSYNC_QUOTA_DEFAULTS``. Adjusted in the admin."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quota")
+    trajectories_per_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="train.prompts_per_step × train.group_size")
+    steps = models.PositiveIntegerField(null=True, blank=True, help_text="train.steps of one run")
+    concurrent_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="runs training at once; more wait in the queue")
+    queued_runs = models.PositiveIntegerField(null=True, blank=True, help_text="runs waiting to start")
+
+    def __str__(self):
+        return f"quota of {self.user}"

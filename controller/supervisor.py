@@ -4,8 +4,15 @@ The learner (``thundersync train --config FILE --events -``) runs in its own ses
 leads a process group that also holds its rollout workers and tool sandboxes: cancel sends
 SIGTERM to the whole group, then SIGKILL after a grace period, and whatever is left of the
 group is killed when the run ends, so no worker outlives its run.
+
+While it runs the supervisor stamps the run's heartbeat (``controller/ownership.py``), and
+it outlives infrastructure faults: database errors are retried with backoff while the
+learner keeps training, a learner that stops reporting for THUNDERSYNC_PROGRESS_TIMEOUT_S
+is stopped with that reason, and a stderr log that cannot be written (a full disk) fails
+the run with the reason instead of silently blocking the learner on a full pipe.
 """
 
+import ctypes
 import logging
 import os
 import queue
@@ -15,27 +22,52 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import yaml
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections
+from django.utils import timezone
 
+from learner.stopping import sweep_semaphores
+
+from . import ownership
 from .ingestion import RunIngestor, finish_run
 from .models import Run
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SIGKILL
+PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not load it
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """Child side, before exec: SIGTERM when the supervising thread dies (a killed Celery
+    worker), so the learner stops at a safe point instead of training for nobody."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LearnerProcess:
-    """The child process, with threads draining stdout (events) and stderr (progress, errors)."""
+    """The child process, with threads draining stdout (events) and stderr (progress, errors).
+
+    The readers never stop reading while the pipes are open (a reader that died would
+    leave the learner blocked on a full pipe): a failure to write the stderr log (a full
+    disk) is recorded in ``reader_error``, for the supervisor to fail the run with."""
 
     def __init__(self, command: list[str], cwd: Path, stderr_lines: int):
         self.proc = subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_die_with_parent,
         )
         self.pid = self.proc.pid
         self.stderr_tail: deque[str] = deque(maxlen=stderr_lines)
+        self.reader_error = ""
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stdout_done = False
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -44,15 +76,38 @@ class LearnerProcess:
         self._stderr_reader.start()
 
     def _read_stdout(self) -> None:
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
+        try:
+            for line in self.proc.stdout:
+                self._lines.put(line)
+        except (OSError, ValueError) as err:  # undecodable output and the like
+            self.reader_error = self.reader_error or f"could not read the learner's events: {err}"
+        finally:
+            self._lines.put(None)
 
     def _read_stderr(self, log_path: Path) -> None:
-        with open(log_path, "a") as log_file:
+        log_file = None
+        try:
+            log_file = open(log_path, "a")
+        except OSError as err:
+            self.reader_error = f"cannot write {log_path}: {err.strerror}"
+        try:
             for line in self.proc.stderr:
-                log_file.write(line)
                 self.stderr_tail.append(line.rstrip("\n"))
+                if log_file is not None:
+                    try:
+                        log_file.write(line)
+                        log_file.flush()
+                    except OSError as err:  # ENOSPC: keep draining the pipe, report it
+                        self.reader_error = self.reader_error or f"cannot write {log_path}: {err.strerror}"
+                        log_file = None
+        except (OSError, ValueError) as err:
+            self.reader_error = self.reader_error or f"could not read the learner's stderr: {err}"
+        finally:
+            if log_file is not None:
+                try:
+                    log_file.close()
+                except OSError as err:
+                    self.reader_error = self.reader_error or f"cannot write {log_path}: {err.strerror}"
 
     def next_line(self, timeout: float) -> str | None:
         """The next stdout line, '' if none arrived within ``timeout``, None once stdout closed."""
@@ -100,75 +155,161 @@ def learner_command(config_path: Path) -> list[str]:
     return [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", "--config", str(config_path), "--events", "-"]
 
 
-def supervise(run: Run) -> Run:
+def supervise(run: Run, extra_args: tuple[str, ...] = ()) -> Run:
     """Train ``run`` to the end (or until cancelled) and record its final state."""
     run_dir = Path(settings.THUNDERSYNC_RUN_DIR) / f"run-{run.pk}"
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(yaml.safe_dump(run.config, sort_keys=False))
-    command = learner_command(config_path)
+    command = [*learner_command(config_path), *extra_args]
     try:
         child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES)
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
-    Run.objects.filter(pk=run.pk).update(pids=[child.pid])
-    ingestor = RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S, settings.THUNDERSYNC_INGEST_FLUSH_SPANS)
-    try:
-        cancelled = pump(child, ingestor, run.pk)
-        ingestor.flush()
-    finally:
-        child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
-    child.wait_for_stderr(timeout=2.0)
-    status, error = outcome(child, ingestor, cancelled)
-    return finish_run(run.pk, status, error, ingestor.summary)
+    with ownership.supervising(run.pk):
+        Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=ownership.me(), heartbeat=timezone.now())
+        watch = RunWatch(child, RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S,
+                                            settings.THUNDERSYNC_INGEST_FLUSH_SPANS), run.pk)
+        try:
+            watch.pump()
+            watch.db.until_done("store the last events", watch.ingestor.flush)
+        finally:
+            child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
+            sweep_semaphores({child.pid})  # what a SIGKILLed group leaves in /dev/shm (learner/stopping.py)
+        child.wait_for_stderr(timeout=2.0)
+        status, error = watch.outcome()
+        return watch.db.until_done("record the final state",
+                                   lambda: finish_run(run.pk, status, error, watch.ingestor.summary))
 
 
-def pump(child: LearnerProcess, ingestor: RunIngestor, run_id: int) -> bool:
-    """Feed events until the learner exits; returns whether it was cancelled."""
-    poll_s, grace_s = settings.THUNDERSYNC_CANCEL_POLL_S, settings.THUNDERSYNC_CANCEL_GRACE_S
-    next_poll, kill_at, cancelled, leader_gone_at = 0.0, None, False, None
-    while not child.exited():
-        line = child.next_line(timeout=settings.THUNDERSYNC_INGEST_FLUSH_S)
-        if line:
-            ingestor.feed(line)
-        ingestor.flush_if_due()
+class DatabaseRetry:
+    """Database calls of a supervisor that outlive a database outage: on a connection error
+    the broken connection is dropped and the call is tried again later (backoff up to
+    THUNDERSYNC_DB_RETRY_MAX_S) while the learner keeps training and its events are kept;
+    one warning per outage. Past THUNDERSYNC_DB_OUTAGE_LIMIT_S the error is raised."""
+
+    def __init__(self, run_id: int):
+        self.run_id, self.delay, self.next_try, self.down_since = run_id, 0.0, 0.0, None
+
+    def attempt(self, what: str, call: Callable[[], object]) -> bool:
+        """Run ``call`` unless backing off; False if it did not run or the database failed."""
         now = time.monotonic()
-        if not cancelled and now >= next_poll:
-            next_poll = now + poll_s
-            if Run.objects.filter(pk=run_id, cancel_requested=True).exists():
-                log.info("run %s: cancel requested, sending SIGTERM to process group %s", run_id, child.pid)
-                cancelled, kill_at = True, now + grace_s
-                child.signal_group(signal.SIGTERM)
-        if kill_at is not None and now >= kill_at:
-            log.info("run %s: still alive %.1fs after SIGTERM, sending SIGKILL", run_id, grace_s)
-            child.signal_group(signal.SIGKILL)
-            kill_at = None
-        if child.proc.poll() is not None:
-            # The learner is gone; orphans of its group must not keep its stdout open.
-            leader_gone_at = leader_gone_at or now
-            if now - leader_gone_at > ORPHAN_GRACE_S:
+        if now < self.next_try:
+            return False
+        try:
+            call()
+        except (OperationalError, InterfaceError) as err:
+            close_old_connections()
+            if self.down_since is None:
+                self.down_since = now
+                log.warning("run %s: the database is unreachable (%s: %s); retrying while the learner trains",
+                            self.run_id, what, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+            if now - self.down_since > settings.THUNDERSYNC_DB_OUTAGE_LIMIT_S:
+                raise
+            self.delay = min(max(2 * self.delay, 0.25), settings.THUNDERSYNC_DB_RETRY_MAX_S)
+            self.next_try = now + self.delay
+            return False
+        if self.down_since is not None:
+            log.warning("run %s: the database is back after %.1fs", self.run_id, now - self.down_since)
+        self.down_since, self.delay = None, 0.0
+        return True
+
+    def until_done(self, what: str, call: Callable[[], T]) -> T:
+        box: list[T] = []
+        while not self.attempt(what, lambda: box.append(call())):
+            time.sleep(max(0.05, self.next_try - time.monotonic()))
+        return box[0]
+
+
+class RunWatch:
+    """The supervisor's loop for one run: events in, heartbeat out, cancel, watchdogs."""
+
+    def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int):
+        self.child, self.ingestor, self.run_id = child, ingestor, run_id
+        self.db = DatabaseRetry(run_id)
+        self.me = ownership.me()
+        self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
+        self.failure = ""
+        self.kill_at: float | None = None
+        self.leader_gone_at: float | None = None
+        now = time.monotonic()
+        self.next_poll = self.next_stamp = now
+        self.last_event = now
+
+    def pump(self) -> None:
+        """Feed events until the learner exits."""
+        child = self.child
+        while not child.exited():
+            line = child.next_line(timeout=settings.THUNDERSYNC_INGEST_FLUSH_S)
+            now = time.monotonic()
+            if line:
+                self.ingestor.feed(line)
+                self.last_event = now
+            self.db.attempt("store events", self.ingestor.flush_if_due)
+            if now >= self.next_poll:
+                self.next_poll = now + settings.THUNDERSYNC_CANCEL_POLL_S
+                self.db.attempt("read the cancel flag", self.poll)
+            self.watchdogs(now)
+            if self.kill_at is not None and now >= self.kill_at:
+                log.info("run %s: still alive %.1fs after SIGTERM, sending SIGKILL", self.run_id,
+                         settings.THUNDERSYNC_CANCEL_GRACE_S)
                 child.signal_group(signal.SIGKILL)
-    return cancelled
+                self.kill_at = None
+            if child.proc.poll() is not None:
+                # The learner is gone; orphans of its group must not keep its stdout open.
+                self.leader_gone_at = self.leader_gone_at or now
+                if now - self.leader_gone_at > ORPHAN_GRACE_S:
+                    child.signal_group(signal.SIGKILL)
 
+    def poll(self) -> None:
+        """Stamp the heartbeat (every THUNDERSYNC_HEARTBEAT_S) and read the cancel flag."""
+        if time.monotonic() >= self.next_stamp:
+            owned = Run.objects.filter(pk=self.run_id, status__in=Run.ACTIVE, supervisor=self.me).update(
+                heartbeat=timezone.now())
+            self.next_stamp = time.monotonic() + settings.THUNDERSYNC_HEARTBEAT_S
+            if not owned:  # ended or taken over meanwhile (the reaper, after a long outage)
+                self.stop("lost", "the run is no longer ours")
+        if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
+            self.stop("cancelled", "cancel requested")
 
-def outcome(child: LearnerProcess, ingestor: RunIngestor, cancelled: bool) -> tuple[str, str]:
-    """Final status and error text: the failed event, else the exit code, with stderr's tail."""
-    if cancelled:
-        return Run.Status.CANCELLED, ""
-    code = child.proc.returncode
-    if ingestor.failure:
-        reason = ingestor.failure
-    elif code < 0:
-        reason = f"the learner was killed by {signal.Signals(-code).name}"
-    elif code > 0:
-        reason = f"the learner exited with code {code}"
-    elif not ingestor.finished:
-        reason = "the learner exited without reporting the end of the run"
-    else:
-        return Run.Status.SUCCEEDED, ""
-    details = [reason]
-    if ingestor.rejected:
-        details.append(f"{len(ingestor.rejected)} malformed event line(s), first: {ingestor.rejected[0]}")
-    if child.stderr_tail:
-        details.append("last stderr lines:\n" + "\n".join(child.stderr_tail))
-    return Run.Status.FAILED, "\n".join(details)
+    def watchdogs(self, now: float) -> None:
+        if self.child.reader_error:
+            self.stop("failed", self.child.reader_error)
+        silent = now - self.last_event
+        if silent > settings.THUNDERSYNC_PROGRESS_TIMEOUT_S and self.child.proc.poll() is None:
+            self.stop("failed", f"no event from the learner for {silent:.0f}s (it hangs; "
+                                f"THUNDERSYNC_PROGRESS_TIMEOUT_S={settings.THUNDERSYNC_PROGRESS_TIMEOUT_S:g})")
+
+    def stop(self, why: str, reason: str) -> None:
+        """SIGTERM the group once (the learner stops at a safe point), SIGKILL after the grace."""
+        if self.stopping is not None:
+            return
+        self.stopping, self.failure = why, reason if why == "failed" else ""
+        log.info("run %s: %s, sending SIGTERM to process group %s", self.run_id, reason, self.child.pid)
+        self.kill_at = time.monotonic() + settings.THUNDERSYNC_CANCEL_GRACE_S
+        self.child.signal_group(signal.SIGTERM)
+
+    def outcome(self) -> tuple[str, str]:
+        """Final status and error text: the failed event, else the exit code, with stderr's tail."""
+        if self.stopping == "cancelled":
+            return Run.Status.CANCELLED, ""
+        child, ingestor = self.child, self.ingestor
+        code = child.proc.returncode
+        if self.failure:
+            reason = self.failure
+        elif ingestor.failure:
+            reason = ingestor.failure
+        elif code < 0:
+            reason = f"the learner was killed by {signal.Signals(-code).name}"
+        elif code > 0:
+            reason = f"the learner exited with code {code}"
+        elif not ingestor.finished:
+            reason = "the learner exited without reporting the end of the run"
+        else:
+            return Run.Status.SUCCEEDED, ""
+        details = [reason]
+        if ingestor.rejected:
+            details.append(f"{len(ingestor.rejected)} malformed event line(s), first: {ingestor.rejected[0]}")
+        if child.stderr_tail:
+            details.append("last stderr lines:\n" + "\n".join(child.stderr_tail))
+        return Run.Status.FAILED, "\n".join(details)

@@ -5,6 +5,9 @@ from django.urls import path
 from django.views.generic.base import RedirectView
 
 from . import api, manage_views, views
+from .login_throttle import ThrottledLoginView
+
+handler404 = "controller.api_errors.not_found"
 
 api_urlpatterns = [
     path("api/openapi.json", api.openapi, name="api-openapi"),
@@ -23,7 +26,7 @@ api_urlpatterns = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.experiments, name="experiments"),
     path("experiments/<int:experiment_id>/", views.experiment, name="experiment"),

@@ -17,6 +17,7 @@ from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
 from .models import Experiment, Run, Schedule
+from .quotas import LAUNCH_FIELDS, QuotaExceeded
 
 def owned_runs(user):
     return Run.objects.filter(experiment__owner=user).select_related("experiment", "schedule")
@@ -78,6 +79,9 @@ def launch(request, experiment_id: int):
             run = launch_run(found, data["schedule"], data["steps"], data["name"])
         except ConfigError as err:
             form.add_error("schedule", f"does not fit the experiment's config: {err}")
+        except QuotaExceeded as err:
+            field = LAUNCH_FIELDS.get(err.field)
+            form.add_error(field if field in form.fields else None, err.message)
         else:
             return redirect("run", run.pk)
     return experiment_page(request, found, form)

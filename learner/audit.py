@@ -239,6 +239,17 @@ def recompute_gradient(model: torch.nn.Module, ref_model: torch.nn.Module, batch
     return {n: (torch.zeros_like(p) if g is None else g) for (n, p), g in zip(named, grads)}
 
 
+def _load_policy(path: Path) -> torch.nn.Module:
+    """The dumped pre-step policy; a LoRA policy's dump is its adapter, applied to the base
+    model it names (``adapter_config.json``), with the adapter trainable as in the run."""
+    if (path / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(str(path), is_trainable=True, local_files_only=True).eval()
+    # in its own dtype; a float64 one float64 throughout, as the trainer's
+    return widen_norms(AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", local_files_only=True)).eval()
+
+
 def audit_dump(dir: str | Path) -> dict:
     """Recompute DIR's gradient independently and compare: {rel_error, max_abs, passed, n_traj, tol}."""
     root = Path(dir)
@@ -246,8 +257,8 @@ def audit_dump(dir: str | Path) -> dict:
         if not (root / name).exists():
             raise AuditError(f"{root / name}: missing from the dump")
     batch = load_batch(root / "batch.json")
-    model = _load(root / "model")
-    ref_model = _load(root / "ref_model") if (root / "ref_model").exists() else model
+    model = _load_policy(root / "model")
+    ref_model = _load_policy(root / "ref_model") if (root / "ref_model").exists() else model
     dumped = torch.load(root / "grad.pt", map_location="cpu", weights_only=True)
     stats: dict[str, float] = {}
     recomputed = recompute_gradient(model, ref_model, batch, stats)
@@ -266,7 +277,3 @@ def audit_dump(dir: str | Path) -> dict:
     return {"rel_error": rel, "max_abs": max_abs, "passed": rel <= tol, "n_traj": len(batch["trajectories"]), "tol": tol,
             "off_policy": bool(batch.get("off_policy")), **stats}
 
-
-def _load(path: Path) -> torch.nn.Module:
-    """The dumped model in its own dtype (a float64 one float64 throughout, as the trainer's)."""
-    return widen_norms(AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", local_files_only=True)).eval()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import sys
 
+from learner import stopping
 from learner.config import SCHEDULES, ConfigError, load_config
+from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
-from learner.timeline import JsonlSink
+from learner.timeline import EventsUnwritable, JsonlSink
 
 
 class UsageError(Exception):
@@ -22,23 +26,17 @@ def _summary_line(m: dict) -> str:
 
 
 def check_resolvable(cfg) -> None:
-    """What the schema cannot see: the environment is registered, local model dirs exist, a
-    GPU asked for is there."""
-    from pathlib import Path
-
+    """What the schema cannot see and needs the heavy imports: the environment is
+    registered, a GPU asked for is there (model paths: ``learner.preflight``, before boot)."""
     from learner.rollout.env import make_env
-    from learner.rollout.models import BUILTIN_PREFIX, is_model_dir
 
     try:
-        make_env(cfg.task)
+        env = make_env(cfg.task)
+        check = getattr(env, "check", None)
+        if check is not None:  # data tasks: read the data now, so a bad row stops the run here
+            check(cfg.seed, cfg.train.steps * cfg.train.prompts_per_step)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    specs = {"model.policy": cfg.model.policy}
-    if cfg.algorithm.objective == "opd":
-        specs["model.teacher"] = cfg.model.teacher
-    for field, spec in specs.items():
-        if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
-            raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
     if cfg.model.device == "cuda":
         import torch
 
@@ -46,7 +44,20 @@ def check_resolvable(cfg) -> None:
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
-def cmd_train(args) -> int:
+def report_failure(events: str | None, error: str) -> None:
+    """Tell whoever reads the event stream why there is no (more) run."""
+    if not events:
+        return
+    try:
+        sink = JsonlSink(events)
+        sink.emit({"type": "run", "status": "failed", "error": error})
+        sink.close()
+    except EventsUnwritable:
+        pass
+
+
+def validated_config(args):
+    """The run's config, every check that needs no worker done (``learner.preflight``)."""
     overrides = {}
     if args.schedule:
         overrides["train.schedule"] = args.schedule
@@ -54,24 +65,44 @@ def cmd_train(args) -> int:
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    cfg = load_config(args.config, overrides)
+    preflight(cfg, dump_dir=args.dump_step, events=args.events)
+    if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
+        raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
+    return cfg
+
+
+def cmd_train(args) -> int:
+    stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
+    stopping.tag_semaphores()
+    stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
     booted = None
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = validated_config(args)
         if cfg.train.steps > 0:
             # the rollout workers import torch beside this process from here on
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
-        if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
-            raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
     except ConfigError as err:
         if booted:
             booted.close()
-        if args.events:  # whoever reads the stream learns why there is no run
-            JsonlSink(args.events).emit({"type": "run", "status": "failed", "error": f"invalid config: {err}"})
+        report_failure(args.events, f"invalid config: {err}")
         raise
     if cfg.train.steps == 0:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
+    try:
+        return train_and_report(cfg, args, booted)
+    except EventsUnwritable as err:
+        booted.close()
+        gc.unfreeze()  # set-up may have frozen the heap; exit-time leak checks must see it freed
+        if args.events == "-":  # nobody reads stdout any more: no complaint at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"thundersync: {err}", file=sys.stderr)
+        return 1
+
+
+def train_and_report(cfg, args, booted) -> int:
     from tqdm import tqdm
 
     from learner.driver.loop import train
@@ -85,8 +116,21 @@ def cmd_train(args) -> int:
         bar.update(1)
         bar.write(_summary_line(m), file=sys.stderr)
 
+    from learner.rollout.fleet import RolloutError
+
     try:
         _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at)
+    except stopping.Interrupted as stop:  # the workers are stopped by now (Trainer.run's finally)
+        sink.emit({"type": "run", "status": "failed", "error": str(stop)})
+        print(f"thundersync: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except EventsUnwritable:
+        raise
+    except RolloutError as exc:  # e.g. a task's reward failed on a row: its reason, not our traceback
+        reason = str(exc).splitlines()[0]
+        sink.emit({"type": "run", "status": "failed", "error": f"RolloutError: {reason}"})
+        print(f"thundersync: run failed: {reason}", file=sys.stderr)
+        return 1
     except Exception as exc:
         sink.emit({"type": "run", "status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         raise
@@ -163,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"thundersync: invalid config: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except (KeyboardInterrupt, stopping.Interrupted):  # before a run started, or a second signal
+        return 130 if stopping.requested() in (None, 2) else 128 + stopping.requested()
 
 
 if __name__ == "__main__":

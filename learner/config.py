@@ -11,8 +11,9 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 Schedule = Literal["sync", "async", "fully-async", "streaming"]
 SCHEDULES: tuple[str, ...] = ("sync", "async", "fully-async", "streaming")
@@ -28,13 +29,28 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraSettings(Strict):
+    """LoRA adapters on the policy (learner.lora): only they train; engines get merged weights."""
+
+    rank: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0.0, le=1e6, description="scale alpha/rank on B·A")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=64,
+        description="names of the Linear modules that get adapters")
+
+
 class ModelConfig(Strict):
-    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory")
-    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory")
+    # server_path: the controller reads these only from its model roots (controller/server_paths.py)
+    policy: str = Field("builtin:tiny", description="'builtin:tiny' or a local Hugging Face model directory",
+                        json_schema_extra={"server_path": "model"})
+    teacher: str = Field("builtin:teacher", description="OPD teacher: 'builtin:teacher' or a local HF directory",
+                         json_schema_extra={"server_path": "model"})
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
-    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)")
+    cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
+                                  json_schema_extra={"server_path": "run"})
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of all weights (docs/tasks.md)")
 
 
 class ToolLatency(Strict):
@@ -50,6 +66,14 @@ class ToolLatency(Strict):
     scale: float = Field(1.0, ge=0.0, le=1000.0, description="multiplies every draw (the bench's --balance)")
 
 
+class GymDataset(Strict):
+    """One reasoning-gym dataset of a ``reasoning-gym`` task (docs/tasks.md)."""
+
+    name: str = Field(..., min_length=1, max_length=100, description="a reasoning_gym dataset name, e.g. basic_arithmetic")
+    weight: float = Field(1.0, gt=0.0, le=1e6)
+    config: dict[str, Any] = Field(default_factory=dict, description="the dataset's own options")
+
+
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
                       description="a registered environment (learner.rollout.env.register_env)")
@@ -58,6 +82,28 @@ class TaskConfig(Strict):
     max_operand: int = Field(20, ge=2, le=999)
     max_turns: int = Field(4, ge=1, le=16)
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
+    # tasks from data (task.name: dataset; docs/tasks.md)
+    path: str | None = Field(None, max_length=4096,
+                             description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf-disk"] = "auto"
+    prompt_field: str = Field("prompt", min_length=1, max_length=200)
+    answer_field: str = Field("answer", min_length=1, max_length=200)
+    system_prompt: str | None = Field(None, max_length=20_000, description="a system message before each prompt")
+    reward: str = Field("exact-match", min_length=1, max_length=500,
+                        description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'")
+    reward_pattern: str | None = Field(None, max_length=1000, description="regex reward: group 1 is the answer")
+    on_bad_data: Literal["error", "score-zero"] = Field(
+        "error", description="bad row or failing reward: stop with an error naming row and field, or score 0 and count it")
+    shuffle: bool = Field(True, description="reshuffle the training rows each epoch, from the run seed")
+    epochs: int = Field(0, ge=0, le=1_000_000, description="passes over the training rows allowed (0: no limit)")
+    eval_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="share of rows held out for train.eval_every")
+    tools: list[Literal["calculator", "python-sandbox"]] = Field(
+        default_factory=list, max_length=1, description="the tool the policy may call (at most one)")
+    tool_format: Literal["auto", "tags", "hermes"] = Field(
+        "auto", description="how turns call tools: <call> tags (built-in) or <tool_call> JSON (Qwen/Hermes)")
+    # reasoning-gym (task.name: reasoning-gym)
+    datasets: list[GymDataset] = Field(default_factory=list, max_length=100)
+    size: int = Field(10_000, ge=1, le=10_000_000, description="reasoning-gym items generated per split")
 
     @model_validator(mode="after")
     def _ops_ordered(self) -> "TaskConfig":
@@ -66,6 +112,16 @@ class TaskConfig(Strict):
         if self.name == "arith-tool" and self.max_turns < self.max_ops + 1:
             # n operators need n single-operation calls plus the answer turn
             raise ValueError(f"max_turns must be >= max_ops + 1 = {self.max_ops + 1} so arith-tool tasks are solvable")
+        return self
+
+    @model_validator(mode="after")
+    def _data_task_complete(self) -> "TaskConfig":
+        if self.name == "dataset" and not self.path:
+            raise ValueError("path: a dataset task needs task.path (a JSONL/Parquet/CSV file or a datasets directory)")
+        if self.name == "reasoning-gym" and not self.datasets:
+            raise ValueError("datasets: a reasoning-gym task needs at least one dataset (name and weight)")
+        if self.reward == "regex" and not self.reward_pattern:
+            raise ValueError("reward_pattern: reward 'regex' needs a pattern whose group 1 is the answer")
         return self
 
 
@@ -119,6 +175,8 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
+    output_dir: str | None = Field(None, max_length=4096,
+                                   description="save the final policy here (LoRA: the adapter and merged/)")
 
 
 class RunConfig(Strict):
@@ -185,14 +243,31 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     """Read YAML/JSON at ``path``; ``overrides`` maps dotted names ('train.steps') to values."""
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as err:
         raise ConfigError(f"config: cannot read {p}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config: {p} is not valid YAML: {str(err).splitlines()[0]}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config: {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})") from None
+    try:
+        data = load_yaml(text)
+    except UnsafeYamlError as err:
+        raise ConfigError(f"config: {p}: {err}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {type(data).__name__}")
+    check_overridden_fields(data, overrides or {})
     return parse_config(apply_overrides(data, overrides or {}))
+
+
+def check_overridden_fields(data: dict, overrides: dict[str, Any]) -> None:
+    """A field the command line overrides must still be valid in the file: a bad
+    ``train.steps`` is an error even when ``--steps`` replaces it (the file is what the
+    next run without the flag, or the controller, reads)."""
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as err:
+        bad = [e for e in err.errors() if ".".join(str(x) for x in e["loc"]) in overrides]
+        if bad:
+            raise ConfigError(describe_validation_error(ValidationError.from_exception_data(err.title, bad))) from None

@@ -71,6 +71,10 @@ def as_event(event: Span | StepMetrics | dict[str, Any]) -> dict[str, Any]:
     return event if isinstance(event, dict) else event.to_event()
 
 
+class EventsUnwritable(OSError):
+    """The event stream cannot be written (one line: where and why)."""
+
+
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
@@ -88,7 +92,12 @@ class JsonlSink:
 
     def __init__(self, path: str):
         self._own = path != "-"
-        self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+        self._name = "stdout" if path == "-" else path
+        self._broken = False
+        try:
+            self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+        except OSError as err:
+            raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []
         self._oldest = 0.0  # when the oldest queued event arrived
 
@@ -101,20 +110,34 @@ class JsonlSink:
             self.idle(lambda: False)
 
     def idle(self, busy: Callable[[], bool]) -> None:
+        if self._broken:  # reported once; nothing more can be written
+            self._queue.clear()
+            return
         done = 0
-        while done < len(self._queue) and (done == 0 or not busy()):
-            chunk = self._queue[done:done + self.CHUNK]
-            self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk))
-            done += len(chunk)
+        try:
+            while done < len(self._queue) and (done == 0 or not busy()):
+                chunk = self._queue[done:done + self.CHUNK]
+                self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk))
+                done += len(chunk)
+            if done:
+                self._fh.flush()
+        except OSError as err:  # a full disk, a reader that went away (EPIPE)
+            self._broken = True
+            self._queue.clear()
+            raise EventsUnwritable(f"cannot write events to {self._name}: {err.strerror or err}") from None
         if done:
-            self._fh.flush()
             del self._queue[:done]
             self._oldest = time.monotonic()
 
     def close(self) -> None:
-        self.idle(lambda: False)
-        if self._own:
-            self._fh.close()
+        try:
+            self.idle(lambda: False)
+        finally:
+            if self._own:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass
 
 
 class MemorySink:

@@ -18,6 +18,7 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn
     teacher_logprobs: list[float | None] | None = None  # OPD: per position, None where unscored
     t_reward: float = 0.0  # run-clock time the reward (or last teacher score) became known
+    error: str | None = None  # why it scored 0 without failing the run (malformed tool call, counted reward error)
 
     @property
     def n_scored(self) -> int:

@@ -85,6 +85,9 @@ STATICFILES_FINDERS = [
 CELERY_TASK_ROUTES = {"controller.tasks.run_training": {"queue": "runs"}}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
+# A pool process killed mid-run (OOM killer, kill -9) hands its message back at once; the
+# redelivered task adopts the run its dead supervisor left (controller/tasks.py).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
@@ -94,11 +97,42 @@ THUNDERSYNC_LEARNER_COMMAND = (
     [str(_console_script)] if _console_script.exists() else [sys.executable, "-m", "learner.cli"]
 )
 THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
+# Directories a run config may load models from besides the built-ins (os.pathsep separated);
+# none by default (controller/server_paths.py).
+THUNDERSYNC_MODEL_ROOTS = [p for p in os.environ.get("THUNDERSYNC_MODEL_ROOTS", "").split(os.pathsep) if p]
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
 THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
+# No run without an owner (docs/controller.md): the supervisor stamps its run every
+# HEARTBEAT_S; a run whose stamp is older than STALE_S (and whose supervising process is
+# gone, where this host can tell) is ended or resumed by the reaper, which every worker runs
+# at start and every REAP_INTERVAL_S. A queued run whose message the broker no longer holds
+# is sent again once it has waited REQUEUE_AFTER_S.
+THUNDERSYNC_HEARTBEAT_S = 2.0
+THUNDERSYNC_STALE_S = 20.0
+THUNDERSYNC_REAP_INTERVAL_S = 10.0
+THUNDERSYNC_REQUEUE_AFTER_S = 30.0
+# The learner reports at least every few seconds while it trains; silence this long means
+# it hangs (a stuck tool, a blocked pipe): the run fails with that reason.
+THUNDERSYNC_PROGRESS_TIMEOUT_S = 600.0
+THUNDERSYNC_DB_RETRY_MAX_S = 5.0  # backoff ceiling while the database is unreachable
+THUNDERSYNC_DB_OUTAGE_LIMIT_S = 600.0  # past this the supervisor gives up (the reaper ends the run)
+
+# Per-user quotas (controller/quotas.py); a UserQuota row in the admin overrides them per user.
+THUNDERSYNC_QUOTA_DEFAULTS = {
+    "trajectories_per_step": 1024,  # train.prompts_per_step × train.group_size
+    "steps": 10_000,  # train.steps of one run
+    "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
+    "queued_runs": 10,
+}
+
+# Login throttling (controller/login_throttle.py): failures counted per account and per
+# client address; at the limit, logins are refused until the window after the first failure ends.
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
+THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
+THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
 
 LOGGING = {
     "version": 1,

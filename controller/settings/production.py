@@ -2,7 +2,9 @@
 
 Environment: DJANGO_SECRET_KEY (required), DJANGO_ALLOWED_HOSTS (comma separated),
 DATABASE_URL (postgres://user:pass@host:port/name) or PGHOST/PGPORT/PGUSER/PGPASSWORD/
-PGDATABASE, REDIS_URL (redis://host:6379/0).
+PGDATABASE, REDIS_URL (redis://host:6379/0), DJANGO_HTTPS (default 1: served over HTTPS,
+usually TLS ended by a proxy that sets X-Forwarded-Proto; 0 only for a plain-HTTP trial),
+DJANGO_HSTS_SECONDS (default one year).
 """
 
 import os
@@ -57,6 +59,21 @@ DATABASES = {
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
 CELERY_BROKER_URL = REDIS_URL
-# A run can train for hours; with acks_late Redis would redeliver it after the visibility
-# timeout (harmless, the task is idempotent, but wasteful), so make it longer than any run.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+# With acks_late, Redis hands an unacknowledged message out again after the visibility
+# timeout: that is how the message of a worker that vanished comes back. A redelivery while
+# the run's supervisor is alive finds its heartbeat fresh and is dropped (controller/tasks.py),
+# so the timeout only bounds how long a lost message waits; the reaper ends or resumes the
+# run itself well before (docs/controller.md).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+
+# HTTPS (docs/controller.md, "Production"): `manage.py check --deploy` is clean with these.
+HTTPS = os.environ.get("DJANGO_HTTPS", "1") != "0"
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = HTTPS
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 365 * 24 * 3600)) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS

@@ -22,11 +22,21 @@ DATABASES = {
         "TEST": {"NAME": f"test_thundersync_{TEST_TAG}"},
     }
 }
+# A Celery worker process started by a test (tests/controller/faults.py) opens the session's
+# test database directly.
+if os.environ.get("THUNDERSYNC_TEST_DATABASE"):
+    DATABASES["default"]["NAME"] = os.environ["THUNDERSYNC_TEST_DATABASE"]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("THUNDERSYNC_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL, prefix=f"asgi-test-{TEST_TAG}")
 CELERY_BROKER_URL = REDIS_URL
-CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"celery-test-{TEST_TAG}:"}
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"celery-test-{TEST_TAG}:", "visibility_timeout": 600}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 THUNDERSYNC_CANCEL_GRACE_S = 2.0
+# Short ownership timings so the fault-injection suite (tests/controller/test_faults.py)
+# reaches every final state within seconds.
+THUNDERSYNC_HEARTBEAT_S = 0.5
+THUNDERSYNC_STALE_S = 4.0
+THUNDERSYNC_REAP_INTERVAL_S = 1.0
+THUNDERSYNC_REQUEUE_AFTER_S = 3.0

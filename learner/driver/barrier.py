@@ -11,6 +11,7 @@ from learner.driver.metrics import StepRecord
 from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts
+from learner.lora import publish_view
 from learner.mismatch import check_sampled_versions, step_mismatch
 
 
@@ -36,7 +37,7 @@ def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, 
     rec.trained_version = version
     version += 1
     t0 = recorder.now()
-    parts.store.publish(dict(model.named_parameters()), version)
+    parts.store.publish(publish_view(model), version)
     if wait_for_replicas:
         rollouts.ensure_version(version)
     recorder.learner_span("learner.publish", t0, recorder.now(), version)

@@ -33,7 +33,8 @@ from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
 from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
-from learner.driver.setup import build_run
+from learner.driver.setup import RunParts, build_run
+from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
 from learner.timeline import EventSink, StepMetrics
 from learner.trajectory import ScoredTurn, Trajectory
@@ -125,10 +126,8 @@ class Trainer:
 
     def learn(self, item: Trajectory | ScoredTurn) -> None:
         """One trajectory's (GRPO) or scored turn's (OPD) backward into the open batch."""
-        if isinstance(item, ScoredTurn):
-            self.learner.on_turn(item, on_phase=self.on_phase)
-        else:
-            self.learner.on_trajectory(item, on_phase=self.on_phase)
+        on_item = self.learner.on_turn if isinstance(item, ScoredTurn) else self.learner.on_trajectory
+        on_item(item, on_phase=self.on_phase)
 
     def train_step(self, held: list[Trajectory | ScoredTurn]) -> None:
         """The learner's work for the step that formed: what was held (sync: all of it, turns
@@ -151,8 +150,7 @@ class Trainer:
         self.t_step_end = t_end
         self.rollouts.drain_spans()
         spans, waits = self.recorder.window(rec.t_start, t_end)
-        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, peak_rss_mb)
+        values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
         self.sink.emit(StepMetrics(rec.step, values))
         self.rewards.append(values["reward/mean"])
         if self.on_step:
@@ -180,6 +178,8 @@ class Trainer:
                 self.rollouts.settle(self.version)
         finally:
             self.parts.fleet.close()
+        if self.cfg.train.output_dir:
+            save_policy(self.model, self.parts.tokenizer, self.cfg.train.output_dir)
         summary = {"steps": steps, "schedule": self.schedule, "reward_curve": self.rewards,
                    "final_version": self.version, "spans": self.recorder.seq, "wall_s": self.now()}
         self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
@@ -189,6 +189,14 @@ class Trainer:
         """The step boundary: nothing in flight is half-learnt (the optimizer stepped and
         published), so this is where a run may checkpoint, evaluate or stop
         (docs/architecture.md, "Driver seams")."""
+
+
+def memory_mb(parts: RunParts, rec: StepRecord) -> dict[str, float]:
+    """The process's peak RSS and the accumulators' memory (adapter-sized under LoRA)."""
+    memory = {"memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    if "peak_buffers" in rec.learner_stats:
+        memory["memory/grad_buffers_mb"] = grad_buffer_mb(parts.params, rec.learner_stats["peak_buffers"])
+    return memory
 
 
 def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,

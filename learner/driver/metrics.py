@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from learner.driver import rules
+from learner.rollout.env import task_metrics
 from learner.timeline import union_length, window_metrics
 from learner.trajectory import Trajectory
 
@@ -25,12 +26,12 @@ class StepRecord:
 
 
 def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[tuple[float, float]],
-                 version: int, schedule: str, peak_rss_mb: float) -> dict[str, float]:
+                 version: int, schedule: str, memory_mb: dict[str, float]) -> dict[str, float]:
     """Metrics of the step ``rec`` that ran from ``rec.t_start`` to ``t_end`` (its publish).
 
     ``spans``: span events overlapping the window; ``waits``: run-clock intervals the driver
     was blocked on the rollout fleet for data; ``version``: the policy version after the
-    step's publish."""
+    step's publish; ``memory_mb``: the ``memory/*`` values measured by the caller."""
     width = t_end - rec.t_start
     values = window_metrics(spans, rec.t_start, t_end)
     # verl's fully-async trainer/idle_ratio: the share of the step spent blocked waiting
@@ -55,9 +56,10 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
         "response/turns_mean": sum(len(t.turn_versions) for t in rec.trajs) / len(rec.trajs),
         "response/tokens": float(sum(t.n_scored for t in rec.trajs)),
         "actor/grad_norm": rec.learner_stats.get("grad_norm", 0.0),
-        "memory/peak_rss_mb": peak_rss_mb,
+        **memory_mb,
         "policy/version": float(version),
         **rec.mismatch,
+        **task_metrics(rec.trajs),
     })
     if schedule == "fully-async":
         values["rollout/dropped_groups"] = float(rec.dropped_groups)

@@ -3,12 +3,11 @@ scored turns (their spans recorded on the way), weight loads acknowledged by eve
 
 from __future__ import annotations
 
-import random
 from collections import deque
 
 from learner.config import RunConfig
 from learner.driver.recorder import Recorder
-from learner.rollout.env import Environment
+from learner.rollout.env import Environment, task_for_group
 from learner.rollout.fleet import Fleet
 from learner.rollout.messages import WorkItem
 from learner.trajectory import ScoredTurn, Trajectory
@@ -29,7 +28,7 @@ class Rollouts:
         for _ in range(n):
             g = self.next_group
             self.next_group += 1
-            task = self.env.sample_task(random.Random(self.cfg.seed * 1_000_003 + g))
+            task = task_for_group(self.env, g, self.cfg.seed)
             for _ in range(G):
                 items.append(WorkItem(self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
                 self.next_traj += 1

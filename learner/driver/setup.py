@@ -13,6 +13,7 @@ import torch
 from learner.config import RunConfig
 from learner.driver import rules
 from learner.gradients import OffPolicyLearner, StreamingLearner
+from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.cores import core_plan
 from learner.rollout.env import Environment, make_env
@@ -50,7 +51,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
     teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
                    if cfg.algorithm.objective == "opd" else None)
     dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
-    model = load_model(policy_dir, dtype).to(device).train()
+    model = with_lora(load_model(policy_dir, dtype).to(device), cfg.model.lora).train()
     tokenizer = load_tokenizer(policy_dir)
     ref = None
     if cfg.algorithm.kl_coef > 0:
@@ -60,7 +61,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(model, cfg.algorithm, ref)
     env = make_env(cfg.task)
-    store = WeightStore(dict(model.named_parameters()), counters=booted.counters)
+    store = WeightStore(publish_view(model), counters=booted.counters)
     fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
     gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
     return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet)

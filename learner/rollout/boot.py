@@ -15,13 +15,33 @@ travel in the init command through torch's shared-memory pickling.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 from learner.rollout.cores import core_plan, pin_process
 from learner.rollout.messages import Failed, Init, Stop
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ctrl-C reaches the whole foreground group: the driver decides when workers stop
+    (learner/stopping.py), so a worker ignores SIGINT; and a driver killed with SIGKILL
+    takes its workers with it instead of leaving them blocked on their command queue."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: workers still stop on Stop() or when the driver terminates them
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the driver died before the request took effect
+        os._exit(1)
 
 
 @dataclass
@@ -79,6 +99,7 @@ def boot_workers(cores: list[int | None]) -> BootedWorkers:
 def worker_entry(wid: int, core: int | None, cmd_q, out_q, counters) -> None:
     """A worker process: import (beside the driver), wait for init, then serve."""
     try:
+        die_with_parent()
         pin_process(core)
         from learner.rollout.weights import WeightStore
         from learner.rollout.worker import worker_main

@@ -24,7 +24,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from learner.config import TaskConfig, ToolLatency
 from learner.rollout.tokenizer import ANS, ANS_END, BOS, CALL, CALL_END, EOS, OBS, OBS_END
@@ -41,16 +41,37 @@ _PRECEDENCE = {"+": 0, "-": 0, "*": 1}
 
 @dataclass
 class Task:
-    prompt_text: str  # e.g. "<bos>Q:12+3*4=?\n"
-    answer: int
-    expression: str  # e.g. "12+3*4"
+    prompt_text: str  # e.g. "<bos>Q:12+3*4=?\n" (the built-in format, without a chat template)
+    answer: Any  # arith-tool: int; data tasks: the reference text
+    expression: str  # e.g. "12+3*4"; data tasks: where the task came from ("math.jsonl line 3")
     max_turns: int = 4  # policy turns allowed, the final answer included
+    # the prompt as chat messages, rendered with the policy's chat template (learner.rollout.chat)
+    messages: list[dict] | None = None
+    meta: dict | None = None  # what the task's verifier needs besides the answer (a row, an entry)
 
 
 @dataclass
 class TurnResult:
     kind: Literal["tool", "final", "invalid"]
     payload: str  # the call text ("3*4") or the answer text ("24"); the raw turn if invalid
+    error: str | None = None  # why an invalid turn is invalid, when there is more to say
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the policy may call, with its single argument (the payload ``run_tool`` takes)."""
+
+    name: str
+    argument: str
+    description: str
+
+    def schema(self) -> dict:
+        """The OpenAI-style function schema chat templates render into the system prompt."""
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description,
+            "parameters": {"type": "object", "properties": {self.argument: {"type": "string"}},
+                           "required": [self.argument]},
+        }}
 
 
 class Environment(Protocol):
@@ -128,9 +149,13 @@ class ArithToolEnv:
     """``arith-tool``: integer expressions solved through a one-operation calculator."""
 
     name = "arith-tool"
+    TOOLS = (ToolSpec("calculator", "expression", "Evaluate one binary operation a+b, a-b or a*b on integers"),)
 
     def __init__(self, config: TaskConfig):
         self.config = config
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        return self.TOOLS
 
     def sample_task(self, rng: random.Random) -> Task:
         n_ops = rng.randint(self.config.min_ops, self.config.max_ops)
@@ -143,6 +168,7 @@ class ArithToolEnv:
             answer=evaluate(expression),
             expression=expression,
             max_turns=self.config.max_turns,
+            messages=[{"role": "user", "content": f"{expression}=?"}],
         )
 
     def parse_turn(self, task: Task, turn_text: str) -> TurnResult:
@@ -187,6 +213,7 @@ def canonical_turns(task: Task) -> list[tuple[str, str | None]]:
 
 EnvFactory = Callable[[TaskConfig], Environment]
 _REGISTRY: dict[str, EnvFactory] = {}
+DATA_TASKS: tuple[str, ...] = ("dataset", "reasoning-gym")  # registered by learner.rollout.data_env
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -195,12 +222,40 @@ def register_env(name: str, factory: EnvFactory) -> None:
 
 
 def make_env(config: TaskConfig) -> Environment:
+    if config.name in DATA_TASKS:
+        import learner.rollout.data_env  # noqa: F401  (registers them; imports their libraries)
     try:
         factory = _REGISTRY[config.name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
+        known = ", ".join(sorted({*_REGISTRY, *DATA_TASKS}))
         raise ValueError(f"task.name: unknown environment {config.name!r} (registered: {known})") from None
     return factory(config)
+
+
+def task_for_group(env: Environment, group: int, seed: int) -> Task:
+    """The prompt of group ``group``: a data task's row in its epoch order (``task_at``), or
+    a draw from a generator seeded by (run seed, group) for procedural tasks."""
+    task_at = getattr(env, "task_at", None)
+    if task_at is not None:
+        return task_at(group, seed)
+    return env.sample_task(random.Random(seed * 1_000_003 + group))
+
+
+def score_final(env: Environment, task: Task, answer_text: str) -> tuple[float, str | None]:
+    """(reward, the reason it was scored 0 instead of failing the run, or None): data tasks
+    report a counted failure (``score``); arith-tool's verifier cannot fail."""
+    score = getattr(env, "score", None)
+    if score is not None:
+        return score(task, answer_text)
+    return env.reward(task, answer_text), None
+
+
+def task_metrics(trajs) -> dict[str, float]:
+    """Per-step counts of trajectories scored 0 instead of failing the run: a malformed
+    turn (e.g. a tool call that is not valid JSON) or a counted data/reward error."""
+    errors = [t.error for t in trajs if t.error]
+    turn = sum(1 for e in errors if e.startswith("turn "))
+    return {"task/turn_errors": float(turn), "task/reward_errors": float(len(errors) - turn)}
 
 
 register_env(ArithToolEnv.name, ArithToolEnv)

@@ -6,6 +6,7 @@ import queue
 
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory pickling of tensors)
 
+from learner import stopping
 from learner.config import RunConfig
 from learner.rollout.boot import BootedWorkers, stop_workers
 from learner.rollout.messages import Ack, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
@@ -49,8 +50,10 @@ class Fleet:
             else:
                 self._early.append(msg)
 
-    def _get_raw(self, timeout: float | None):
+    def _get_raw(self, timeout: float | None, interruptible: bool = True):
         while True:
+            if interruptible:
+                stopping.check()  # a safe point: SIGTERM/SIGINT stop the run here (learner/stopping.py)
             try:
                 msg = self.out_q.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
             except queue.Empty:
@@ -66,10 +69,10 @@ class Fleet:
                 raise RolloutError(f"rollout worker {msg.worker}: {msg.error}")
             return msg
 
-    def get(self, timeout: float | None = None):
+    def get(self, timeout: float | None = None, interruptible: bool = True):
         if self._early:
             return self._early.pop(0)
-        msg = self._get_raw(timeout)
+        msg = self._get_raw(timeout, interruptible)
         self._returned(msg)
         return msg
 
@@ -122,7 +125,7 @@ class Fleet:
             q.put(Load(version))
         acks = []
         while len(acks) < len(self.cmd_qs):
-            msg = self.get()
+            msg = self.get(interruptible=False)  # the optimizer has stepped: finish the publish first
             if isinstance(msg, Ack):
                 if msg.version != version:
                     raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")

@@ -38,13 +38,13 @@ from transformers.utils import logging as hf_logging
 
 from learner.config import TaskConfig
 from learner.objectives import compute_dtype
+from learner.preflight import BUILTIN_PREFIX, is_model_dir  # noqa: F401  (re-exported: checked without torch)
 from learner.rollout.env import STOP_TOKENS, Environment
 from learner.rollout.tokenizer import build_char_tokenizer
 from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
 # Bump when the build code changes what a cached model contains.
-CODE_VERSION = "2"
-BUILTIN_PREFIX = "builtin:"
+CODE_VERSION = "3"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE
 
 
 # Calibrated on the default TaskConfig, seed 0, sampling at temperature 1.0: the policy
@@ -66,11 +66,6 @@ def builtin_dir_name(name: str, seed: int) -> str:
     recipe = BUILTIN_RECIPES[name]
     key = json.dumps({"recipe": dataclasses.asdict(recipe), "seed": seed, "code": CODE_VERSION}, sort_keys=True)
     return f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-
-def is_model_dir(path: Path) -> bool:
-    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
-    return (path / "config.json").is_file() and has_weights
 
 
 def resolve_model_dir(spec: str, cache_dir: str | None = None, seed: int = 0) -> Path:

@@ -21,6 +21,19 @@ ANS, ANS_END = "<ans>", "</ans>"
 AGENT_TAGS: tuple[str, ...] = (CALL, CALL_END, OBS, OBS_END, ANS, ANS_END)
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK, *AGENT_TAGS)
 
+# The built-in format as a chat template, so the built-in models take the same chat path as
+# any HF chat model (learner.rollout.chat): a user message renders as "Q:<content>\n" after
+# <bos>, an assistant turn as its own text (tags included), a tool message as
+# "<obs>...</obs>"; system messages have no place in the format and render as nothing.
+# arith-tool's prompt through it is exactly Task.prompt_text.
+BUILTIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'user' %}{{ 'Q:' + m['content'] + '\\n' }}"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}"
+    "{% elif m['role'] == 'tool' %}{{ '<obs>' + m['content'] + '</obs>' }}"
+    "{% endif %}{% endfor %}"
+)
+
 CHARACTERS: str = string.digits + "+-*()=?: \n" + string.ascii_uppercase + string.ascii_lowercase
 
 
@@ -46,4 +59,5 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         unk_token=UNK,
         additional_special_tokens=list(AGENT_TAGS),
         clean_up_tokenization_spaces=False,
+        chat_template=BUILTIN_CHAT_TEMPLATE,
     )

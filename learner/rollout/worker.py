@@ -27,7 +27,8 @@ import torch
 from learner.config import RunConfig
 from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
-from learner.rollout.env import Task, make_env
+from learner.rollout.chat import ChatFormat, turn_stop_ids
+from learner.rollout.env import Task, make_env, score_final
 from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Work
 from learner.rollout.models import stop_token_ids
 from learner.timeline import Span
@@ -63,14 +64,18 @@ def pin_to_core(core: int | None) -> None:
 
 
 class AgentWorker:
-    def __init__(self, wid: int, cfg: RunConfig, engine, tokenizer, teacher, store, out_q, origin: float):
+    def __init__(self, wid: int, cfg: RunConfig, engine, tokenizer, teacher, store, out_q, origin: float,
+                 stop_ids: list[int] | None = None):
+        """``stop_ids``: the tokens that end a turn (``chat.turn_stop_ids``: the policy's
+        generation config); default the built-in format's."""
         self.wid, self.cfg, self.engine, self.tok = wid, cfg, engine, tokenizer
         self.teacher, self.store, self.out_q, self.origin = teacher, store, out_q, origin
         self.env = make_env(cfg.task)
+        self.chat = ChatFormat(tokenizer, self.env, cfg.task.tool_format)
         self.loops: dict[int, LoopState] = {}
         self.free_slots: list[int] = []  # heap of slot lanes given back; new ones are numbered on
         self.spans: list[Span] = []
-        self.stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids = stop_ids if stop_ids is not None else stop_token_ids(tokenizer)
         model_config = getattr(getattr(engine, "model", None), "config", None)
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
         self.follow_latest = cfg.train.schedule == "fully-async"
@@ -114,9 +119,10 @@ class AgentWorker:
             step = cmd.step
             encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
             for traj, group, task, seed in cmd.items:
-                if task.prompt_text not in encoded:
-                    encoded[task.prompt_text] = self.tok.encode(task.prompt_text, add_special_tokens=False)
-                ids = list(encoded[task.prompt_text])
+                prompt = self.chat.prompt_text(task)  # the policy's chat template, if it has one
+                if prompt not in encoded:
+                    encoded[prompt] = self.tok.encode(prompt, add_special_tokens=False)
+                ids = list(encoded[prompt])
                 # lowest free lane, so lanes stay few and dense on the Gantt
                 slot = heapq.heappop(self.free_slots) if self.free_slots else len(self.loops)
                 self.loops[traj] = LoopState(
@@ -176,13 +182,14 @@ class AgentWorker:
     def advance(self, lp: LoopState, out) -> None:
         start, end = lp.turn_spans[-1]
         text = self.tok.decode(lp.ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        result = self.env.parse_turn(lp.task, text) if out.stopped else None
+        stop_text = self.tok.convert_ids_to_tokens(lp.ids[end - 1]) if out.stopped else ""
+        result = self.chat.parse_turn(lp.task, text, stop_text) if out.stopped else None
         out_of_room = len(lp.ids) + self.cfg.rollout.max_new_tokens + 16 > self.max_len
         if result is not None and result.kind == "tool" and len(lp.turn_spans) < lp.task.max_turns and not out_of_room:
             t0 = self.now()
-            obs = self.env.observation_text(self.env.run_tool(result.payload))  # the tool's real work
+            output = self.env.run_tool(result.payload)  # the tool's real work
             latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
-            obs_ids = self.tok.encode(obs, add_special_tokens=False)
+            obs_ids = self.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
             lp.ids += obs_ids
             lp.mask += [0] * len(obs_ids)
             lp.blogp += [0.0] * len(obs_ids)
@@ -192,13 +199,15 @@ class AgentWorker:
             self.span("rollout.tool", t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
             return
         t0 = self.now()
-        reward = self.env.reward(lp.task, text) if result is not None and result.kind == "final" else 0.0
+        reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
+        if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
+            error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
         t1 = self.now()
         self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
         self.send(Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
-            turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1,
+            turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
         ))
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
@@ -243,11 +252,15 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         if cfg.model.device == "cuda":
             store.pin()  # this process's view of the shared weights: DMA copies into the GPU engine
         store.read_into(engine.load_weights, want=0)
-        worker = AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin)
+        worker = AgentWorker(wid, cfg, engine, tok, teacher, store, out_q, origin,
+                             stop_ids=turn_stop_ids(tok, policy_dir))
         # torch, transformers and the model are ~10^6 long-lived objects; a full collection
         # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
         gc.freeze()
         serve(worker, cmd_q)
+        # the driver reads nothing more once it said stop: exit without waiting for the
+        # queue's feeder to push what is left into a full pipe (that would hang the exit)
+        out_q.cancel_join_thread()
         gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text

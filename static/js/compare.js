@@ -4,7 +4,7 @@ import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
 import { fetchSpans, getJSON } from "./api.js";
 import { drawSummary } from "./summary.js";
-import { MetricPanel, firstStepStart } from "./metricpanel.js";
+import { MetricPanel, metricPoints } from "./metricpanel.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
 const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
@@ -37,16 +37,20 @@ function drawMetricCharts() {
   const per = (key, scale = 1) => runs.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
   drawFigure($("chart-step-time"), seriesFigure(per("timing_s/step"), { kind: "bar", yTitle: "seconds" }));
   drawFigure($("chart-idle"), seriesFigure(per("trainer/idle_ratio", 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
-  // Reward against wall time: each step's reward when the step ended (step/t_end), from the
-  // run's first step start, so no run carries its boot time (the same origin as the summary).
-  const reward = runs.map((r) => {
-    const points = r.metrics
-      .filter((m) => m.values["reward/mean"] != null && m.values["step/t_end"] != null)
-      .sort((a, b) => a.values["step/t_end"] - b.values["step/t_end"]);
-    const origin = firstStepStart(r.metrics);
-    return { name: label(r), colour: r.colour, x: points.map((m) => m.values["step/t_end"] - origin), y: points.map((m) => m.values["reward/mean"]) };
-  });
-  drawFigure($("chart-reward"), seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: "reward/mean" }));
+}
+
+/**
+ * Reward against wall time: each step's reward when the step ended, from the run's first step
+ * start, so no run carries its boot time (the summary's origin); ``level``, the summary's
+ * reward level, as a dotted line.
+ */
+function drawReward(level) {
+  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, "reward/mean", { axis: "wall" }) }));
+  const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: "reward/mean" });
+  if (level !== null) {
+    figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
+  }
+  return drawFigure($("chart-reward"), figure);
 }
 
 /**
@@ -105,7 +109,10 @@ async function drawTimelines(step) {
     div.id = `timeline-${p.run.id}`;
     container.appendChild(div);
     if (!p.store.size) {
-      div.innerHTML = `<p class="empty">${label(p.run)}: no spans for step ${step}.</p>`;
+      const empty = document.createElement("p"); // textContent: a run name is user input
+      empty.className = "empty";
+      empty.textContent = `${label(p.run)}: no spans for step ${step}.`;
+      div.replaceChildren(empty);
       return;
     }
     const bars = mergeBars([...p.store.spans()], width / TIMELINE_PX);
@@ -120,8 +127,11 @@ async function drawTimelines(step) {
 
 function watchSummary() {
   const input = $("reward-level");
-  const draw = () => drawSummary($("compare-summary"), $("summary-note"), runs.map((r) => r.id),
-    input.value.trim() === "" ? null : Number(input.value));
+  const draw = async () => {
+    const summary = await drawSummary($("compare-summary"), $("summary-note"), runs.map((r) => r.id),
+      input.value.trim() === "" ? null : Number(input.value));
+    await drawReward(summary.reward_level);
+  };
   input.addEventListener("change", () => draw().catch(showError));
   return draw();
 }

@@ -9,6 +9,12 @@ import { trajectoryView, StepPicker } from "./bytraj.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
+// The server accepts, then closes with these codes (docs/web-contract.md): retrying cannot help.
+const FINAL_CLOSES = {
+  4401: "Your session has expired: log in again to follow this run.",
+  4404: "This run no longer exists or is not yours.",
+  4400: "The page asked for a malformed replay cursor: reload the page.",
+};
 
 const root = document.getElementById("run-app");
 const $ = (id) => document.getElementById(id);
@@ -196,8 +202,15 @@ function connect() {
   replayDone = false;
   socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; connectedMs = epochMs(); };
   socket.onmessage = (ev) => handleFrame(JSON.parse(ev.data));
-  socket.onclose = () => {
+  socket.onclose = (ev) => {
     if (ws !== socket) return; // replaced by reconnect()
+    if (FINAL_CLOSES[ev.code]) {
+      el.conn.textContent = "closed";
+      el.conn.className = "conn down";
+      el.error.textContent = FINAL_CLOSES[ev.code];
+      el.error.hidden = false;
+      return;
+    }
     el.conn.textContent = "disconnected, retrying…";
     el.conn.className = "conn down";
     // A finished run has nothing more to send once its replay is complete.

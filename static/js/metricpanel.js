@@ -96,10 +96,9 @@ export class MetricPanel {
     await Promise.all(keys.map((key, i) => {
       const series = this.runs.map((r) => ({ name: r.name, colour: r.colour, ...metricPoints(r.metrics, key, { axis, smoothing }) }));
       const figure = seriesFigure(series, {
-        xTitle: axis === WALL ? "seconds since the first step started" : "step", yTitle: key, height: 240,
+        xTitle: axis === WALL ? "seconds since the first step started" : "step",
+        yTitle: key + (smoothing > 0 ? ` (EMA ${smoothing})` : ""), height: 240,
       });
-      figure.layout.title = { text: key + (smoothing > 0 ? ` (smoothed ${smoothing})` : ""), font: { size: 12 }, x: 0, xanchor: "left" };
-      figure.layout.margin.t = 40;
       return drawFigure(divs[i], figure);
     }));
   }

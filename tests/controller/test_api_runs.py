@@ -1,6 +1,7 @@
 """Creating, listing, showing and cancelling runs (the worker side is in test_run_end_to_end)."""
 
 import pytest
+from django.utils import timezone
 from django.test import Client
 
 from controller.launching import enqueue
@@ -46,7 +47,6 @@ def test_steps_default_to_the_experiments_config(alice_client, alice_experiment,
     ({"steps": 10**12}, "steps", "less than or equal to 1000000"),
     ({"steps": 2.5}, "steps", "expected an integer"),
     ({"steps": True}, "steps", "expected an integer"),
-    ({"schedule": 10**40}, "schedule", "no such schedule"),
     ({"experiment": None}, "experiment", "expected an integer"),
     ({"gpus": 8}, "gpus", "unknown field"),
 ])
@@ -60,16 +60,34 @@ def test_it_rejects_bad_input_with_field_and_reason(
     assert Run.objects.count() == 0
 
 
-def test_it_rejects_other_users_experiment(bob_client, alice_experiment, sync_preset):
+def test_other_users_experiment_is_not_found(bob_client, alice_experiment, sync_preset):
     response = post_json(bob_client, URL, {"experiment": alice_experiment.pk, "schedule": sync_preset.pk})
-    assert response.status_code == 400
-    assert response.json()["errors"]["experiment"] == "no such experiment"
+    assert response.status_code == 404
+    assert response.json()["errors"] == {"experiment": "no such experiment"}
 
 
-def test_it_rejects_other_users_schedule(bob_client, alice, bob_experiment):
+def test_other_users_schedule_is_not_found(bob_client, alice, bob_experiment):
     private = Schedule.objects.create(owner=alice, name="alice-only", kind="sync")
     response = post_json(bob_client, URL, {"experiment": bob_experiment.pk, "schedule": private.pk})
-    assert response.json()["errors"]["schedule"] == "no such schedule"
+    assert response.status_code == 404
+    assert response.json()["errors"] == {"schedule": "no such schedule"}
+
+
+@pytest.mark.parametrize("payload", [{"schedule": 10**40}, {"experiment": 2**31}, {"experiment": 10**40, "schedule": 0}])
+def test_unknown_ids_are_not_found(alice_client, alice_experiment, sync_preset, payload):
+    full = {"experiment": alice_experiment.pk, "schedule": sync_preset.pk, **payload}
+    response = post_json(alice_client, URL, full)
+    assert response.status_code == 404, response.content
+    assert set(response.json()["errors"]) == set(payload)
+    assert Run.objects.count() == 0
+
+
+@pytest.mark.parametrize("path", ["abc/", "1.5/", "-1/", "1/nope/", "1/trace", "x/metrics.csv", "nope/"])
+def test_every_unrouted_api_path_answers_json_404(alice_client, path):
+    response = alice_client.get(f"{URL}{path}")
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"errors": {"path": "no such API path"}}
 
 
 def test_it_rejects_a_schedule_that_does_not_fit_the_config(alice_client, alice, alice_experiment):
@@ -109,7 +127,9 @@ def test_cancelling_a_queued_run_ends_it_at_once(alice_client, alice_experiment,
 
 
 def test_cancelling_a_running_run_sets_the_flag(alice_client, alice_experiment, sync_preset):
-    run = make_run(alice_experiment, sync_preset, status=Run.Status.RUNNING)
+    # supervised elsewhere and alive (a fresh heartbeat): its supervisor stops the learner
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.RUNNING, supervisor="other-node:7:1",
+                   heartbeat=timezone.now())
     body = alice_client.post(f"{URL}{run.pk}/cancel/").json()
     assert body["status"] == "running" and body["cancel_requested"] is True
 

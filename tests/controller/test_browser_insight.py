@@ -23,6 +23,9 @@ FIELDS = ("steps_done", "step_s", "speedup_vs_sync", "efficiency", "learner_idle
 def store_workload(run, seed: int, boot_s: float, steps: int = 4) -> None:
     spans, metrics = agent_run_events(steps, groups=3, group_size=4, workers=2, slots=3, max_turns=4, seed=seed)
     keys = ("seq", "step", "kind", "lane", "traj", "group", "turn", "policy_version", "tokens")
+    for e in spans:  # two learner ranks: odd trajectories' backward passes run on rank 1
+        if e["kind"] == "learner.backward" and e["traj"] % 2:
+            e["lane"] = "learner/1"
     Span.objects.bulk_create([Span(run=run, t0=e["t0"] + boot_s, t1=e["t1"] + boot_s, **{k: e[k] for k in keys})
                               for e in spans])
     for m in metrics:
@@ -143,6 +146,9 @@ def test_a_clicked_rollout_highlights_its_own_backward_and_group_close(live_url,
     target = max(Span.objects.filter(run=run, step=3, kind="rollout.generate"), key=lambda s: s.t1 - s.t0)
     click_span(page, target)
     page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{target.traj}'")
+    # a lane per learner rank, above the rollout slots
+    assert page.evaluate("document.getElementById('gantt').layout.yaxis.categoryarray.slice(0, 3)") == [
+        "learner/0", "learner/1", "rollout/0/0"]
     rows = detail_rows(page)
     backward = [r for r in rows if r["kind"] == "learner.backward"]
     assert len(backward) == 1 and backward[0]["traj"] == str(target.traj)
@@ -150,7 +156,7 @@ def test_a_clicked_rollout_highlights_its_own_backward_and_group_close(live_url,
     expected |= set(Span.objects.filter(run=run, kind="learner.group_close", group=target.group)
                     .values_list("seq", flat=True))
     assert {int(r["seq"]) for r in rows} == expected
-    assert "backward on learner/0" in page.inner_text("#traj-note")
+    assert f"backward on learner/{target.traj % 2}" in page.inner_text("#traj-note")
     screenshot(page, "run-trajectory")
 
     # The search box follows another trajectory.

@@ -69,3 +69,35 @@ def test_it_creates_an_experiment_launches_a_run_and_cancels_it(live_url, browse
     assert "arith streaming" in page.inner_text("#experiments")
     screenshot(page, "experiments")
     assert errors == []
+
+
+def test_edit_clone_and_delete_an_experiment_with_no_404_on_the_way(live_url, browser_page, alice, streaming_preset):
+    page, errors = browser_page
+    missing = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    log_in(page, live_url, "alice", "alice-password")
+    page.fill("#id_name", "commented")
+    page.fill("#id_config", "# as written\ntrain:\n  steps: 2   # short\n")
+    page.click("#new-experiment button[type=submit]")
+    page.wait_for_selector("#experiment-config")
+    assert "# short" in page.inner_text("#experiment-config")
+    assert page.input_value("#id_schedule") == str(streaming_preset.pk)
+
+    page.click("#edit-link")
+    page.fill("#id_config", "# edited\ntrain:\n  steps: 3\n")
+    page.click("#edit-experiment button[type=submit]")
+    page.wait_for_selector(".messages")
+    assert "# edited" in page.inner_text("#experiment-config")
+    assert Experiment.objects.get(name="commented").config == {"train": {"steps": 3}}
+
+    page.click("#clone-button")
+    page.wait_for_selector("#edit-experiment")
+    assert Experiment.objects.filter(name="commented (copy)").exists()
+    copy = Experiment.objects.get(name="commented (copy)")
+    page.goto(f"{live_url}/experiments/{copy.pk}/")
+    page.click("#delete-link")
+    assert page.inner_text("#delete-runs") == "0"
+    page.click("#confirm-delete")
+    page.wait_for_url(f"{live_url}/")
+    assert not Experiment.objects.filter(pk=copy.pk).exists()
+    assert missing == [] and errors == []

@@ -6,6 +6,7 @@ artifacts/screenshots/.
 """
 
 import re
+import statistics
 from collections import Counter
 
 import pytest
@@ -78,6 +79,23 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     assert page.inner_text("#idle-last") == f"{100 * last['trainer/idle_ratio']:.1f}%"
     assert page.is_hidden("#cancel-form")
     screenshot(page, "run-finished")
+    # Follow one trajectory of step 4: its spans, its backward and its group's close are listed.
+    traj = Span.objects.filter(run_id=run_id, step=4, kind="learner.backward").order_by("seq").last().traj
+    page.fill("#traj-search", str(traj))
+    page.dispatch_event("#traj-search", "change")
+    page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{traj}'")
+    backward = page.locator("#traj-detail tr[data-kind='learner.backward']")
+    assert backward.count() == 1 and backward.get_attribute("data-traj") == str(traj)
+    screenshot(page, "run-trajectory")
+    page.fill("#traj-search", "")
+    page.dispatch_event("#traj-search", "change")
+    # One step by trajectory: a row per trajectory the step trained.
+    page.select_option("#lane-mode", "traj")
+    page.select_option("#traj-step", "4")
+    trained = sorted(Span.objects.filter(run_id=run_id, step=4, kind="learner.backward").values_list("traj", flat=True))
+    page.wait_for_function("(n) => document.getElementById('gantt').layout.yaxis.categoryarray"
+                           ".filter((l) => l.startsWith('traj')).length === n", arg=len(trained), timeout=30_000)
+    screenshot(page, "run-by-trajectory")
 
     # Compare the two runs.
     assert wait_for_status(other.pk, Run.FINISHED, RUN_TIMEOUT_S).status == Run.Status.SUCCEEDED
@@ -85,6 +103,11 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     page.wait_for_selector("#compare-app[data-ready='1']", timeout=60_000)
     assert page.locator("#timelines .gantt").count() == 2
     assert "train.schedule" in page.inner_text("#config-diff")
+    # The summary: the sync run is the reference; its median step time is the stored metrics'.
+    sync_row = page.locator(f"#compare-summary tr[data-run-id='{other.pk}']")
+    assert "(reference)" in sync_row.inner_text()
+    median = statistics.median(m.values["timing_s/step"] for m in StepMetric.objects.filter(run=other))
+    assert float(sync_row.locator("td[data-field='step_s']").get_attribute("data-value")) == pytest.approx(median)
     for chart in ("chart-step-time", "chart-idle", "chart-reward", "chart-staleness"):
         assert page.get_attribute(f"#{chart}", "data-empty") == "0", chart
     screenshot(page, "compare")

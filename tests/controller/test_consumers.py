@@ -15,16 +15,20 @@ from .conftest import store_metrics, store_spans
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def session_headers(user, origin=b"http://testserver"):
+def session_headers(user):
     client = Client()
     client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"origin", origin)]
+    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
 
 
-async def connect(run, user=None, after=None, origin=b"http://testserver"):
-    headers = await database_sync_to_async(session_headers)(user, origin) if user else [(b"origin", origin)]
+async def connect(run, user=None, after=None, origin=b"http://testserver", scheme="ws", extra_headers=()):
+    """A socket opened on http://testserver (its Host header) from a page at ``origin``."""
+    headers = [(b"host", b"testserver"), (b"origin", origin), *extra_headers]
+    if user:
+        headers += await database_sync_to_async(session_headers)(user)
     path = f"/ws/runs/{run.pk}/" + (f"?after={after}" if after is not None else "")
     communicator = WebsocketCommunicator(application, path, headers=headers)
+    communicator.scope["scheme"] = scheme
     connected, code = await communicator.connect(timeout=5)
     if not connected:
         # a refused consumer still waits on its channel layer: end it here, not in the
@@ -56,24 +60,53 @@ def span_dicts(run, start: int, stop: int) -> list[dict]:
     return spans_json(Span.objects.filter(run=run, seq__gte=start, seq__lt=stop))
 
 
+async def close_code(communicator) -> int:
+    """Refusals are accepted, then closed with the documented code (docs/web-contract.md)."""
+    message = await communicator.receive_output(timeout=5)
+    await communicator.disconnect()
+    assert message["type"] == "websocket.close", message
+    return message["code"]
+
+
 async def test_it_refuses_anonymous_users(alice_run):
-    communicator, connected, code = await connect(alice_run)
-    assert not connected and code == 4401
+    communicator, connected, _ = await connect(alice_run)
+    assert connected and await close_code(communicator) == 4401
 
 
 async def test_it_rejects_other_users_run(alice_run, bob):
-    communicator, connected, code = await connect(alice_run, user=bob)
-    assert not connected and code == 4404
+    communicator, connected, _ = await connect(alice_run, user=bob)
+    assert connected and await close_code(communicator) == 4404
 
 
-async def test_it_refuses_foreign_origins(alice_run, alice):
-    communicator, connected, _ = await connect(alice_run, user=alice, origin=b"http://evil.example")
+@pytest.mark.parametrize("origin", [
+    b"http://evil.example",
+    b"http://testserver:8001",  # another port of the allowed host
+    b"https://testserver",  # another scheme of the allowed host
+    b"null",
+    b"",
+])
+async def test_it_refuses_foreign_origins(alice_run, alice, origin):
+    communicator, connected, _ = await connect(alice_run, user=alice, origin=origin)
     assert not connected
 
 
+async def test_it_accepts_the_socket_origin_and_trusted_origins(alice_run, alice, settings):
+    secure, _, _ = await connect(alice_run, user=alice, origin=b"https://testserver", scheme="wss")
+    settings.CSRF_TRUSTED_ORIGINS = ["https://lab.example.com:8443"]
+    trusted, _, _ = await connect(alice_run, user=alice, origin=b"https://lab.example.com:8443")
+    _, wrong_port, _ = await connect(alice_run, user=alice, origin=b"https://lab.example.com")
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    proxied, _, _ = await connect(alice_run, user=alice, origin=b"https://testserver",
+                                  extra_headers=[(b"x-forwarded-proto", b"https")])
+    for communicator in (secure, trusted, proxied):
+        assert (await receive_until_replay_done(communicator))[-1]["type"] == "replay_done"
+        await communicator.disconnect()
+    assert not wrong_port
+
+
 async def test_it_refuses_a_malformed_cursor(alice_run, alice):
-    communicator, connected, code = await connect(alice_run, user=alice, after="x")
-    assert not connected and code == 4400
+    communicator, connected, _ = await connect(alice_run, user=alice, after="x")
+    assert connected and await close_code(communicator) == 4400
 
 
 async def test_it_replays_everything_then_status(alice_run, alice):

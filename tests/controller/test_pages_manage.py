@@ -122,3 +122,17 @@ def test_a_schedule_used_by_runs_is_kept(alice_client, alice, alice_experiment):
 def test_the_favicon_is_linked_and_served(alice_client):
     assert 'rel="icon"' in alice_client.get("/").content.decode()
     assert alice_client.get("/favicon.ico")["Location"] == "/static/favicon.svg"
+
+
+def test_yaml_text_posted_to_the_api_is_kept_as_written(alice_client):
+    from .conftest import post_json
+
+    response = post_json(alice_client, "/api/experiments/", {"name": "api", "config": WRITTEN})
+    assert response.status_code == 201
+    assert Experiment.objects.get(name="api").config_yaml() == WRITTEN
+
+
+def test_a_config_changed_elsewhere_is_shown_as_stored_not_as_the_stale_text(alice_experiment):
+    alice_experiment.config_text = WRITTEN  # says steps: 3, group_size: 4; the stored config differs
+    assert "# keep it short" not in alice_experiment.config_yaml()
+    assert "builtin:tiny" in alice_experiment.config_yaml()

@@ -51,8 +51,56 @@ def test_production_refuses_to_start_without_a_secret_key():
     assert "DJANGO_SECRET_KEY must be set" in out.stderr
 
 
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="Debian's docker-compose is not installed")
-def test_docker_compose_config_is_valid():
-    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
-                         capture_output=True, text=True, timeout=60)
+def deploy_check(**env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+    production = {"DJANGO_SETTINGS_MODULE": "controller.settings.production",
+                  "DJANGO_SECRET_KEY": "a-long-random-secret-" + "q7Zr2xKp9Lm4Vt8Wn3Bs6Hd1" * 2,
+                  "DJANGO_ALLOWED_HOSTS": "lab.example.com", "DJANGO_CSRF_TRUSTED_ORIGINS": "https://lab.example.com"}
+    return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT,
+                          env={**clean, **production, **env}, capture_output=True, text=True, timeout=120)
+
+
+def test_production_passes_the_deploy_check_with_https():
+    out = deploy_check()
     assert out.returncode == 0, out.stderr
+    assert "no issues" in out.stdout
+
+
+def test_the_deploy_check_catches_plain_http():
+    """The check above is meaningful: the plain-HTTP trial mode fails it on exactly the
+    HTTPS settings (HSTS, SSL redirect, secure session and CSRF cookies)."""
+    out = deploy_check(DJANGO_HTTPS="0")
+    assert out.returncode != 0
+    for warning in ("W004", "W008", "W012", "W016"):
+        assert warning in out.stderr
+
+
+def test_the_image_runs_as_an_unprivileged_user():
+    users = [line.split()[1] for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+
+
+COMPOSE = shutil.which("docker-compose")
+
+
+def compose_config(**env) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("POSTGRES_PASSWORD", "DJANGO_SECRET_KEY")}
+    return subprocess.run([COMPOSE, "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True,
+                          text=True, timeout=60, env={**clean, **env}, cwd=ROOT)
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed")
+def test_docker_compose_config_is_valid():
+    out = compose_config(POSTGRES_PASSWORD="pw-from-the-operator", DJANGO_SECRET_KEY="key-from-the-operator")
+    assert out.returncode == 0, out.stderr
+    assert "pw-from-the-operator" in out.stdout and "key-from-the-operator" in out.stdout
+
+
+@pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed")
+@pytest.mark.parametrize("missing", ["POSTGRES_PASSWORD", "DJANGO_SECRET_KEY"])
+def test_docker_compose_has_no_default_secrets(missing):
+    env = {"POSTGRES_PASSWORD": "pw", "DJANGO_SECRET_KEY": "key"}
+    del env[missing]
+    out = compose_config(**env)
+    assert out.returncode != 0
+    assert missing in out.stderr

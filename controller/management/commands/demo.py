@@ -96,13 +96,17 @@ class Command(BaseCommand):
         from controller.celery import app
         from controller.embedded_worker import EmbeddedWorker
 
+        from controller.ownership import start_reaper
+
         worker = EmbeddedWorker(app, queues=["runs"]).start()
         requeued = recover_runs()
+        stop_reaper = start_reaper()  # no run without an owner, here too (controller/ownership.py)
         self.stdout.write(f"embedded Celery worker started (queue 'runs', {requeued} run(s) re-queued); "
                           "serving, Ctrl-C to stop")
         try:
             Server(application, endpoints=build_endpoint_description_strings(host=host, port=port)).run()
         finally:
+            stop_reaper.set()
             # The worker thread dies with this process: stop its run rather than orphan it.
             Run.objects.filter(status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(cancel_requested=True)
             worker.stop(timeout=settings.THUNDERSYNC_CANCEL_GRACE_S + 30)

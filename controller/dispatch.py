@@ -1,0 +1,72 @@
+"""Which queued run starts next: round robin over users, not the broker's FIFO.
+
+Each launched run puts one message on the Celery queue "runs", but a message is only a
+slot: the worker that takes it starts the queued run that is fairest now. That is a run of
+the user with a queued run, fewer running runs than their ``concurrent_runs`` quota, and
+the longest time since one of their runs started (never first), their oldest queued run
+first. So users who queue many runs at once interleave with everyone else instead of
+starving them. A slot that finds nothing it may start is dropped; when a run ends, one
+slot is sent again if runs are waiting (``top_up``), which is when a limit frees up.
+
+The pick and the claim (queued -> starting) happen in one transaction under a PostgreSQL
+advisory lock, so two workers never pick concurrently past a user's limit (SQLite, the
+embedded demo, has one worker and serialises writers anyway).
+"""
+
+from django.db import connection, transaction
+from django.db.models import Count, Max, Min
+from django.utils import timezone
+
+from . import ownership
+from .models import Run
+from .quotas import quotas_for
+
+DISPATCH_LOCK = 0x7453_0001  # pg_advisory_xact_lock key: "ts" + 1
+ACTIVE = (Run.Status.STARTING, Run.Status.RUNNING)
+
+
+def waiting():
+    return Run.objects.filter(status=Run.Status.QUEUED, cancel_requested=False)
+
+
+def next_run_id() -> int | None:
+    """The queued run that should start now (see the module doc), or None."""
+    owners = dict(waiting().values_list("experiment__owner").annotate(oldest=Min("created")))
+    if not owners:
+        return None
+    running = dict(Run.objects.filter(status__in=ACTIVE, experiment__owner__in=owners)
+                   .values_list("experiment__owner").annotate(n=Count("id")))
+    last_start = dict(Run.objects.filter(started__isnull=False, experiment__owner__in=owners)
+                      .values_list("experiment__owner").annotate(last=Max("started")))
+    quotas = quotas_for(owners)
+    eligible = [u for u in owners if running.get(u, 0) < quotas[u].concurrent_runs]
+    if not eligible:
+        return None
+    never = timezone.now().replace(year=1)
+    user = min(eligible, key=lambda u: (last_start.get(u) or never, owners[u], u))
+    return waiting().filter(experiment__owner=user).order_by("created", "id").values_list("id", flat=True)[0]
+
+
+def claim_next_run() -> int | None:
+    """Atomically mark the fairest queued run ``starting`` and return its id (None: nothing
+    may start now)."""
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
+        run_id = next_run_id()
+        if run_id is None:
+            return None
+        now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
+        Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=now, heartbeat=now,
+                                             supervisor=ownership.me())
+        return run_id
+
+
+def top_up() -> None:
+    """After a run ends: one more slot if runs are waiting (it may start one that a limit held)."""
+    from .launching import enqueue  # launching imports the task module, which imports this one
+
+    first = waiting().order_by("created", "id").values_list("id", flat=True).first()
+    if first is not None:
+        enqueue(first, None)

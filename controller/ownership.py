@@ -1,0 +1,215 @@
+"""No run without an owner: who supervises a run, whether it still does, and the reaper.
+
+A `starting`/`running` run belongs to the process that claimed it: ``Run.supervisor`` is
+"host:pid:start-time" of that process, and its supervisor stamps ``Run.heartbeat`` every
+THUNDERSYNC_HEARTBEAT_S. The reaper (every worker runs it at start and every
+THUNDERSYNC_REAP_INTERVAL_S; ``start_reaper``) ends the runs whose supervisor is gone: a
+local owner whose process died at once, any other once its heartbeat has been stale
+(> THUNDERSYNC_STALE_S) on two passes in a row, so a supervisor that was only cut off from
+the database for a while gets to stamp again first. An abandoned run is cancelled if the
+user asked, else failed with the reason (docs/controller.md "No run without an owner").
+Every write is conditional on the heartbeat the reaper saw, so reapers on several workers,
+and a supervisor that comes back, never overwrite each other.
+
+A queued run that may start but whose message the broker lost (a Redis restart without
+persistence) gets a new one once it has waited THUNDERSYNC_REQUEUE_AFTER_S and the queue
+is empty; a message is only a slot (controller/dispatch.py), so one too many is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from learner.stopping import sweep_semaphores
+
+from .ingestion import finish_run
+from .models import Run
+
+log = logging.getLogger(__name__)
+HOST = socket.gethostname()
+_supervising: set[int] = set()  # runs whose supervisor runs in this process right now
+_stale_seen: dict[int, datetime | None] = {}  # run -> the stale heartbeat an earlier pass saw
+
+
+def process_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' if unknown): with the pid it
+    names one process, even after the pid is reused (a restarted container starts at 1 again)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return ""
+    return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
+
+
+def me() -> str:
+    """This process as a run's supervisor."""
+    return f"{HOST}:{os.getpid()}:{process_start(os.getpid())}"
+
+
+@contextmanager
+def supervising(run_id: int):
+    """Mark ``run_id`` as supervised by a live thread of this process for the block."""
+    _supervising.add(run_id)
+    try:
+        yield
+    finally:
+        _supervising.discard(run_id)
+
+
+def owner_dead(supervisor: str, run_id: int) -> str | None:
+    """Why the owner is certainly gone (only this host can tell), or None."""
+    host, pid, started = (supervisor.split(":") + ["", "", ""])[:3]
+    if host != HOST or not pid.isdigit():
+        return None
+    if int(pid) == os.getpid():
+        return None if run_id in _supervising else "its supervisor in this worker process stopped"
+    if process_start(int(pid)) != started:
+        return f"its supervising worker process {pid} is gone"
+    return None
+
+
+def heartbeat_stale(run: Run, now: datetime) -> bool:
+    limit = timedelta(seconds=settings.THUNDERSYNC_STALE_S)
+    return run.heartbeat is None or now - run.heartbeat > limit
+
+
+def kill_leftovers(run: Run) -> None:
+    """Stop what is left of the run's process group on this host: SIGTERM (the learner
+    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then remove the
+    semaphores a killed group leaves. The learner stops by itself once its supervisor is
+    gone (parent-death signal, broken stdout pipe); this is for one that hangs. Only a
+    group whose leader is still a learner is signalled."""
+    if not run.pids or run.supervisor.split(":")[0] != HOST:
+        return
+    pgid = int(run.pids[0])
+    try:
+        is_learner = b"train" in Path(f"/proc/{pgid}/cmdline").read_bytes() and os.getpgid(pgid) == pgid
+    except (OSError, ValueError):
+        is_learner = False
+    if is_learner:
+        for sig, wait_s in ((signal.SIGTERM, settings.THUNDERSYNC_CANCEL_GRACE_S), (signal.SIGKILL, 10.0)):
+            if not signal_group(pgid, sig, wait_s):
+                break
+    sweep_semaphores({pgid})
+
+
+def signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
+    """Signal the group and wait up to ``wait_s`` for it to empty; False once it is gone."""
+    deadline = time.monotonic() + wait_s
+    try:
+        os.killpg(pgid, sig)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def abandon(run: Run, reason: str) -> bool:
+    """End a run whose supervisor is gone; False if its owner stamped it meanwhile."""
+    kill_leftovers(run)
+    if run.cancel_requested:
+        status, error = Run.Status.CANCELLED, ""
+    else:
+        status, error = Run.Status.FAILED, f"the run lost its supervisor ({reason}); no checkpoint to resume from"
+    ended = finish_run(run.pk, status, error, only_if={"heartbeat": run.heartbeat, "supervisor": run.supervisor})
+    if ended.status == status and ended.heartbeat == run.heartbeat:
+        log.warning("run %s: %s, ended %s", run.pk, reason, status)
+        return True
+    return False
+
+
+def reap_active(now: datetime) -> int:
+    ended = 0
+    for run in Run.objects.filter(status__in=Run.ACTIVE):
+        reason = owner_dead(run.supervisor, run.pk)
+        if reason is None and heartbeat_stale(run, now):
+            seen = _stale_seen.get(run.pk, "unseen")
+            _stale_seen[run.pk] = run.heartbeat
+            if seen != run.heartbeat:
+                continue  # stale once: the owner may only have lost the database; look again
+            age = "never" if run.heartbeat is None else f"{(now - run.heartbeat).total_seconds():.0f}s ago"
+            reason = f"its supervisor {run.supervisor or '(none)'} last reported {age}"
+        if reason is not None:
+            ended += abandon(run, reason)
+            _stale_seen.pop(run.pk, None)
+    return ended
+
+
+def broker_backlog() -> int | None:
+    """Messages waiting in the runs queue (not those being worked on); None if the broker
+    cannot be looked into (only Redis can) or is down."""
+    from .celery import app
+
+    try:
+        with app.connection_for_read() as conn:
+            channel = conn.default_channel
+            if not hasattr(channel, "_q_for_pri"):
+                return None
+            queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
+            # LLEN is one of the commands kombu's client prefixes with global_keyprefix itself
+            return sum(channel.client.llen(channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
+    except Exception as err:  # the broker is down: nothing to send to anyway
+        log.warning("reaper: cannot look into the broker: %s", err)
+        return None
+
+
+def requeue_lost(now: datetime) -> int:
+    """One slot (controller/dispatch.py) when a queued run may start, has waited
+    THUNDERSYNC_REQUEUE_AFTER_S since its last message, and the broker holds none: its
+    message was lost. A slot too many is harmless (it claims nothing)."""
+    from .dispatch import next_run_id
+    from .launching import enqueue
+
+    run_id = next_run_id()
+    if run_id is None:
+        return 0
+    cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
+    run = Run.objects.get(pk=run_id)
+    if (run.enqueued or run.created) > cutoff or broker_backlog() != 0:
+        return 0
+    if not Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now):
+        return 0  # another worker's reaper sent it
+    log.warning("run %s: queued for %.0fs and the broker holds no message: sending one again", run_id,
+                (now - (run.enqueued or run.created)).total_seconds())
+    enqueue(run_id, None)
+    return 1
+
+
+def reap() -> tuple[int, int]:
+    """One pass: (runs ended, queued runs re-sent)."""
+    now = timezone.now()
+    return reap_active(now), requeue_lost(now)
+
+
+def start_reaper(interval_s: float | None = None) -> threading.Event:
+    """Reap now and then every ``interval_s`` in a daemon thread; set the event to stop it."""
+    stop = threading.Event()
+    interval_s = interval_s or settings.THUNDERSYNC_REAP_INTERVAL_S
+
+    def loop() -> None:
+        while True:
+            try:
+                reap()
+            except Exception:  # a database outage: try again on the next pass
+                log.warning("reaper pass failed", exc_info=True)
+            finally:
+                connection.close()  # this thread's own; a broken one is not reused
+            if stop.wait(interval_s):
+                return
+
+    threading.Thread(target=loop, name="thundersync-reaper", daemon=True).start()
+    return stop

@@ -1,0 +1,66 @@
+"""What can be checked about a run before any process starts, without torch.
+
+``thundersync train`` runs these before it boots the rollout workers (which import torch
+for seconds and take hundreds of MB): a model path that does not exist or an output
+directory it cannot write must be a one-line error at once, not after the workers are up
+or after step 0. Each failure is a ``ConfigError`` naming the field or flag.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from learner.config import ConfigError, RunConfig
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def is_model_dir(path: Path) -> bool:
+    """A Hugging Face model directory: config.json and weights."""
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+    return (path / "config.json").is_file() and has_weights
+
+
+def check_model_paths(cfg: RunConfig) -> None:
+    specs = {"model.policy": cfg.model.policy}
+    if cfg.algorithm.objective == "opd":
+        specs["model.teacher"] = cfg.model.teacher
+    for field, spec in specs.items():
+        if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
+            raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
+
+
+def check_writable_dir(flag: str, path: str | Path) -> Path:
+    """Create ``path`` if needed and prove a file can be written there."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".thundersync-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{flag}: cannot write to {path}: {err.strerror or err}") from None
+    return path
+
+
+def check_writable_file(flag: str, path: str) -> None:
+    """The file's directory exists and is writable (the file itself is written later)."""
+    if path == "-":
+        return
+    parent = Path(path).expanduser().parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{flag}: cannot write to {parent}")
+
+
+def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | None = None,
+              events: str | None = None) -> None:
+    check_model_paths(cfg)
+    if dump_dir:
+        check_writable_dir("--dump-step", dump_dir)
+    if output_dir:
+        check_writable_dir("--output", output_dir)
+    if events:
+        check_writable_file("--events", events)

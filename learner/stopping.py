@@ -1,0 +1,92 @@
+"""SIGTERM and SIGINT stop a run at a safe point, never in the middle of an update.
+
+``install`` makes both signals only *request* a stop; the driver notices the request where
+it waits for the rollout fleet (``check``, called by ``learner.rollout.fleet.Fleet`` while it
+waits for a message, never while replicas load weights), which is between two learner
+phases, and raises ``Interrupted`` there. The CLI then stops the workers, writes the
+checkpoint it is configured to, emits the terminal event and exits 128 + the signal number
+(143 for SIGTERM, 130 for SIGINT). A second signal stops at once.
+
+Semaphores: ``multiprocessing`` names its POSIX semaphores ``/dev/shm/sem.mp-<random>``,
+and a process group killed with SIGKILL (resource tracker included) leaves them behind.
+``tag_semaphores`` puts this process's pid into the names (``sem.mp-ts<pid>-...``) so that
+whoever outlives the group (the supervisor, the next ``thundersync train``) can remove the
+ones whose owner is dead: ``sweep_semaphores``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import signal
+from pathlib import Path
+
+SHM = Path("/dev/shm")
+_TAGGED = re.compile(r"^sem\.mp-ts(\d+)-")
+_requested: list[int] = []
+
+
+class Interrupted(Exception):
+    """The run was asked to stop by ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def _on_signal(signum, _frame) -> None:
+    if _requested:  # asked twice: do not wait for a safe point
+        raise Interrupted(signum)
+    _requested.append(signum)
+
+
+def install() -> None:
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+
+def requested() -> int | None:
+    return _requested[0] if _requested else None
+
+
+def check() -> None:
+    """At a safe point: raise ``Interrupted`` if a stop was requested."""
+    if _requested:
+        raise Interrupted(_requested[0])
+
+
+def tag_semaphores() -> None:
+    multiprocessing.current_process()._config["semprefix"] = f"/mp-ts{os.getpid()}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_semaphores(pids: set[int] | None = None) -> list[str]:
+    """Remove tagged semaphores of ``pids`` (default: of every dead process); their names."""
+    removed = []
+    try:
+        entries = list(SHM.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TAGGED.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group(1))
+        if (pid in pids) if pids is not None else not pid_alive(pid):
+            try:
+                entry.unlink()
+                removed.append(entry.name)
+            except OSError:
+                pass
+    return removed

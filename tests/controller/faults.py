@@ -1,0 +1,165 @@
+"""Fault injection for the controller: a real ``celery worker`` process (prefork pool, as
+in production) on this session's test database and broker, a private Redis server that can
+be killed and restarted, and checks that a run left nothing behind. Only processes this
+test started are looked at (engineers share the machine)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from controller.models import Run, Span
+from learner.stopping import SHM
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields after the command name of /proc/<pid>/stat: state, ppid, pgrp, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def live_processes() -> list[tuple[int, list[str]]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None and stat[0] != "Z":
+            found.append((int(entry.name), stat))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    return [pid for pid, stat in live_processes() if int(stat[2]) == pgid]
+
+
+def children(pid: int) -> list[int]:
+    return [child for child, stat in live_processes() if int(stat[1]) == pid]
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(poll)
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A private, non-persistent redis-server: a restart loses everything, as a crash does."""
+
+    def __init__(self, workdir: Path):
+        self.port, self.workdir, self.proc = free_port(), workdir, None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_until(self._answers, 30, "redis-server started")
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def crash(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.crash()
+
+
+class WorkerProcess:
+    """``celery -A controller worker -Q runs`` (prefork, one pool process) in its own session."""
+
+    def __init__(self, run_dir: Path, log_path: Path, redis_url: str | None = None):
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test",
+               "THUNDERSYNC_TEST_TAG": settings.TEST_TAG, "THUNDERSYNC_TEST_DATABASE": connection.settings_dict["NAME"],
+               "THUNDERSYNC_RUN_DIR": str(run_dir), "PYTHONPATH": str(ROOT)}
+        if redis_url:
+            env["THUNDERSYNC_TEST_REDIS_URL"] = redis_url
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controller", "worker", "-Q", "runs", "-P", "prefork", "-c", "1",
+             "--prefetch-multiplier", "1", "--without-heartbeat", "--without-mingle", "--without-gossip",
+             "-n", f"faults-{uuid.uuid4().hex[:8]}@%h", "-l", "INFO"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: b" ready." in log_path.read_bytes() or self.proc.poll() is not None, 120,
+                   "the Celery worker started")
+        assert self.proc.poll() is None, log_path.read_text()[-3000:]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def pool_child(self) -> int:
+        return wait_until(lambda: next(iter(children(self.pid)), None), 30, "the worker's pool process")
+
+    def stop(self) -> None:
+        """Kill whatever is left of the worker (main and pool) and wait for it."""
+        for pid in [self.pid, *group_members(self.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=30)
+        wait_until(lambda: not group_members(self.pid), 30, "the worker's processes are gone")
+        self.log.close()
+
+
+def wait_final(run_id: int, timeout: float = 60.0) -> Run:
+    return wait_until(lambda: (run := Run.objects.get(pk=run_id)).is_finished and run, timeout,
+                      f"run {run_id} reached a final state")
+
+
+def wait_running_with_spans(run_id: int, spans: int = 1, timeout: float = 240.0) -> Run:
+    def ready():
+        run = Run.objects.get(pk=run_id)
+        assert not run.is_finished, f"run {run_id} ended early: {run.status} {run.error}"
+        return run.status == "running" and Span.objects.filter(run_id=run_id).count() >= spans and run
+    return wait_until(ready, timeout, f"run {run_id} running with {spans} spans")
+
+
+def assert_nothing_left(run: Run, timeout: float = 30.0) -> None:
+    """The learner's process group is gone, and with it its /dev/shm semaphores."""
+    pgid = run.pids[0]
+    wait_until(lambda: not group_members(pgid), timeout, f"the learner's process group {pgid} is empty")
+    wait_until(lambda: not list(SHM.glob(f"sem.mp-ts{pgid}-*")), timeout, f"no semaphores of {pgid} left")
+
+
+def assert_spans_kept(run_id: int, before: int) -> None:
+    """Every span stored before the fault is still there, numbered densely from 0."""
+    seqs = list(Span.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
+    assert len(seqs) >= before and seqs == list(range(len(seqs)))

@@ -1,0 +1,88 @@
+"""Config text and paths from users: alias bombs refused fast, server paths confined."""
+
+import time
+
+import pytest
+
+from controller.models import Experiment, Run, Schedule
+from tests.learner.test_safe_yaml import alias_bomb
+
+from .conftest import QUICKSTART, post_json
+
+pytestmark = pytest.mark.django_db
+
+
+def timed(call):
+    """The call's CPU time on this thread (the server's parsing cost, not others' load)."""
+    started = time.thread_time()
+    result = call()
+    return result, time.thread_time() - started
+
+
+def test_the_alias_bomb_is_refused_fast_through_the_api(alice_client):
+    response, cpu_s = timed(lambda: post_json(alice_client, "/api/experiments/", {"name": "x", "config": alias_bomb()}))
+    assert response.status_code == 400
+    assert "anchors and aliases" in response.json()["errors"]["config"]
+    assert cpu_s < 0.05, cpu_s
+    assert not Experiment.objects.exists()
+
+
+def test_the_alias_bomb_is_refused_fast_through_the_form(alice_client):
+    response, cpu_s = timed(lambda: alice_client.post("/", {"name": "x", "config": alias_bomb()}))
+    assert response.status_code == 400
+    assert "config" in response.context["form"].errors
+    assert "anchors and aliases" in response.context["form"].errors["config"][0]
+    assert cpu_s < 0.05, cpu_s
+
+
+def with_model(**model) -> dict:
+    return {**QUICKSTART, "model": {**QUICKSTART.get("model", {}), **model}}
+
+
+@pytest.mark.parametrize("model, field", [
+    ({"policy": "/etc"}, "model.policy"),
+    ({"policy": "relative/dir"}, "model.policy"),
+    ({"teacher": "~/models/x"}, "model.teacher"),
+    ({"policy": "/srv/models/../../etc"}, "model.policy"),
+    ({"cache_dir": "/tmp/anywhere"}, "model.cache_dir"),
+    ({"cache_dir": "../../elsewhere"}, "model.cache_dir"),
+    ({"cache_dir": "~/.cache"}, "model.cache_dir"),
+])
+def test_a_path_outside_the_roots_is_refused_naming_the_field(alice_client, settings, tmp_path, model, field):
+    settings.THUNDERSYNC_MODEL_ROOTS = [str(tmp_path)]
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": with_model(**model)})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"].startswith(f"{field}: ")
+    assert not Experiment.objects.exists()
+
+
+def test_paths_inside_the_roots_and_the_run_directory_are_accepted(alice_client, settings, tmp_path):
+    (tmp_path / "my-model").mkdir()
+    settings.THUNDERSYNC_MODEL_ROOTS = [str(tmp_path)]
+    config = with_model(policy=str(tmp_path / "my-model"), teacher="builtin:teacher", cache_dir="cache")
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": config})
+    assert response.status_code == 201, response.content
+
+
+def test_a_symlink_out_of_a_root_is_refused(alice_client, settings, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "escape").symlink_to("/etc")
+    settings.THUNDERSYNC_MODEL_ROOTS = [str(root)]
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": with_model(policy=str(root / "escape"))})
+    assert response.status_code == 400
+    assert "model.policy" in response.json()["errors"]["config"]
+
+
+def test_schedule_knobs_cannot_reach_server_paths_either(alice_client, alice_experiment, sync_preset):
+    response = post_json(alice_client, "/api/schedules/", {"name": "evil", "kind": "sync",
+                                                           "knobs": {"model.cache_dir": "/var/tmp/x"}})
+    assert response.status_code == 400
+    assert "model.cache_dir" in response.json()["errors"]["knobs"]
+    # A preset stored before the check (or by an admin) is refused at launch.
+    stored = Schedule.objects.create(owner=alice_experiment.owner, name="stored", kind="sync",
+                                     knobs={"model.policy": "/etc"})
+    response = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": stored.pk})
+    assert response.status_code == 400
+    assert "model.policy" in response.json()["errors"]["schedule"]
+    assert not Run.objects.exists()

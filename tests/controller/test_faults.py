@@ -1,0 +1,180 @@
+"""Fault injection on real runs: PostgreSQL, Redis, a ``celery worker`` process, the tiny
+quickstart learner. For every fault: the run reaches a final state within 60 s, no run is
+left running or queued without a live owner, the spans stored before the fault are all
+there, and neither processes nor /dev/shm semaphores of the run are left behind.
+docs/controller.md "No run without an owner" describes the mechanisms under test."""
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from controller.celery import app
+from controller.launching import enqueue, launch_run
+from controller.models import Run, Span
+
+from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, wait_final,
+                     wait_running_with_spans)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+BOUND_S = 60.0
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return tmp_path / "runs"
+
+
+@pytest.fixture
+def worker(run_dir, tmp_path):
+    started = [WorkerProcess(run_dir, tmp_path / "worker.log")]
+
+    def another():  # a replacement after the first was killed
+        started.append(WorkerProcess(run_dir, tmp_path / "worker.log"))
+        return started[-1]
+
+    started[0].another = another
+    yield started[0]
+    Run.objects.exclude(status__in=Run.FINISHED).update(cancel_requested=True)
+    for w in started:
+        w.stop()
+
+
+def no_run_without_owner() -> None:
+    assert not Run.objects.exclude(status__in=Run.FINISHED).exists()
+
+
+def launch(experiment, preset, steps: int) -> int:
+    return launch_run(experiment, preset, steps=steps).pk
+
+
+def test_kill_9_of_the_learner_fails_the_run_with_the_reason(worker, alice_experiment, streaming_preset):
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 50)
+    before = Span.objects.filter(run_id=run_id).count()
+    os.kill(run.pids[0], signal.SIGKILL)
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "failed" and run.error.startswith("the learner was killed by SIGKILL")
+    assert_spans_kept(run_id, before)
+    assert_nothing_left(run)
+    no_run_without_owner()
+
+
+def test_kill_9_of_the_celery_pool_process_hands_the_run_to_the_redelivered_task(
+    worker, alice_experiment, streaming_preset
+):
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 50)
+    before = Span.objects.filter(run_id=run_id).count()
+    os.kill(worker.pool_child(), signal.SIGKILL)
+    t0 = time.monotonic()
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "failed" and "supervising worker process" in run.error, run.error
+    assert time.monotonic() - t0 < BOUND_S
+    assert_spans_kept(run_id, before)
+    assert_nothing_left(run)
+    no_run_without_owner()
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGTERM then SIGKILL"])
+def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, how, alice_experiment, streaming_preset):
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 50)
+    before = Span.objects.filter(run_id=run_id).count()
+    if how == "SIGTERM then SIGKILL":  # docker stop: warm shutdown waits for the run, the grace ends first
+        os.kill(worker.pid, signal.SIGTERM)
+        time.sleep(2.0)  # the stop's grace period, not a stand-in for work
+    worker.stop()  # SIGKILL main and pool
+    t0 = time.monotonic()
+    worker.another()
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "failed" and "lost its supervisor" in run.error, run.error
+    assert time.monotonic() - t0 < BOUND_S
+    assert_spans_kept(run_id, before)
+    assert_nothing_left(run)
+    no_run_without_owner()
+
+
+def test_cancel_ends_a_run_whose_worker_is_gone(worker, alice_client, alice_experiment, streaming_preset):
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 20)
+    worker.stop()  # nobody supervises the run now, and no worker will come back
+    response = alice_client.post(f"/api/runs/{run_id}/cancel/")
+    assert response.status_code == 202 and response.json()["status"] == "cancelled"
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "cancelled" and run.finished is not None
+    assert_nothing_left(run)
+
+
+def test_terminated_database_connections_do_not_kill_a_healthy_run(worker, alice_experiment, sync_preset):
+    run_id = launch(alice_experiment, sync_preset, 4)
+    wait_running_with_spans(run_id, 20)
+    name = connection.settings_dict["NAME"]
+    for _ in range(3):  # the supervisor's connection, the reaper's, whoever reconnected
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+        time.sleep(0.5)  # let them reconnect, then cut them again
+    run = wait_final(run_id, 240)
+    assert run.status == "succeeded", run.error
+    assert b"the database is unreachable" in worker.log_path.read_bytes()  # the fault did hit the supervisor
+    seqs = list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True))
+    assert sorted(seqs) == list(range(run.summary["spans"]))  # nothing lost, nothing twice
+    assert run.summary["steps"] == 4
+    assert_nothing_left(run)
+
+
+def test_a_full_run_disk_fails_the_run_with_the_reason(worker, run_dir, alice_experiment, sync_preset):
+    run = Run.objects.create(experiment=alice_experiment, schedule=sync_preset, steps=200,
+                             config={**alice_experiment.config, "train": {**alice_experiment.config["train"],
+                                                                           "steps": 200}},
+                             celery_task_id="full-disk")
+    (run_dir / f"run-{run.pk}").mkdir(parents=True)
+    (run_dir / f"run-{run.pk}" / "learner.stderr.log").symlink_to("/dev/full")  # every write: ENOSPC
+    enqueue(run.pk, run.celery_task_id)
+    run = wait_final(run.pk, 240)
+    assert run.status == "failed" and "No space left on device" in run.error.splitlines()[0], run.error
+    assert_nothing_left(run)
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_experiment, sync_preset):
+    # The worker's broker is a private Redis that this test crashes (a restart without
+    # persistence). The test process enqueues on the session's shared broker, which that
+    # worker never reads: for it, every message the test sends is lost, as in a crash.
+    long_ago = timezone.now() - timedelta(minutes=5)
+    first = launch_run(alice_experiment, sync_preset, steps=3)
+    Run.objects.filter(pk=first.pk).update(enqueued=long_ago)
+    worker = WorkerProcess(run_dir, tmp_path / "worker.log", redis_url=private_redis.url)
+    try:
+        wait_running_with_spans(first.pk, 20)  # the reaper sent its message again
+        second = launch_run(alice_experiment, sync_preset, steps=1)
+        Run.objects.filter(pk=second.pk).update(enqueued=long_ago)
+        before = Span.objects.filter(run_id=first.pk).count()
+        private_redis.crash()  # the running run's unacknowledged message dies with it
+        private_redis.start()
+        runs = [wait_final(first.pk, 240), wait_final(second.pk, 240)]
+        for run in runs:
+            assert run.status == "succeeded", run.error
+            assert sorted(Span.objects.filter(run_id=run.pk).values_list("seq", flat=True)) == list(
+                range(run.summary["spans"]))
+            assert_nothing_left(run)
+        assert Span.objects.filter(run_id=first.pk).count() >= before
+        log = worker.log_path.read_bytes()
+        assert b"the broker holds no message: sending one again" in log
+        assert log.count(b"the channel layer is unreachable") <= 1  # one warning per outage, not per frame
+        no_run_without_owner()
+    finally:
+        worker.stop()
+        with app.connection_for_write() as conn:  # the messages the worker never saw
+            conn.default_channel.queue_purge("runs")

@@ -1,0 +1,114 @@
+"""No run without an owner (controller/ownership.py): claims, adoption by a redelivered
+task, the reaper, cancel of an unsupervised run, re-sending a message the broker lost.
+Real PostgreSQL and Redis; supervisors are stood in for by real processes that exit."""
+
+import subprocess
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controller import ownership
+from controller.celery import app
+from controller.launching import request_cancel
+from controller.models import Run
+from controller.tasks import run_training
+
+from .conftest import make_run
+
+pytestmark = pytest.mark.django_db
+
+
+def dead_local_supervisor() -> str:
+    """The identity of a process of this host that has exited."""
+    proc = subprocess.Popen(["sleep", "30"])
+    identity = f"{ownership.HOST}:{proc.pid}:{ownership.process_start(proc.pid)}"
+    proc.kill()
+    proc.wait()
+    return identity
+
+
+def running(experiment, preset, supervisor: str, heartbeat_age_s: float = 0.0, **fields) -> Run:
+    return make_run(experiment, preset, status=Run.Status.RUNNING, supervisor=supervisor,
+                    heartbeat=timezone.now() - timedelta(seconds=heartbeat_age_s), **fields)
+
+
+def test_a_redelivered_task_ends_the_run_its_dead_supervisor_left(alice_experiment, sync_preset):
+    run = running(alice_experiment, sync_preset, dead_local_supervisor())
+    assert run_training.apply(args=[run.pk]).get() == "adopted"
+    run.refresh_from_db()
+    assert run.status == "failed" and run.finished is not None
+    assert "its supervising worker process" in run.error and "is gone" in run.error
+
+
+def test_a_redelivered_task_leaves_a_live_supervisors_run_alone(alice_experiment, sync_preset):
+    run = running(alice_experiment, sync_preset, ownership.me())  # this process, but no live supervisor thread...
+    with ownership.supervising(run.pk):  # ...now there is one
+        assert run_training.apply(args=[run.pk]).get() == "skipped"
+    run.refresh_from_db()
+    assert run.status == "running"
+
+
+def test_the_reaper_ends_a_dead_local_owners_run_at_once(alice_experiment, sync_preset):
+    run = running(alice_experiment, sync_preset, dead_local_supervisor())
+    assert ownership.reap()[0] == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and "no checkpoint to resume from" in run.error
+
+
+def test_the_reaper_waits_two_passes_for_a_remote_owner_with_a_stale_heartbeat(
+    alice_experiment, sync_preset, settings
+):
+    stale = running(alice_experiment, sync_preset, "other-node:12:34", heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
+    fresh = running(alice_experiment, sync_preset, "other-node:13:34")
+    assert ownership.reap()[0] == 0  # first sighting: it may only have lost the database
+    assert ownership.reap()[0] == 1
+    stale.refresh_from_db()
+    fresh.refresh_from_db()
+    assert stale.status == "failed" and "other-node:12:34 last reported" in stale.error
+    assert fresh.status == "running"
+
+
+def test_an_owner_that_stamps_between_two_passes_keeps_its_run(alice_experiment, sync_preset, settings):
+    run = running(alice_experiment, sync_preset, "other-node:12:34", heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
+    ownership.reap()
+    Run.objects.filter(pk=run.pk).update(heartbeat=timezone.now())  # its database came back
+    assert ownership.reap()[0] == 0
+    run.refresh_from_db()
+    assert run.status == "running"
+
+
+def test_the_reaper_honours_a_cancel_request(alice_experiment, sync_preset):
+    run = running(alice_experiment, sync_preset, dead_local_supervisor(), cancel_requested=True)
+    ownership.reap()
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.error == ""
+
+
+def test_cancel_ends_an_unsupervised_run(alice_experiment, sync_preset, settings):
+    run = running(alice_experiment, sync_preset, "other-node:12:34", heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
+    assert request_cancel(run)
+    assert run.status == "cancelled" and run.cancel_requested and run.finished is not None
+
+
+def test_the_reaper_sends_again_a_queued_run_the_broker_lost(alice_experiment, sync_preset, settings):
+    def purge():
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge("runs")
+
+    purge()
+    long_ago = timezone.now() - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S + 5)
+    lost = make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED, enqueued=long_ago)
+    try:
+        assert ownership.broker_backlog() == 0
+        assert ownership.reap() == (0, 1)
+        assert ownership.broker_backlog() == 1
+        lost.refresh_from_db()
+        assert lost.enqueued > long_ago
+        Run.objects.filter(pk=lost.pk).update(enqueued=long_ago)
+        assert ownership.reap() == (0, 0)  # the broker holds a message: nothing is lost
+        purge()
+        Run.objects.filter(pk=lost.pk).update(enqueued=timezone.now())
+        assert ownership.reap() == (0, 0)  # sent a moment ago: its message may still be on its way
+    finally:
+        purge()

@@ -1,0 +1,90 @@
+"""Per-user quotas: clear errors naming what is over, site defaults, admin overrides."""
+
+import pytest
+
+from controller.models import Experiment, Run, UserQuota
+
+from .conftest import QUICKSTART, make_run, post_json
+
+pytestmark = pytest.mark.django_db
+
+
+def config_with(**train) -> dict:
+    return {**QUICKSTART, "train": {**QUICKSTART.get("train", {}), **train}}
+
+
+def test_an_experiment_over_the_trajectory_quota_is_refused(alice_client):
+    response = post_json(alice_client, "/api/experiments/",
+                         {"name": "huge", "config": config_with(prompts_per_step=65536, group_size=1024)})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"] == (
+        "train.prompts_per_step × train.group_size = 65536 × 1024 = 67108864 trajectories per step, "
+        "over your quota of 1024")
+    assert not Experiment.objects.exists()
+
+
+def test_an_experiment_over_the_step_quota_is_refused(alice_client):
+    response = post_json(alice_client, "/api/experiments/", {"name": "long", "config": config_with(steps=1_000_000)})
+    assert response.status_code == 400
+    assert "train.steps = 1000000 is over your quota of 10000 steps" in response.json()["errors"]["config"]
+
+
+def test_a_launch_over_the_step_quota_names_steps(alice_client, alice_experiment, sync_preset):
+    response = post_json(alice_client, "/api/runs/",
+                         {"experiment": alice_experiment.pk, "schedule": sync_preset.pk, "steps": 10_001})
+    assert response.status_code == 400
+    assert "over your quota of 10000 steps" in response.json()["errors"]["steps"]
+    assert not Run.objects.exists()
+
+
+def test_the_admin_sets_one_users_quota(alice, alice_client, bob_client, alice_experiment, sync_preset, settings):
+    UserQuota.objects.create(user=alice, steps=3, trajectories_per_step=16)
+    launch = {"experiment": alice_experiment.pk, "schedule": sync_preset.pk, "steps": 4}
+    assert "over your quota of 3 steps" in post_json(alice_client, "/api/runs/", launch).json()["errors"]["steps"]
+    big = config_with(prompts_per_step=4, group_size=8)
+    assert "over your quota of 16" in post_json(alice_client, "/api/experiments/",
+                                               {"name": "x", "config": big}).json()["errors"]["config"]
+    assert post_json(bob_client, "/api/experiments/", {"name": "x", "config": big}).status_code == 201
+
+
+def test_a_quota_lowered_later_is_enforced_at_launch(alice, alice_client, alice_experiment, sync_preset):
+    UserQuota.objects.create(user=alice, trajectories_per_step=2)
+    response = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": sync_preset.pk})
+    assert response.status_code == 400
+    assert "trajectories per step, over your quota of 2" in response.json()["errors"]["experiment"]
+
+
+def test_queued_runs_are_capped_per_user(alice, alice_client, bob_client, alice_experiment, bob_experiment,
+                                         sync_preset, settings):
+    settings.THUNDERSYNC_QUOTA_DEFAULTS = {**settings.THUNDERSYNC_QUOTA_DEFAULTS, "queued_runs": 2}
+    launch = {"experiment": alice_experiment.pk, "schedule": sync_preset.pk}
+    assert [post_json(alice_client, "/api/runs/", launch).status_code for _ in range(2)] == [201, 201]
+    refused = post_json(alice_client, "/api/runs/", launch)
+    assert refused.status_code == 429
+    assert refused.json()["errors"]["quota"].startswith("you already have 2 queued runs, your quota is 2")
+    assert Run.objects.filter(experiment__owner=alice).count() == 2
+    # Another user's queue is their own.
+    bob_launch = {"experiment": bob_experiment.pk, "schedule": sync_preset.pk}
+    assert post_json(bob_client, "/api/runs/", bob_launch).status_code == 201
+
+
+def test_the_launch_page_shows_quota_errors(alice, alice_client, alice_experiment, sync_preset):
+    UserQuota.objects.create(user=alice, queued_runs=1)
+    make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED)
+    response = alice_client.post(f"/experiments/{alice_experiment.pk}/launch/", {"schedule": sync_preset.pk})
+    assert response.status_code == 400
+    assert "you already have 1 queued runs" in response.content.decode()
+    response = alice_client.post(f"/experiments/{alice_experiment.pk}/launch/",
+                                 {"schedule": sync_preset.pk, "steps": 20_000})
+    assert "over your quota of 10000 steps" in response.context["launch_form"].errors["steps"][0]
+
+
+def test_quotas_are_adjustable_in_the_admin(django_user_model, alice):
+    from django.test import Client
+
+    django_user_model.objects.create_superuser("root", password="root-password")
+    admin = Client()
+    admin.force_login(django_user_model.objects.get(username="root"))
+    response = admin.post("/admin/controller/userquota/add/", {"user": alice.pk, "concurrent_runs": 5})
+    assert response.status_code == 302, response.content[:500]
+    assert UserQuota.objects.get(user=alice).concurrent_runs == 5

@@ -1,0 +1,142 @@
+"""`thundersync train` under faults: early validation, signals, broken event streams, and
+what a killed run leaves in /dev/shm (only this test's own processes are looked at)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from learner import cli
+from learner.stopping import SHM
+
+CLI = [sys.executable, "-m", "learner.cli"]
+
+
+def thundersync(*args, timeout=300):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_exit_2(r, needle: str) -> None:
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_a_binary_config_is_one_line_and_exit_2(tmp_path):
+    junk = tmp_path / "junk.yaml"
+    junk.write_bytes(bytes(range(256)) * 4)
+    one_line_exit_2(thundersync("train", "--config", str(junk), "--steps", "0"), "is not UTF-8 text")
+
+
+def test_an_invalid_train_steps_is_an_error_even_with_steps_given(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {steps: -4}\n")
+    one_line_exit_2(thundersync("train", "--config", str(bad), "--steps", "3"), "train.steps")
+    bad.write_text("train: {steps: many}\n")
+    one_line_exit_2(thundersync("train", "--config", str(bad), "--steps", "0"), "train.steps")
+
+
+@pytest.mark.parametrize("flag, where, field", [
+    ("--config-model", "/nonexistent/model", "model.policy"),
+    ("--dump-step", "/proc/thundersync-dump", "--dump-step"),
+    ("--events", "/proc/nowhere/events.jsonl", "--events"),
+])
+def test_what_would_fail_later_fails_before_any_worker_starts(tmp_path, monkeypatch, capsys, flag, where, field):
+    def no_boot(cfg):
+        raise AssertionError("a rollout worker was started")
+
+    monkeypatch.setattr(cli, "boot_fleet", no_boot)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {{policy: {where}}}\n" if flag == "--config-model" else "train: {steps: 2}\n")
+    args = ["train", "--config", str(cfg)] + ([] if flag == "--config-model" else [flag, where])
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def tagged_semaphores(pid: int) -> list[str]:
+    return [p.name for p in SHM.glob(f"sem.mp-ts{pid}-*")]
+
+
+def start_run(tmp_path, steps: int) -> tuple[subprocess.Popen, Path]:
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(CLI + ["train", "--config", "configs/quickstart.yaml", "--steps", str(steps), "--quiet",
+                                   "--events", str(events)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, events
+
+
+def wait_for_metrics(proc, events: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (events.exists() and '"type":"metrics"' in events.read_text()):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no step finished"
+        time.sleep(0.2)
+
+
+def wait_gone(pgid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        assert time.monotonic() < deadline, f"process group {pgid} still has {group_members(pgid)}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
+    proc, events = start_run(tmp_path, steps=200)
+    try:
+        wait_for_metrics(proc, events)
+        assert tagged_semaphores(proc.pid)  # the run's queues, named after it
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == code
+        stderr = proc.stderr.read()
+        assert "Traceback" not in stderr and f"stopped by {sig.name}" in stderr
+        last = json.loads(events.read_text().splitlines()[-1])
+        assert last == {"type": "run", "status": "failed", "error": f"stopped by {sig.name}"}
+        wait_gone(proc.pid)  # the rollout worker and the resource tracker went with it
+        assert tagged_semaphores(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_semaphores_a_sigkilled_run_left_are_swept_by_the_next_run(tmp_path):
+    proc, events = start_run(tmp_path, steps=200)
+    try:
+        wait_for_metrics(proc, events)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    wait_gone(proc.pid)
+    assert tagged_semaphores(proc.pid)  # nobody was left to unlink them
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "0")
+    assert r.returncode == 0, r.stderr
+    assert tagged_semaphores(proc.pid) == []
+
+
+@pytest.mark.slow
+def test_an_unwritable_event_stream_is_one_line_not_a_traceback(tmp_path):
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "2", "--quiet",
+                    "--events", "/dev/full")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["thundersync: cannot write events to /dev/full: No space left on device"]

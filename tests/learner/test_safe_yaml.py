@@ -1,0 +1,54 @@
+"""Config YAML from untrusted users: aliases refused before expansion, size and node caps."""
+
+import time
+
+import pytest
+
+from learner.config import ConfigError, load_config
+from learner.safe_yaml import MAX_YAML_NODES, UnsafeYamlError, load_yaml
+
+
+def alias_bomb(levels: int = 7, fanout: int = 9, size: int = 346) -> str:
+    """``levels`` anchors, each a list of ``fanout`` aliases of the one before: fanout**levels
+    leaves once expanded (the 346-byte, 9**7 one of the report), padded with a comment."""
+    lines = ["a: &a [" + ", ".join(['"lol"'] * fanout) + "]"]
+    for i in range(1, levels):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ", ".join([f"*{prev}"] * fanout) + "]")
+    text = "\n".join(lines) + "\n"
+    pad = size - len(text) - 3
+    return f"# {'x' * pad}\n{text}" if pad >= 0 else text
+
+
+def test_the_alias_bomb_is_refused_before_it_expands():
+    bomb = alias_bomb()
+    assert len(bomb.encode()) == 346
+    started = time.thread_time()
+    with pytest.raises(UnsafeYamlError, match=r"refused at line 2, column 4: anchors and aliases"):
+        load_yaml(bomb)
+    assert time.thread_time() - started < 0.05
+
+
+@pytest.mark.parametrize("text", ["a: &x 1\nb: 2", "a: !!str &x 1", "a: [1]\nb: *x"])
+def test_any_anchor_or_alias_is_refused(text):
+    with pytest.raises(UnsafeYamlError, match="anchors and aliases"):
+        load_yaml(text)
+
+
+def test_size_and_node_caps():
+    with pytest.raises(UnsafeYamlError, match="longer than 10 characters"):
+        load_yaml("a: 12345678901", max_chars=10)
+    many = "[" + ",".join(["1"] * MAX_YAML_NODES) + "]"
+    with pytest.raises(UnsafeYamlError, match=f"more than {MAX_YAML_NODES} values"):
+        load_yaml(many)
+
+
+def test_plain_configs_still_load():
+    assert load_yaml("train:\n  steps: 3\n  lr: 0.01\nname: x\n") == {"train": {"steps": 3, "lr": 0.01}, "name": "x"}
+
+
+def test_the_cli_loader_shares_the_safe_parser(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        load_config(path)
