@@ -17,7 +17,8 @@ from django.db import DatabaseError
 
 from .live import group_name
 from .models import Run, Span
-from .serializers import metrics_json, spans_json, status_frame
+from .frames import metrics_frame, replay_done_frame, spans_frame, status_frame
+from .serializers import metrics_json, spans_json
 
 REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
@@ -94,9 +95,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse_for_now("database", err)
             return
         if metrics:
-            await self.send_json({"type": "metrics", "metrics": metrics})
+            await self.send_json(metrics_frame(metrics))
         await self.send_json(status)
-        await self.send_json({"type": "replay_done", "last_seq": self.sent_seq})
+        await self.send_json(replay_done_frame(self.sent_seq))
         if live_error is not None:
             await self.refuse_for_now("channel layer", live_error)
 
@@ -119,7 +120,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def send_stored_spans(self, through: int | None = None) -> None:
         """Every stored span after the last one sent (up to ``through``), in seq order."""
         while batch := await stored_spans(self.run_id, self.sent_seq, through):
-            await self.send_json({"type": "spans", "spans": batch})
+            await self.send_json(spans_frame(batch))
             self.sent_seq = batch[-1]["seq"]
 
     async def run_frame(self, event):
@@ -136,5 +137,5 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             except DatabaseError as err:
                 await self.refuse_for_now("database", err)
             return
-        await self.send_json({"type": "spans", "spans": fresh})
+        await self.send_json(spans_frame(fresh))
         self.sent_seq = fresh[-1]["seq"]

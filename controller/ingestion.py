@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from . import live
 from .models import Checkpoint, Run, Span, StepMetric
-from .serializers import SPAN_FIELDS, status_frame
+from .frames import metrics_frame, spans_frame, status_frame
+from .serializers import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,10 @@ class RunIngestor:
         if spans:
             frame_spans = sorted(({name: getattr(s, name) for name in SPAN_FIELDS} for s in spans),
                                  key=lambda s: s["seq"])
-            live.publish(self.run_id, {"type": "spans", "spans": frame_spans})
+            live.publish(self.run_id, spans_frame(frame_spans))
         if metrics:
-            live.publish(self.run_id, {"type": "metrics", "metrics": [
-                {"step": step, "values": values} for step, values in sorted(metrics.items())]})
+            live.publish(self.run_id, metrics_frame(
+                [{"step": step, "values": values} for step, values in sorted(metrics.items())]))
 
 
 def summarize(run_id: int, learner_summary: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Randomised check that the streaming learner reproduces the batch-synchronous gradient (DESIGN §3).
+"""Randomised check that the streaming learner reproduces the batch-synchronous gradient (docs/math.md).
 
 For every objective × loss_agg_mode × advantage.std × dtype, seeded random batches (groups of
 size 1..5, all-equal / binary / continuous / offset-100 rewards, multi-turn masks with

@@ -15,7 +15,7 @@ Timing: ``on_trajectory``, ``on_turn`` and ``OffPolicyLearner.train_batch`` take
 each ``learner.backward`` and ``learner.group_close`` phase; the returned stats carry the same
 durations (``backward_s``, ``close_s``).
 
-Conventions (DESIGN §3) are in ``learner.objectives``; the accumulators in ``learner.streaming``.
+Conventions (docs/math.md) are in ``learner.objectives``; the accumulators in ``learner.streaming``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from learner.objectives import (
     token_logprobs,
 )
 from learner.streaming import GradAccumulator, OpenGroupError
+from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
 PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
@@ -231,14 +232,14 @@ class StreamingLearner:
         state.n_tokens += n_tokens
         t1 = time.monotonic()
         if on_phase:
-            on_phase("learner.backward", t0, t1, traj.id, traj.group)
+            on_phase(Kind.BACKWARD, t0, t1, traj.id, traj.group)
 
         stats = {"n_tokens": n_tokens, "group_closed": False, "backward_s": t1 - t0, "close_s": 0.0}
         if state.arrived[traj.group] == size:
             mu, denom = self.acc.close_group(traj.group, self.algo.advantage.std, self.algo.advantage.eps)
             t2 = time.monotonic()
             if on_phase:
-                on_phase("learner.group_close", t1, t2, None, traj.group)
+                on_phase(Kind.GROUP_CLOSE, t1, t2, None, traj.group)
             stats.update(group_closed=True, close_s=t2 - t1, group_mean=mu, group_denom=denom)
         return stats
 
@@ -287,7 +288,7 @@ class StreamingLearner:
         state.scored_by_traj[turn.traj] += end - start
         t1 = time.monotonic()
         if on_phase:
-            on_phase("learner.backward", t0, t1, turn.traj, turn.group)
+            on_phase(Kind.BACKWARD, t0, t1, turn.traj, turn.group)
         return {"n_tokens": end - start, "group_closed": False, "backward_s": t1 - t0, "close_s": 0.0}
 
     def finish_batch(self) -> dict:
@@ -358,7 +359,7 @@ class OffPolicyLearner:
             t1 = time.monotonic()
             backward_s += t1 - t0
             if on_phase:
-                on_phase("learner.backward", t0, t1, traj.id, traj.group)
+                on_phase(Kind.BACKWARD, t0, t1, traj.id, traj.group)
         normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         return {
@@ -376,7 +377,7 @@ class OffPolicyLearner:
 def reference_gradient(
     model: torch.nn.Module, trajs: Sequence[Trajectory], algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
-    """Batch-synchronous on-policy gradient straight from DESIGN §3: one loss over the batch, one backward.
+    """Batch-synchronous on-policy gradient straight from docs/math.md: one loss over the batch, one backward.
 
     loss = normaliser · Σ_i Σ_t w_{i,t} (ℓ_{i,t} + aux_{i,t}), ℓ = −A_i ρ (GRPO, advantages up front)
     or (stopgrad logp − logp^T) ρ (OPD); no accumulators, no group sums. Each trajectory's forward

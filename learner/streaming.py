@@ -1,4 +1,4 @@
-"""Gradient accumulators of streaming GRPO: per-group running sums, group close, barrier (DESIGN §3).
+"""Gradient accumulators of streaming GRPO: per-group running sums, group close, barrier (docs/math.md).
 
 For trajectory i of group k the learner back-propagates h_i = ∇ Σ_t w_{i,t}(−ρ_{i,t}) as
 soon as r_i is known. The group's contribution Σ_i A_i h_i rearranges into

@@ -13,6 +13,7 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts
 from learner.lora import publish_view
 from learner.mismatch import check_sampled_versions, step_mismatch
+from learner.timeline import Kind
 
 
 def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, rollouts: Rollouts,
@@ -32,7 +33,7 @@ def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, 
     norm = torch.nn.utils.clip_grad_norm_(parts.params, clip if clip > 0 else float("inf"))
     parts.optimizer.step()
     parts.optimizer.zero_grad(set_to_none=True)
-    recorder.learner_span("learner.optimizer", t0, recorder.now(), version)
+    recorder.learner_span(Kind.OPTIMIZER, t0, recorder.now(), version)
     rec.learner_stats["grad_norm"] = float(norm)
     rec.trained_version = version
     version += 1
@@ -40,7 +41,7 @@ def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, 
     parts.store.publish(publish_view(model), version)
     if wait_for_replicas:
         rollouts.ensure_version(version)
-    recorder.learner_span("learner.publish", t0, recorder.now(), version)
+    recorder.learner_span(Kind.PUBLISH, t0, recorder.now(), version)
     return version
 
 

@@ -36,7 +36,7 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
-from learner.timeline import EventSink, StepMetrics
+from learner.timeline import EventSink, Kind, Metric, StepMetrics
 from learner.trajectory import ScoredTurn, Trajectory
 
 
@@ -59,7 +59,7 @@ class Trainer:
     def on_phase(self, kind: str, t0: float, t1: float, traj, group) -> None:
         """Learner phase callback; stamps are raw time.monotonic()."""
         t0, t1 = t0 - self.recorder.origin, t1 - self.recorder.origin
-        if kind == "learner.backward" and self.rec.first_backward is None:
+        if kind == Kind.BACKWARD and self.rec.first_backward is None:
             self.rec.first_backward = t0
         self.recorder.learner_span(kind, t0, t1, self.version, traj, group)
 
@@ -152,7 +152,7 @@ class Trainer:
         spans, waits = self.recorder.window(rec.t_start, t_end)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
         self.sink.emit(StepMetrics(rec.step, values))
-        self.rewards.append(values["reward/mean"])
+        self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
             self.on_step({"step": rec.step, **values})
         return values
@@ -193,9 +193,9 @@ class Trainer:
 
 def memory_mb(parts: RunParts, rec: StepRecord) -> dict[str, float]:
     """The process's peak RSS and the accumulators' memory (adapter-sized under LoRA)."""
-    memory = {"memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    memory = {Metric.PEAK_RSS_MB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     if "peak_buffers" in rec.learner_stats:
-        memory["memory/grad_buffers_mb"] = grad_buffer_mb(parts.params, rec.learner_stats["peak_buffers"])
+        memory[Metric.GRAD_BUFFERS_MB] = grad_buffer_mb(parts.params, rec.learner_stats["peak_buffers"])
     return memory
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from learner.driver import rules
 from learner.rollout.env import task_metrics
-from learner.timeline import union_length, window_metrics
+from learner.timeline import Metric, union_length, window_metrics
 from learner.trajectory import Trajectory
 
 
@@ -37,33 +38,35 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
     # verl's fully-async trainer/idle_ratio: the share of the step spent blocked waiting
     # for rollout data (ours above is stricter: no learner span running, so the learner's
     # own bookkeeping between spans counts as idle too)
-    values["trainer/wait_ratio"] = union_length(waits, rec.t_start, t_end) / max(width, 1e-12)
+    values[Metric.TRAINER_WAIT] = union_length(waits, rec.t_start, t_end) / max(width, 1e-12)
     staleness = [rules.staleness(rec.trained_version, v) for t in rec.trajs for v in t.turn_versions]
     rewards = [t.reward for t in rec.trajs]
     last_reward = max(t.t_reward for t in rec.trajs)
     values.update({
-        "timing_s/step": width,
-        "timing_s/learner": (1.0 - values["trainer/idle_ratio"]) * width,
-        "timing_s/gen": (1.0 - values["rollouter/idle_ratio"]) * width,
-        "timing_s/tail": t_end - last_reward,
-        "step/t_start": rec.t_start,
-        "step/t_end": t_end,
-        "step/last_reward_t": last_reward,
-        "step/first_backward_t": rec.first_backward if rec.first_backward is not None else float("nan"),
-        "staleness/mean": sum(staleness) / max(len(staleness), 1),
-        "staleness/max": float(max(staleness, default=0)),
-        "reward/mean": sum(rewards) / len(rewards),
-        "response/turns_mean": sum(len(t.turn_versions) for t in rec.trajs) / len(rec.trajs),
-        "response/tokens": float(sum(t.n_scored for t in rec.trajs)),
-        "actor/grad_norm": rec.learner_stats.get("grad_norm", 0.0),
+        Metric.STEP_S: width,
+        Metric.LEARNER_S: (1.0 - values[Metric.TRAINER_IDLE]) * width,
+        Metric.GEN_S: (1.0 - values[Metric.ROLLOUT_IDLE]) * width,
+        Metric.TAIL_S: t_end - last_reward,
+        Metric.T_START: rec.t_start,
+        Metric.T_END: t_end,
+        Metric.LAST_REWARD_T: last_reward,
+        Metric.FIRST_BACKWARD_T: rec.first_backward if rec.first_backward is not None else float("nan"),
+        Metric.STALENESS_MEAN: sum(staleness) / max(len(staleness), 1),
+        Metric.STALENESS_MAX: float(max(staleness, default=0)),
+        # the staleness histogram (the compare page draws it from these, not from spans)
+        **{f"{Metric.STALENESS_TURNS}{k}": float(n) for k, n in sorted(Counter(staleness).items())},
+        Metric.REWARD_MEAN: sum(rewards) / len(rewards),
+        Metric.TURNS_MEAN: sum(len(t.turn_versions) for t in rec.trajs) / len(rec.trajs),
+        Metric.TOKENS: float(sum(t.n_scored for t in rec.trajs)),
+        Metric.GRAD_NORM: rec.learner_stats.get("grad_norm", 0.0),
         **memory_mb,
-        "policy/version": float(version),
+        Metric.VERSION: float(version),
         **rec.mismatch,
         **task_metrics(rec.trajs),
     })
     if schedule == "fully-async":
-        values["rollout/dropped_groups"] = float(rec.dropped_groups)
-    for k in ("clip_frac", "peak_buffers"):
-        if k in rec.learner_stats:
-            values[f"actor/{k}"] = float(rec.learner_stats[k])
+        values[Metric.DROPPED_GROUPS] = float(rec.dropped_groups)
+    for stat, name in (("clip_frac", Metric.CLIP_FRAC), ("peak_buffers", Metric.PEAK_BUFFERS)):
+        if stat in rec.learner_stats:
+            values[name] = float(rec.learner_stats[stat])
     return values

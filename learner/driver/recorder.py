@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from learner.timeline import EventSink, Span
+from learner.timeline import EventSink, Kind, Span
 
 LEARNER_LANE = "learner/0"
 
@@ -41,7 +41,7 @@ class Recorder:
 
     def replica_spans(self, acks: list[tuple[int, float, float]], version: int) -> None:
         for w, t0, t1 in acks:  # one publish span per replica that loaded the weights
-            self.emit_span(Span(step=self.step, kind="learner.publish", t0=t0, t1=t1, lane=f"replica/{w}",
+            self.emit_span(Span(step=self.step, kind=Kind.PUBLISH, t0=t0, t1=t1, lane=f"replica/{w}",
                                 policy_version=version))
 
     def window(self, t_start: float, t_end: float) -> tuple[list[dict], list[tuple[float, float]]]:

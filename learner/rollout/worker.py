@@ -31,7 +31,7 @@ from learner.rollout.chat import ChatFormat, turn_stop_ids
 from learner.rollout.env import Task, make_env, score_final
 from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Work
 from learner.rollout.models import stop_token_ids
-from learner.timeline import Span
+from learner.timeline import Kind, Span
 from learner.trajectory import ScoredTurn, Trajectory
 
 IDLE_POLL_S = 0.05
@@ -107,7 +107,7 @@ class AgentWorker:
         """fully-async: pick up newly published weights between turns."""
         if self.follow_latest and self.store.version > self.engine.version:
             t0, t1 = self.load(None)
-            self.span("learner.publish", t0, t1, None, lane=f"replica/{self.wid}")
+            self.span(Kind.PUBLISH, t0, t1, None, lane=f"replica/{self.wid}")
 
     def handle(self, cmd: Load | Work | Stop) -> bool:
         if isinstance(cmd, Stop):
@@ -147,7 +147,7 @@ class AgentWorker:
             # direct answer is verified and shipped (and a tool call starts) without waiting
             # for the batch's longest row
             lp, turn = ready[i], len(ready[i].turn_spans)
-            self.span("rollout.generate", t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
+            self.span(Kind.GENERATE, t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
             start = len(lp.ids)
             lp.ids += out.token_ids
             lp.mask += [1] * len(out.token_ids)
@@ -172,7 +172,7 @@ class AgentWorker:
             tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
         lp.teacher[start:end] = tlp
         t1 = self.now()
-        self.span("teacher.score", t0, t1, lp, turn=turn, tokens=end - start)
+        self.span(Kind.TEACHER, t0, t1, lp, turn=turn, tokens=end - start)
         self.send(ScoredTurn(
             traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
             turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
@@ -196,14 +196,14 @@ class AgentWorker:
             if lp.teacher is not None:
                 lp.teacher += [None] * len(obs_ids)
             lp.ready_at = t0 + latency  # modelled tool latency (TaskConfig.tool_latency)
-            self.span("rollout.tool", t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
+            self.span(Kind.TOOL, t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
             return
         t0 = self.now()
         reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
         if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
             error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
         t1 = self.now()
-        self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
+        self.span(Kind.VERIFY, t0, t1, lp, turn=len(lp.turn_spans) - 1)
         self.send(Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from learner.driver import rules
 from learner.driver.pipeline import GroupPool
 from learner.sim.workload import BatchWork, TrajWork, Workload
-from learner.timeline import Span
+from learner.timeline import Kind, Span
 
 ASSIGN_POLICIES = ("least-loaded", "round-robin")
 
@@ -121,7 +121,7 @@ def train_batch(
         r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
         t0 = max(ready[i], free[r])
         free[r] = t0 + m.work.backward_s
-        spans.append(Span(step, "learner.backward", t0, free[r], f"learner/{r}", m.traj, m.group,
+        spans.append(Span(step, Kind.BACKWARD, t0, free[r], f"learner/{r}", m.traj, m.group,
                           policy_version=step))
         if free[r] >= last.get(m.group, (-math.inf, 0))[0]:
             last[m.group] = (free[r], r)
@@ -131,15 +131,15 @@ def train_batch(
             done_at, rc = last[m.group]
             c0 = max(free[rc], done_at)
             free[rc] = c0 + workload.batch(m.dispatch).group_close_s[m.work.group]
-            spans.append(Span(step, "learner.group_close", c0, free[rc], f"learner/{rc}", group=m.group,
+            spans.append(Span(step, Kind.GROUP_CLOSE, c0, free[rc], f"learner/{rc}", group=m.group,
                               policy_version=step))
     barrier = max(free)
     grad_ready = barrier + workload.reduce_s
     opt_end = grad_ready + batch.optimizer_s
     publish_end = opt_end + batch.publish_s
     for r in range(ranks):  # the reduction is drawn inside the optimizer span, as recorded runs do
-        spans.append(Span(step, "learner.optimizer", barrier, opt_end, f"learner/{r}", policy_version=step))
-        spans.append(Span(step, "learner.publish", opt_end, publish_end, f"learner/{r}", policy_version=step + 1))
+        spans.append(Span(step, Kind.OPTIMIZER, barrier, opt_end, f"learner/{r}", policy_version=step))
+        spans.append(Span(step, Kind.PUBLISH, opt_end, publish_end, f"learner/{r}", policy_version=step + 1))
     return LearnerPass(grad_ready, publish_end, spans)
 
 

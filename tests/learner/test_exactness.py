@@ -1,4 +1,4 @@
-"""Property tests: streaming equals the batch-synchronous reference gradient (DESIGN §3 tolerance)."""
+"""Property tests: streaming equals the batch-synchronous reference gradient (docs/math.md tolerance)."""
 
 import json
 import random
