@@ -4,21 +4,20 @@ A user reaches only their own experiments and runs (others' ids answer 404) and 
 global schedule presets plus their own.
 """
 
-import csv
-import io
-
-from django.http import HttpResponse, JsonResponse
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 
 from learner.config import ConfigError
-from learner.timeline import chrome_trace
 
 from .api_errors import ApiError, form_errors
 from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids
 from .decorators import api_view, int_param, read_json
+from .exports import download, metrics_csv_chunks, trace_chunks
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
 from .launching import launch_run, request_cancel
-from .models import Experiment, Run, Schedule, Span, StepMetric
+from .limits import INT32_MAX
+from .models import Experiment, Run, Schedule, Span
+from .resuming import ResumeRefused, request_resume
 from .openapi import schema
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
@@ -27,7 +26,6 @@ MAX_SPANS_PAGE = 10_000
 EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}
 SCHEDULE_FIELDS = {"name": (str,), "kind": (str,), "knobs": (dict,)}
 RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,)}
-INT32_MAX = 2**31 - 1
 
 
 def owned_run(user, run_id: int) -> Run:
@@ -99,6 +97,16 @@ def run_cancel(request, run_id: int):
     return JsonResponse(run_json(run), status=202)
 
 
+@api_view("POST")
+def run_resume(request, run_id: int):
+    run = owned_run(request.user, run_id)
+    try:
+        request_resume(run)
+    except ResumeRefused as err:
+        raise ApiError(409, {"status": str(err)})
+    return JsonResponse(run_json(run), status=202)
+
+
 @api_view("GET")
 def run_metrics(request, run_id: int):
     return JsonResponse({"metrics": metrics_json(owned_run(request.user, run_id).pk)})
@@ -131,25 +139,14 @@ def run_spans(request, run_id: int):
 @api_view("GET")
 def run_trace(request, run_id: int):
     run = owned_run(request.user, run_id)
-    spans = spans_json(Span.objects.filter(run=run, **step_range(request)))
-    response = JsonResponse(chrome_trace(spans, run_name=str(run)))
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-trace.json"'
-    return response
+    chunks = trace_chunks(run, step_range(request))
+    return download(request, chunks, "application/json", f"run-{run.pk}-trace.json")
 
 
 @api_view("GET")
 def run_metrics_csv(request, run_id: int):
     run = owned_run(request.user, run_id)
-    rows = list(StepMetric.objects.filter(run=run).order_by("step"))
-    names = sorted({name for row in rows for name in row.values})
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(["step", *names])
-    for row in rows:
-        writer.writerow([row.step, *(row.values.get(name, "") for name in names)])
-    response = HttpResponse(out.getvalue(), content_type="text/csv")
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-metrics.csv"'
-    return response
+    return download(request, metrics_csv_chunks(run), "text/csv", f"run-{run.pk}-metrics.csv")
 
 
 @api_view("GET")
@@ -170,4 +167,4 @@ def compare(request):
 
 @api_view("GET")
 def openapi(request):
-    return JsonResponse(schema())
+    return JsonResponse(schema(request.user))

@@ -15,7 +15,8 @@ def metrics_frame(metrics: list[dict]) -> dict:
 
 
 def status_frame(run: Run) -> dict:
-    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error}
+    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
 
 
 def replay_done_frame(last_seq: int) -> dict:

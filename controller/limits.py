@@ -1,6 +1,7 @@
 """Input limits shared by the JSON API and the forms."""
 
 MAX_JSON_DEPTH = 32
+INT32_MAX = 2**31 - 1  # ids, seqs and steps in query parameters
 
 
 def nesting_depth(value) -> int:

@@ -115,6 +115,7 @@ class Run(models.Model):
 
     FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
     ACTIVE = (Status.STARTING, Status.RUNNING)
+    RESUMABLE = (Status.FAILED, Status.CANCELLED)  # with a checkpoint: Resume continues them
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
@@ -137,6 +138,7 @@ class Run(models.Model):
     supervisor = models.CharField(max_length=200, blank=True)
     heartbeat = models.DateTimeField(null=True, blank=True)
     enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
+    attempt = models.PositiveIntegerField(default=0)  # resumes from a checkpoint so far (controller/resuming.py)
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -4,8 +4,25 @@ tests/controller/test_api_openapi.py checks that every /api/ route is described 
 nothing else is, so the two cannot drift apart.
 """
 
+import copy
+
+from .compare import MAX_COMPARED, MIN_COMPARED
 from .forms import MAX_CONFIG_CHARS, MAX_STEPS
+from .limits import INT32_MAX
 from .models import Run, Schedule
+from .quotas import quota_for
+
+# Text fields: Django refuses NUL characters everywhere and, for required names, text that
+# is empty once stripped of whitespace (Python's str.strip set, spelled out for ECMA regexes).
+NO_NUL = "^[^\\u0000]*$"
+_SPACE = "\\t\\n\\u000b\\u000c\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+NOT_BLANK = f"^[^\\u0000]*[^\\u0000{_SPACE}][^\\u0000]*$"
+
+
+def text(max_length: int, required: bool = False) -> dict:
+    if required:
+        return {"type": "string", "minLength": 1, "maxLength": max_length, "pattern": NOT_BLANK}
+    return {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
 
 
 def ref(name: str) -> dict:
@@ -20,10 +37,8 @@ def int_path(name: str) -> dict:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "integer", "minimum": 1}}
 
 
-def int_query(name: str, description: str, minimum: int = -1, maximum: int | None = None) -> dict:
-    schema = {"type": "integer", "minimum": minimum}
-    if maximum is not None:
-        schema["maximum"] = maximum
+def int_query(name: str, description: str, minimum: int = -1, maximum: int = INT32_MAX) -> dict:
+    schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
     return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
 
@@ -52,11 +67,14 @@ SCHEMAS = {
         "additionalProperties": False,
         "required": ["name"],
         "properties": {
-            "name": {"type": "string", "maxLength": 200},
-            "description": {"type": "string", "maxLength": 10_000},
+            "name": text(200, required=True),
+            "description": text(10_000),
             "config": {
-                "description": f"learner.config.RunConfig as a JSON object, or YAML text (<= {MAX_CONFIG_CHARS} chars)",
-                "oneOf": [{"type": "object"}, {"type": "string"}],
+                "description": (f"learner.config.RunConfig as a JSON object, or YAML text (<= {MAX_CONFIG_CHARS} "
+                                "chars, no anchors or aliases), validated by learner.config (field types, ranges, "
+                                "rules across fields), then against the model roots and your quota "
+                                "(docs/controller.md, Security and fair use)"),
+                "oneOf": [{"type": "object"}, {"type": "string", "maxLength": MAX_CONFIG_CHARS}],
             },
         },
     },
@@ -72,11 +90,12 @@ SCHEMAS = {
         "additionalProperties": False,
         "required": ["name", "kind"],
         "properties": {
-            "name": {"type": "string", "maxLength": 100},
+            "name": text(100, required=True) | {"description": "unique among the global presets and yours"},
             "kind": {"type": "string", "enum": [k for k, _ in Schedule.KIND_CHOICES]},
             "knobs": {
                 "type": "object",
-                "description": "config values; a bare key means train.<key>, e.g. {\"max_staleness\": 2}",
+                "description": ("config values; a bare key means train.<key>, e.g. {\"max_staleness\": 2}; "
+                                "validated by learner.config"),
             },
         },
     },
@@ -96,8 +115,8 @@ SCHEMAS = {
             "experiment": {"type": "integer", "description": "one of your experiments"},
             "schedule": {"type": "integer", "description": "a global preset or one of yours"},
             "steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS,
-                      "description": "default: the experiment's train.steps"},
-            "name": {"type": "string", "maxLength": 200},
+                      "description": "default: the experiment's train.steps; at most your steps quota"},
+            "name": text(200),
         },
     },
     "Run": {
@@ -117,6 +136,9 @@ SCHEMAS = {
             "summary": {"type": "object", "description": "the learner's summary, steps, mean/<metric>"},
             "cancel_requested": {"type": "boolean"},
             "last_seq": {"type": "integer", "description": "highest stored span seq, -1 before any"},
+            "attempt": {"type": "integer", "description": "times the run was resumed from a checkpoint"},
+            "checkpoints": {"type": "array", "items": {"type": "integer"},
+                            "description": "steps after which the learner wrote a checkpoint"},
         },
     },
     "Metric": {
@@ -204,13 +226,19 @@ PATHS = {
         "get": operation("Your runs", json_body(list_of("runs", "Run"), "runs"),
                          [int_query("experiment", "only this experiment's runs", minimum=1)]),
         "post": operation("Create a run and launch it on the runs queue", json_body(ref("Run"), "queued"),
-                          body=ref("RunInput"), ok_status="201"),
+                          body=ref("RunInput"), ok_status="201", more_responses={
+                              "429": json_body(ref("Errors"), "your queued-runs quota is full")}),
     },
     "/api/runs/{run_id}/": {"get": operation("One run", json_body(ref("Run"), "run"), [RUN_ID])},
     "/api/runs/{run_id}/cancel/": {
         "post": operation("Cancel: SIGTERM, then SIGKILL after a grace period; ends 'cancelled'",
                           json_body(ref("Run"), "cancel requested"), [RUN_ID], ok_status="202",
                           more_responses={"409": json_body(ref("Errors"), "the run has already finished")}),
+    },
+    "/api/runs/{run_id}/resume/": {
+        "post": operation("Resume a failed or cancelled run from its latest checkpoint (a new attempt)",
+                          json_body(ref("Run"), "queued again"), [RUN_ID], ok_status="202",
+                          more_responses={"409": json_body(ref("Errors"), "not failed/cancelled, or no checkpoint")}),
     },
     "/api/runs/{run_id}/metrics/": {
         "get": operation("Per-step metrics", json_body(list_of("metrics", "Metric"), "metrics"), [RUN_ID]),
@@ -236,8 +264,10 @@ PATHS = {
     "/api/compare/": {
         "get": operation(
             "Summary of 2-4 of your runs (docs/pages.md, Compare summary)", json_body(ref("Compare"), "summary"),
-            [{"name": "runs", "in": "query", "required": True, "description": "comma-separated run ids (2-4)",
-              "schema": {"type": "string", "pattern": "^[0-9]+(,[0-9]+){1,3}$"}},
+            [{"name": "runs", "in": "query", "required": True, "style": "form", "explode": False,
+              "description": f"comma-separated run ids ({MIN_COMPARED}-{MAX_COMPARED}, distinct)",
+              "schema": {"type": "array", "minItems": MIN_COMPARED, "maxItems": MAX_COMPARED, "uniqueItems": True,
+                         "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX}}},
              {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
               "description": "reward/mean level for time_to_reward_s (default: the highest every run reached)"}],
         ),
@@ -245,12 +275,16 @@ PATHS = {
 }
 
 
-def schema() -> dict:
+def schema(user) -> dict:
+    """The schema as ``user`` is served it: limits from their quota included."""
+    schemas = copy.deepcopy(SCHEMAS)
+    steps = schemas["RunInput"]["properties"]["steps"]
+    steps["maximum"] = min(MAX_STEPS, quota_for(user).steps)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ThunderSync Lab controller API", "version": "1"},
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": schemas,
             "securitySchemes": {"session": {"type": "apiKey", "in": "cookie", "name": "sessionid"}},
         },
         "security": [{"session": []}],

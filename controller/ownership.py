@@ -36,6 +36,7 @@ from learner.stopping import sweep_semaphores
 
 from .ingestion import finish_run
 from .models import Run
+from .resuming import requeue_attempt
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -119,12 +120,21 @@ def signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
 
 
 def abandon(run: Run, reason: str) -> bool:
-    """End a run whose supervisor is gone; False if its owner stamped it meanwhile."""
+    """End a run whose supervisor is gone, or resume it from its latest checkpoint (up to
+    THUNDERSYNC_AUTO_RESUMES attempts); False if its owner stamped it meanwhile."""
     kill_leftovers(run)
+    cas = {"heartbeat": run.heartbeat, "supervisor": run.supervisor, "status__in": Run.ACTIVE}
+    if not run.cancel_requested and run.attempt < settings.THUNDERSYNC_AUTO_RESUMES and run.checkpoints.exists():
+        if requeue_attempt(run.pk, only_if=cas):
+            log.warning("run %s: %s, resuming it from its latest checkpoint", run.pk, reason)
+            return True
+        return False
     if run.cancel_requested:
         status, error = Run.Status.CANCELLED, ""
     else:
-        status, error = Run.Status.FAILED, f"the run lost its supervisor ({reason}); no checkpoint to resume from"
+        why_not = ("no checkpoint to resume from" if not run.checkpoints.exists()
+                   else f"not resumed again after {run.attempt} attempts (THUNDERSYNC_AUTO_RESUMES)")
+        status, error = Run.Status.FAILED, f"the run lost its supervisor ({reason}); {why_not}"
     ended = finish_run(run.pk, status, error, only_if={"heartbeat": run.heartbeat, "supervisor": run.supervisor})
     if ended.status == status and ended.heartbeat == run.heartbeat:
         log.warning("run %s: %s, ended %s", run.pk, reason, status)

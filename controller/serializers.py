@@ -53,6 +53,8 @@ def run_json(run: Run) -> dict:
         "summary": run.summary,
         "cancel_requested": run.cancel_requested,
         "last_seq": last_seq(run.pk),
+        "attempt": run.attempt,
+        "checkpoints": list(run.checkpoints.values_list("step", flat=True)),
     }
 
 

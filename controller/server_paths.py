@@ -2,19 +2,23 @@
 
 A run's learner runs on the server, as the server's user. So a config may read models only
 from built-in names or from directories under the configured model roots
-(``THUNDERSYNC_MODEL_ROOTS``), and every path it writes (caches, outputs, dumps) must be a
-relative path inside the run's own directory, which is the learner's working directory.
+(``THUNDERSYNC_MODEL_ROOTS``), data sets only from under ``THUNDERSYNC_DATA_ROOTS``, and
+every path it writes (caches, outputs, dumps) must be a relative path inside the run's own
+directory, which is the learner's working directory. A reward given as code
+('module:function', 'file.py:function') would run on the server: only built-in rewards and
+those an admin lists in ``THUNDERSYNC_REWARD_FUNCTIONS`` are allowed.
 
 Fields say which kind they are with ``json_schema_extra={"server_path": "model"}`` (read
-from a model root) or ``"run"`` (written under the run directory); an unmarked string field
-whose name looks like a path (``*_dir``, ``*_path``, ``*_file``, ``output*``, ``dump*``) is
-treated as ``"run"``, so a new path knob is confined until someone decides otherwise.
+from a model root) or ``"run"`` (written under the run directory), or are named in
+``FIELD_KINDS``; an unmarked plain string field whose name looks like a path (``*_dir``,
+``*_path``, ``*_file``, ``output*``, ``dump*``) is treated as ``"run"``, so a new path knob
+is confined until someone decides otherwise.
 """
 
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Iterator, Optional
 
 from django.conf import settings
 from pydantic import BaseModel
@@ -23,13 +27,18 @@ from learner.config import ConfigError, RunConfig
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
+FIELD_KINDS = {"task.path": "data", "task.reward": "code"}
+BUILTIN_REWARDS = ("exact-match", "regex", "math-verify")
 
 
-def path_kind(name: str, field) -> str | None:
+def path_kind(dotted: str, name: str, field) -> str | None:
+    if dotted in FIELD_KINDS:
+        return FIELD_KINDS[dotted]
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if "server_path" in extra:
         return extra["server_path"]
-    return "run" if PATH_LIKE.search(name) else None
+    plain_text = field.annotation in (str, str | None, Optional[str])  # not a Literal of choices
+    return "run" if plain_text and PATH_LIKE.search(name) else None
 
 
 def path_fields(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, str, object]]:
@@ -38,24 +47,47 @@ def path_fields(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, str, 
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             yield from path_fields(value, f"{prefix}{name}.")
-        elif (kind := path_kind(name, field)) is not None and value is not None:
+        elif (kind := path_kind(f"{prefix}{name}", name, field)) is not None and value is not None:
             yield f"{prefix}{name}", kind, value
 
 
-def model_roots() -> list[Path]:
-    return [Path(os.path.realpath(root)) for root in settings.THUNDERSYNC_MODEL_ROOTS]
+def roots(setting: str) -> list[Path]:
+    return [Path(os.path.realpath(root)) for root in getattr(settings, setting)]
+
+
+def under(path: Path, allowed: list[Path]) -> bool:
+    real = Path(os.path.realpath(path))
+    return any(real == r or r in real.parents for r in allowed)
+
+
+def refuse(field: str, value: str, what: str, allowed: list[Path], setting: str) -> ConfigError:
+    where = ", ".join(str(r) for r in allowed) or f"none is configured ({setting})"
+    return ConfigError(f"{field}: {value!r} is not {what} under a root the server allows ({where})")
 
 
 def check_model_dir(field: str, value: str) -> None:
     if value.startswith(BUILTIN_PREFIX):
         return  # the learner knows its built-in names and refuses others
-    roots = model_roots()
-    real = Path(os.path.realpath(os.path.expanduser(value)))
-    if Path(os.path.expanduser(value)).is_absolute() and any(real == r or r in real.parents for r in roots):
+    allowed, path = roots("THUNDERSYNC_MODEL_ROOTS"), Path(os.path.expanduser(value))
+    if not (path.is_absolute() and under(path, allowed)):
+        raise refuse(field, value, "a built-in model (builtin:tiny, builtin:teacher) or an absolute directory",
+                     allowed, "THUNDERSYNC_MODEL_ROOTS")
+
+
+def check_data_path(field: str, value: str) -> None:
+    """An absolute path under a data root, or a relative one naming the data shipped in
+    configs/data/ (the learner resolves those against the project root)."""
+    shipped = Path(os.path.realpath(settings.BASE_DIR / "configs" / "data"))
+    allowed, path = [*roots("THUNDERSYNC_DATA_ROOTS"), shipped], Path(os.path.expanduser(value))
+    if not under(path if path.is_absolute() else settings.BASE_DIR / path, allowed) or value.startswith("~"):
+        raise refuse(field, value, "a data set", allowed, "THUNDERSYNC_DATA_ROOTS")
+
+
+def check_reward(field: str, value: str) -> None:
+    if value in BUILTIN_REWARDS or value in settings.THUNDERSYNC_REWARD_FUNCTIONS:
         return
-    where = ", ".join(str(r) for r in roots) or "none is configured (THUNDERSYNC_MODEL_ROOTS)"
-    raise ConfigError(f"{field}: {value!r} is not a built-in model (builtin:tiny, builtin:teacher) "
-                      f"or an absolute directory under a model root ({where})")
+    raise ConfigError(f"{field}: {value!r} would run code on the server; use {', '.join(BUILTIN_REWARDS)} "
+                      "or a function an admin allows (THUNDERSYNC_REWARD_FUNCTIONS)")
 
 
 def check_run_relative(field: str, value: str) -> None:
@@ -65,9 +97,12 @@ def check_run_relative(field: str, value: str) -> None:
                           "(no leading /, ~ or ..)")
 
 
+CHECKS = {"model": check_model_dir, "data": check_data_path, "code": check_reward, "run": check_run_relative}
+
+
 def check_server_paths(config: RunConfig) -> None:
     """Raise ConfigError naming the first field whose path the server must not use."""
     for field, kind, value in path_fields(config):
         if not isinstance(value, str):
             raise ConfigError(f"{field}: expected a path string")
-        (check_model_dir if kind == "model" else check_run_relative)(field, value)
+        CHECKS[kind](field, value)

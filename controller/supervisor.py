@@ -34,6 +34,7 @@ from learner.stopping import sweep_semaphores
 from . import ownership
 from .ingestion import RunIngestor, finish_run
 from .models import Run
+from .resuming import output_dir, resume_arguments
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,13 +156,19 @@ def learner_command(config_path: Path) -> list[str]:
     return [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", "--config", str(config_path), "--events", "-"]
 
 
-def supervise(run: Run, extra_args: tuple[str, ...] = ()) -> Run:
-    """Train ``run`` to the end (or until cancelled) and record its final state."""
+def supervise(run: Run) -> Run:
+    """Train ``run`` to the end (or until cancelled) and record its final state. A resumed
+    attempt (``run.attempt`` > 0) continues from its latest checkpoint (controller/resuming.py)."""
     run_dir = Path(settings.THUNDERSYNC_RUN_DIR) / f"run-{run.pk}"
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
-    config_path.write_text(yaml.safe_dump(run.config, sort_keys=False))
-    command = [*learner_command(config_path), *extra_args]
+    # every run keeps its final model (and checkpoints, if asked) under its run directory
+    config = {**run.config, "train": {**run.config.get("train", {}), "output_dir": output_dir(run.config)}}
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if run.attempt:
+        command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
+    else:
+        command = learner_command(config_path)
     try:
         child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES)
     except OSError as err:

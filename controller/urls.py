@@ -17,6 +17,7 @@ api_urlpatterns = [
     path("api/runs/", api.runs, name="api-runs"),
     path("api/runs/<int:run_id>/", api.run_detail, name="api-run"),
     path("api/runs/<int:run_id>/cancel/", api.run_cancel, name="api-run-cancel"),
+    path("api/runs/<int:run_id>/resume/", api.run_resume, name="api-run-resume"),
     path("api/runs/<int:run_id>/metrics/", api.run_metrics, name="api-run-metrics"),
     path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
@@ -41,6 +42,7 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=f"{settings.STATIC_URL}favicon.svg", permanent=True)),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
+    path("runs/<int:run_id>/resume/", views.resume, name="resume"),
     path("compare/", views.compare, name="compare"),
     *api_urlpatterns,
 ]

@@ -16,6 +16,8 @@ from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .config_merge import flatten
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
+from .quotas import QuotaExceeded
+from .resuming import ResumeRefused, request_resume
 from .models import Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
 
@@ -95,8 +97,21 @@ def run(request, run_id: int):
         "ws_path": f"/ws/runs/{found.pk}/",
         "api_base": f"/api/runs/{found.pk}/",
         "config_json": json.dumps(found.config, indent=2),
+        "checkpoints": list(found.checkpoints.values_list("step", flat=True)),
     }
     return render(request, "run.html", context)
+
+
+@login_required
+@require_POST
+def resume(request, run_id: int):
+    found = get_object_or_404(owned_runs(request.user), pk=run_id)
+    try:
+        request_resume(found)
+        messages.info(request, f"Resuming {found} from its checkpoint after step {found.checkpoints.last().step}.")
+    except (ResumeRefused, QuotaExceeded) as err:
+        messages.warning(request, f"{found} cannot be resumed: {err}")
+    return redirect("run", found.pk)
 
 
 @login_required

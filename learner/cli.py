@@ -7,8 +7,10 @@ import gc
 import json
 import os
 import sys
+from pathlib import Path
 
 from learner import stopping
+from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint
 from learner.config import SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
@@ -35,6 +37,11 @@ def check_resolvable(cfg) -> None:
         check = getattr(env, "check", None)
         if check is not None:  # data tasks: read the data now, so a bad row stops the run here
             check(cfg.seed, cfg.train.steps * cfg.train.prompts_per_step)
+        if cfg.train.eval_every:
+            from learner.evaluation import eval_tasks
+
+            if not eval_tasks(env, cfg.seed, 1):
+                raise ValueError("train.eval_every: the task has no held-out prompts (set task.eval_fraction)")
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.model.device == "cuda":
@@ -65,11 +72,35 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
-    cfg = load_config(args.config, overrides)
-    preflight(cfg, dump_dir=args.dump_step, events=args.events)
+    if args.output:
+        overrides["train.output_dir"] = args.output
+    if args.checkpoint_every is not None:
+        overrides["train.checkpoint_every"] = args.checkpoint_every
+    source = args.config
+    if args.resume:
+        source = resume_source(args)
+        overrides["train.output_dir"] = args.resume  # the continued run writes where it left off
+    elif not args.config:
+        raise ConfigError("--config: required (or --resume DIR)")
+    cfg = load_config(source, overrides)
+    preflight(cfg, dump_dir=args.dump_step, output_dir=cfg.train.output_dir, events=args.events)
     if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
         raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
     return cfg
+
+
+def resume_source(args) -> Path:
+    """The config a run stored in its output directory (``learner/checkpoint.py``)."""
+    if args.config:
+        raise ConfigError("--resume: continues with the config stored in DIR; --config cannot change it")
+    if args.output and Path(args.output) != Path(args.resume):
+        raise ConfigError("--output: a resumed run writes to its --resume directory")
+    source = Path(args.resume) / RUN_CONFIG
+    if not source.is_file():
+        raise ConfigError(f"--resume: {args.resume} holds no {RUN_CONFIG} (not the --output directory of a run)")
+    if latest_checkpoint(args.resume) is None:
+        raise ConfigError(f"--resume: no checkpoint under {Path(args.resume) / CHECKPOINTS}")
+    return source
 
 
 def cmd_train(args) -> int:
@@ -161,13 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a policy with one of the four schedules")
-    p.add_argument("--config", required=True, help="run config (YAML/JSON), see configs/")
+    p.add_argument("--config", help="run config (YAML/JSON), see configs/ (required unless --resume)")
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump one step (model, batch, gradient) for audit")
     p.add_argument("--dump-at", metavar="STEP", type=int, default=0, help="the step --dump-step dumps [0]")
+    p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
+                                                   "the run's config go here (train.output_dir)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run of --output DIR from its latest checkpoint")
+    p.add_argument("--seq-from", type=int, default=0, metavar="N",
+                   help="number spans from at least N (the controller resumes a run whose spans it has stored)")
+    p.add_argument("--clock-from", type=float, default=0.0, metavar="S",
+                   help="run clock starts at at least S seconds (as --seq-from, for the timeline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

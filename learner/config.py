@@ -82,6 +82,8 @@ class TaskConfig(Strict):
     max_operand: int = Field(20, ge=2, le=999)
     max_turns: int = Field(4, ge=1, le=16)
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
+    tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                  description="a tool call still running after this is abandoned; its observation says so")
     # tasks from data (task.name: dataset; docs/tasks.md)
     path: str | None = Field(None, max_length=4096,
                              description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
@@ -133,6 +135,8 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(24, ge=1, le=4096, description="per turn")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
+    receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
+                                     description="the run fails when the fleet sends nothing for this long")
 
 
 class AdvantageConfig(Strict):
@@ -175,8 +179,40 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
     grad_clip: float = Field(1.0, ge=0.0, le=1e6, description="0 disables clipping")
     max_staleness: int = Field(2, ge=0, le=1000, description="fully-async bound")
+    eval_every: int = Field(0, ge=0, le=1_000_000, description="evaluate on held-out prompts every N steps (0: never)")
+    eval_mode: Literal["greedy", "pass@k"] = "greedy"
+    eval_k: int = Field(4, ge=1, le=256, description="samples per prompt for pass@k")
+    eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts evaluated (at most)")
     output_dir: str | None = Field(None, max_length=4096,
                                    description="save the final policy here (LoRA: the adapter and merged/)")
+    checkpoint_every: int = Field(0, ge=0, le=1_000_000,
+                                  description="checkpoint every N steps and at the end, under output_dir/checkpoints/ (0: never)")
+    keep_checkpoints: int = Field(3, ge=1, le=1000, description="checkpoints kept (the newest)")
+    micro_batch_tokens: int = Field(
+        4096, ge=1, le=10_000_000,
+        description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
+
+
+LearnerPath = Literal["auto", "per-trajectory", "micro-batched", "adaptive"]
+# The best learner of each schedule, what ``learner.path: auto`` picks (docs/learner.md).
+BEST_LEARNER_PATH: dict[str, str] = {
+    "sync": "micro-batched", "async": "micro-batched", "fully-async": "micro-batched", "streaming": "adaptive",
+}
+
+
+class LearnerConfig(Strict):
+    """How the learner computes a batch's gradient (docs/learner.md); every path is exact."""
+
+    path: LearnerPath = Field(
+        "auto", description="auto: micro-batched for sync/async/fully-async, adaptive for streaming; "
+                            "per-trajectory: one forward+backward per trajectory (the earlier learner)")
+    max_open_groups: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="K: most groups holding running sums at once (null: unlimited); a member of a group "
+                    "without sums waits and is learnt with its final advantage when the group closes")
+    accumulator_device: Literal["device", "host"] = Field(
+        "device", description="where open groups' sums live: beside the model, or in host memory "
+                              "(page-locked when the model is on a GPU)")
 
 
 class RunConfig(Strict):
@@ -187,6 +223,23 @@ class RunConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+
+    def learner_path(self) -> str:
+        """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
+        path = self.learner.path
+        return BEST_LEARNER_PATH[self.train.schedule] if path == "auto" else path
+
+    @model_validator(mode="after")
+    def _learner_path_fits_schedule(self) -> "RunConfig":
+        path, schedule = self.learner.path, self.train.schedule
+        if path == "adaptive" and schedule != "streaming":
+            raise ValueError(f"learner.path: adaptive streams trajectories as they arrive; {schedule} hands "
+                             "the learner whole batches (use micro-batched or per-trajectory)")
+        if path == "micro-batched" and schedule == "streaming":
+            raise ValueError("learner.path: streaming learns open groups as they arrive; use adaptive "
+                             "(micro-batched drains when work queues) or per-trajectory")
+        return self
 
     @model_validator(mode="after")
     def _opd_has_no_per_sequence_mean(self) -> "RunConfig":
@@ -194,6 +247,12 @@ class RunConfig(Strict):
         if self.algorithm.objective == "opd" and self.algorithm.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError("algorithm.loss_agg_mode: seq-mean-token-mean is not available for opd "
                              "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoints_need_a_place(self) -> "RunConfig":
+        if self.train.checkpoint_every and not self.train.output_dir:
+            raise ValueError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
         return self
 
 

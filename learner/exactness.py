@@ -19,12 +19,13 @@ import math
 import random
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.gradients import StreamingLearner, reference_gradient
+from learner.gradients import LEARNER_PATHS, LearnerOptions, StreamingLearner, reference_gradient
 from learner.objectives import OPD_LOSS_AGG_MODES
 from learner.rollout.models import widen_norms
 from learner.trajectory import ScoredTurn, Trajectory
@@ -106,27 +107,47 @@ def scored_turns(traj: Trajectory) -> list[ScoredTurn]:
     ]
 
 
+def arrival_chunks(items: list, learner_path: str, rng: random.Random) -> list[list]:
+    """How the items reach the learner: micro-batched: the whole batch at once (sync);
+    per-trajectory: one at a time; adaptive: random drains of 1–6 items (a queue that builds up
+    while the learner is busy), the arrival order already shuffled by the caller."""
+    if learner_path == "micro-batched":
+        return [items]
+    if learner_path == "per-trajectory":
+        return [[x] for x in items]
+    chunks, i = [], 0
+    while i < len(items):
+        n = rng.choice((1, 1, 2, 3, 6))
+        chunks.append(items[i:i + n])
+        i += n
+    return chunks
+
+
 def streamed_gradient(
-    model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory], rng: random.Random
-) -> tuple[dict[str, torch.Tensor], int]:
-    """Feed the batch in a random order; returns (p.grad by name, most groups open at once)."""
-    learner = StreamingLearner(model, algo, ref_model)
+    model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory],
+    rng: random.Random, options: LearnerOptions | None = None,
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """Feed the batch in a random order (adaptive: random drains, and ``idle_work`` called at random
+    between them, as a driver with an empty queue would); returns (p.grad by name, batch stats +
+    the most groups open at once)."""
+    options = options or LearnerOptions(path="per-trajectory")
+    learner = StreamingLearner(model, algo, ref_model, options)
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
-    max_open = 0
     if algo.objective == "grpo":
-        for traj in rng.sample(trajs, len(trajs)):
-            learner.on_trajectory(traj)
-            max_open = max(max_open, len(learner.acc.open_groups) + 1)  # +1: a group may close on arrival
-    else:
+        items = rng.sample(trajs, len(trajs))
+    else:  # turns in a random order; a trajectory ends after its own turns
         turns = [turn for traj in trajs for turn in scored_turns(traj)]
-        for turn in rng.sample(turns, len(turns)):
-            learner.on_turn(turn)
-        for traj in trajs:
-            learner.on_trajectory(traj)
-    learner.finish_batch()
+        items = rng.sample(turns, len(turns)) + rng.sample(trajs, len(trajs))
+    max_open = 0
+    for chunk in arrival_chunks(items, options.path, rng):
+        learner.learn(chunk)
+        max_open = max(max_open, len(learner.acc.open_groups))
+        while options.path == "adaptive" and rng.random() < 0.4 and learner.idle_work():
+            max_open = max(max_open, len(learner.acc.open_groups))
+    stats = learner.finish_batch()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    return grads, max_open
+    return grads, {**stats, "max_open_groups": max_open}
 
 
 def relative_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
@@ -135,39 +156,90 @@ def relative_error(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -
     return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
 
 
-def run_case(objective: str, mode: str, std: str, dtype: torch.dtype, rng: random.Random) -> dict:
-    def aux_coef() -> float:  # off in two cases of three
-        return rng.choice((0.0, 0.0, rng.uniform(0.01, 0.5)))
+@dataclass(frozen=True)
+class CaseSpec:
+    """One randomised case: the conventions, the learner path and its open-group cap K."""
+
+    objective: str
+    mode: str
+    std: str
+    dtype: torch.dtype
+    learner: str = "per-trajectory"
+    open_group_cap: int | None = None  # K; None = unlimited
+    accumulator: str = "device"
+    aux: str = "random"  # random: each of KL and entropy on in one case of three; on; off
+    zero_variance: bool = False  # most groups all-equal (binary rewards all 0 or all 1)
+
+    def seed_key(self, seed: int, k: int) -> str:
+        return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
+               f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}"
+
+
+def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
+    """Group 0 with distinct rewards, then 2–4 groups whose rewards are all 0 or all 1 (A = 0)."""
+    trajs = []
+    for group in range(rng.randint(3, 5)):
+        size = rng.randint(2, 5)
+        rewards = random_rewards(rng, size, "continuous") if group == 0 else [float(rng.random() < 0.5)] * size
+        for reward in rewards:
+            trajs.append(random_trajectory(rng, len(trajs), group, reward))
+    return trajs
+
+
+def run_case(spec: CaseSpec, rng: random.Random) -> dict:
+    def aux_coef() -> float:
+        if spec.aux == "random":  # off in two cases of three
+            return rng.choice((0.0, 0.0, rng.uniform(0.01, 0.5)))
+        return rng.uniform(0.01, 0.5) if spec.aux == "on" else 0.0
 
     algo = AlgorithmConfig(
-        objective=objective, advantage=AdvantageConfig(std="none" if std == "n/a" else std, eps=1e-6),
-        loss_agg_mode=mode, loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=aux_coef(), entropy_coef=aux_coef(),
+        objective=spec.objective, advantage=AdvantageConfig(std="none" if spec.std == "n/a" else spec.std, eps=1e-6),
+        loss_agg_mode=spec.mode, loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=aux_coef(),
+        entropy_coef=aux_coef(),
     )
-    model = tiny_llama(dtype, rng.randrange(2**31))
-    ref_model = tiny_llama(dtype, rng.randrange(2**31))
-    trajs = random_batch(rng)
-    g_stream, max_open = streamed_gradient(model, ref_model, algo, trajs, rng)
+    model = tiny_llama(spec.dtype, rng.randrange(2**31))
+    ref_model = tiny_llama(spec.dtype, rng.randrange(2**31))
+    trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng)
+    options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
+                             max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator)
+    g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
-    tol = TOLERANCE[dtype]
+    tol = TOLERANCE[spec.dtype]
     return {
-        "objective": objective, "loss_agg_mode": mode, "std": std, "dtype": str(dtype).removeprefix("torch."),
+        "objective": spec.objective, "loss_agg_mode": spec.mode, "std": spec.std,
+        "dtype": str(spec.dtype).removeprefix("torch."), "learner": spec.learner,
+        "open_group_cap": 0 if spec.learner == "micro-batched" else spec.open_group_cap,
+        "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance,
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
-        "max_open_groups": max_open, "kl_coef": algo.kl_coef, "entropy_coef": algo.entropy_coef,
+        "micro_batch_tokens": options.micro_batch_tokens, "micro_batches": stats["micro_batches"],
+        "max_open_groups": stats["max_open_groups"], "peak_buffers": stats["peak_buffers"],
+        "skipped_trajectories": stats["skipped_trajectories"],
+        "speculative_trajectories": stats["speculative_trajectories"],
+        "kl_coef": algo.kl_coef, "entropy_coef": algo.entropy_coef,
     }
 
 
-def run_cases(seed: int = 0, cases_per_combo: int = 2) -> list[dict]:
-    """Every objective × loss_agg_mode × std (GRPO) × dtype combination, ``cases_per_combo`` batches each."""
+def case_specs() -> list[CaseSpec]:
+    """Conventions × every learner path; K ∈ {0, 1, 2, unlimited} × device/host accumulators;
+    zero-variance groups with and without KL/entropy; GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
     combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
-    cases = []
+    specs = []
     for dtype in (torch.float32, torch.float64):
-        for objective, mode, std in combos:
-            for k in range(cases_per_combo):
-                rng = random.Random(f"{seed}/{objective}/{mode}/{std}/{dtype}/{k}")
-                cases.append(run_case(objective, mode, std, dtype, rng))
-    return cases
+        specs += [CaseSpec(o, m, s, dtype, learner) for o, m, s in combos for learner in LEARNER_PATHS]
+        for objective, learner in (("grpo", "per-trajectory"), ("grpo", "adaptive"), ("opd", "adaptive")):
+            specs += [CaseSpec(objective, "token-mean", "unbiased" if objective == "grpo" else "n/a", dtype, learner,
+                               cap, acc) for cap in (0, 1, 2, None) for acc in ("device", "host")]
+        specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, learner, None, "device", aux, True)
+                  for learner in LEARNER_PATHS for aux in ("off", "on")]
+    return specs
+
+
+def run_cases(seed: int = 0, cases_per_spec: int = 1, specs: list[CaseSpec] | None = None) -> list[dict]:
+    """``cases_per_spec`` random batches of every spec of ``case_specs()`` (or ``specs``)."""
+    return [run_case(spec, random.Random(spec.seed_key(seed, k)))
+            for spec in (specs if specs is not None else case_specs()) for k in range(cases_per_spec)]
 
 
 def main(json_out: bool = False) -> int:
@@ -176,15 +248,19 @@ def main(json_out: bool = False) -> int:
     if json_out:
         print(json.dumps({"cases": cases}))
     else:
-        print(f"{'objective':9} {'loss_agg_mode':24} {'std':10} {'dtype':8} {'rel_error':>10} {'tol':>7}  ok")
+        print(f"{'objective':9} {'loss_agg_mode':24} {'std':10} {'dtype':8} {'learner':14} {'K':>4} "
+              f"{'acc':6} {'rel_error':>10} {'tol':>7}  ok")
         for c in cases:
+            cap = "-" if c["open_group_cap"] is None else c["open_group_cap"]
             print(
-                f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} "
-                f"{c['rel_error']:10.2e} {c['tol']:7.0e}  {'yes' if c['passed'] else 'NO'}"
+                f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} {c['learner']:14} "
+                f"{cap:>4} {c['accumulator_device']:6} {c['rel_error']:10.2e} {c['tol']:7.0e}  "
+                f"{'yes' if c['passed'] else 'NO'}"
             )
         for dtype in sorted({c["dtype"] for c in cases}):
-            worst = max(c["rel_error"] for c in cases if c["dtype"] == dtype)
-            print(f"max rel_error {dtype}: {worst:.2e}")
+            for objective in sorted({c["objective"] for c in cases}):
+                worst = max(c["rel_error"] for c in cases if c["dtype"] == dtype and c["objective"] == objective)
+                print(f"max rel_error {dtype} {objective}: {worst:.2e}")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
     return 0 if all(c["passed"] for c in cases) else 1
 

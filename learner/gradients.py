@@ -1,27 +1,34 @@
-"""What the trainer drives: the streaming/sync learner, the off-policy learner, and the reference.
+"""What the trainer drives: the on-policy learner, the off-policy learner, and the reference.
 
 StreamingLearner (schedules ``sync`` and ``streaming``; the same class, so both give the same
 update up to summation order), per batch:
 
     learner.begin_batch({group_id: group_size, ...})
-    GRPO: learner.on_trajectory(traj)   # each trajectory as its reward arrives, any order
-    OPD:  learner.on_turn(turn)         # each turn as the teacher scores it, any order;
-          learner.on_trajectory(traj)   # optional, when it ends: checks all its turns arrived
+    learner.learn(items)                # everything waiting (trajectories; OPD: scored turns and
+                                        # ended trajectories), any order, any number of calls
+    learner.idle_work()                 # optional, when nothing waits: True if it learnt something
     stats = learner.finish_batch()      # barrier: batch normaliser, result in p.grad
     # caller: clip_grad_norm_, optimizer.step(), optimizer.zero_grad()
 
-Timing: ``on_trajectory``, ``on_turn`` and ``OffPolicyLearner.train_batch`` take an optional
-``on_phase(kind, t0, t1, traj, group)`` callback, called with ``time.monotonic()`` stamps for
-each ``learner.backward`` and ``learner.group_close`` phase; the returned stats carry the same
-durations (``backward_s``, ``close_s``).
+The learner decides how to batch what it is handed (docs/learner.md): ``LearnerOptions.path``
+``per-trajectory`` (one forward+backward per trajectory, the earlier learner), ``micro-batched``
+(padded micro-batches, advantages known: a sync batch) or ``adaptive`` (streaming: per
+trajectory when one is waiting, micro-batched drains when several are, by the policy of
+``learner.drain``). ``on_trajectory(traj)`` / ``on_turn(turn)`` are ``learn([item])``.
 
-Conventions (docs/math.md) are in ``learner.objectives``; the accumulators in ``learner.streaming``.
+OffPolicyLearner (``async``, ``fully-async``): ``train_batch(trajs)`` in micro-batches.
+
+Timing: ``learn``, ``idle_work`` and ``train_batch`` take an optional ``on_phase(kind, t0, t1,
+traj, group)`` callback, called with ``time.monotonic()`` stamps for each ``learner.backward``
+and ``learner.group_close`` phase. A micro-batch of n rows is one forward and one backward;
+its interval is reported as n consecutive equal shares, one per trajectory (padded rows cost
+the same), so every trajectory keeps its backward span.
+
+Conventions are in ``learner.objectives``; the accumulators in ``learner.streaming``.
 """
 
 from __future__ import annotations
 
-import array
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,67 +36,68 @@ from dataclasses import dataclass, field
 
 import torch
 
-from learner.config import AdvantageConfig, AlgorithmConfig
+from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
+from learner.drain import Bucket, Close, DrainPlanner, Known
+from learner.microbatch import (
+    Row,
+    Forward,
+    check_trajectory,
+    check_turn,
+    forward,
+    grads_of,
+    grpo_row,
+    off_policy_loss,
+    off_policy_row,
+    on_policy_pg_loss,
+    opd_row,
+    per_position,
+    plan_micro_batches,
+    split_grads,
+)
 from learner.objectives import (
     advantages,
     agg_weights,
-    aux_token_loss,
     batch_normaliser,
     check_algorithm,
-    clipped_pg_token_loss,
     opd_token_loss,
     pg_token_loss,
-    token_logprobs,
 )
 from learner.streaming import GradAccumulator, OpenGroupError
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
 PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
+LEARNER_PATHS = ("per-trajectory", "micro-batched", "adaptive")
 
 
-# ---------------------------------------------------------------- record → tensors
+@dataclass(frozen=True)
+class LearnerOptions:
+    """How the learner batches its work (``learner.*`` and ``train.micro_batch_tokens`` of a run)."""
+
+    path: str = "adaptive"
+    micro_batch_tokens: int = 4096
+    max_open_groups: int | None = None  # K; None = unlimited
+    accumulator_device: str = "device"  # or "host"
+
+    def __post_init__(self) -> None:
+        if self.path not in LEARNER_PATHS:
+            raise ValueError(f"learner.path: {self.path!r} is not one of {', '.join(LEARNER_PATHS)}")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
+        return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
+                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device)
+
+    @property
+    def budget(self) -> int:
+        """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
+        return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
+
+    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator:
+        return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
 
 
-def trajectory_tensors(traj: Trajectory, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids (1, T) long and loss_mask (T,) long, validated."""
-    n = len(traj.input_ids)
-    if n == 0:
-        raise ValueError(f"trajectory {traj.id}: input_ids is empty")
-    if len(traj.loss_mask) != n:
-        raise ValueError(f"trajectory {traj.id}: loss_mask has {len(traj.loss_mask)} entries for {n} input_ids")
-    if not set(traj.loss_mask) <= {0, 1}:
-        raise ValueError(f"trajectory {traj.id}: loss_mask entries must be 0 or 1")
-    if traj.loss_mask[0]:
-        raise ValueError(f"trajectory {traj.id}: loss_mask[0] is 1 but position 0 has no preceding token")
-    owner = f"trajectory {traj.id}"
-    return _long_tensor(traj.input_ids, device, f"{owner}: input_ids")[None], _long_tensor(traj.loss_mask, device, f"{owner}: loss_mask")
-
-
-def _long_tensor(values: Sequence[int], device: torch.device, what: str) -> torch.Tensor:
-    """int64 tensor of a list of ints: through an array buffer, ~3x cheaper than torch.tensor(list)
-    (this runs on the learner's core once per trajectory)."""
-    try:
-        buf = array.array("q", values)
-    except (TypeError, OverflowError) as err:
-        raise ValueError(f"{what}: must be a list of int64 values ({err})") from None
-    return torch.frombuffer(buf, dtype=torch.long).to(device) if buf else torch.zeros(0, dtype=torch.long, device=device)
-
-
-def _per_position(
-    values: Sequence[float | None] | None, mask: Sequence[int], what: str, owner: str, dtype, device
-) -> torch.Tensor:
-    """(T,) tensor of a per-position log-prob list; required and finite where mask is 1, 0 elsewhere."""
-    if values is None:
-        raise ValueError(f"{owner}: {what} is missing")
-    if len(values) != len(mask):
-        raise ValueError(f"{owner}: {what} has {len(values)} entries for {len(mask)} positions")
-    out = []
-    for t, (m, v) in enumerate(zip(mask, values)):
-        if m and (v is None or not math.isfinite(v)):
-            raise ValueError(f"{owner}: {what}[{t}] must be a finite log-prob for a scored token, got {v}")
-        out.append(float(v) if m else 0.0)
-    return torch.tensor(out, dtype=dtype, device=device)
+# ---------------------------------------------------------------- shared helpers
 
 
 def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[int, float]:
@@ -106,22 +114,6 @@ def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[
     return out
 
 
-def forward_terms(
-    model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig, input_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logp (B, T) with its graph, and the per-token KL/entropy terms (B, T) or None."""
-    logp, entropy = token_logprobs(model, input_ids, with_entropy=algo.entropy_coef > 0)
-    ref_logp = None
-    if algo.kl_coef > 0 and ref_model is not None:
-        with torch.no_grad():
-            ref_logp = token_logprobs(ref_model, input_ids)[0].to(logp.dtype)
-    return logp, aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _check_ref(algo: AlgorithmConfig, ref_model: torch.nn.Module | None) -> None:
     check_algorithm(algo)
     if algo.kl_coef > 0 and ref_model is None:
@@ -135,17 +127,22 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 class LogprobLedger:
     """The learner's own detached log-probs, per trajectory, as its forward computed them
     (OPD: the longest prefix seen). The train/inference mismatch metric reads them at the
-    barrier instead of running another forward."""
+    barrier instead of running another forward. A trajectory whose backward was skipped
+    (A = 0, no KL/entropy) has no forward: it is recorded as None, and the metric leaves it out
+    rather than forward it at the barrier, on the step's critical path (``learner.mismatch``)."""
 
     def __init__(self) -> None:
-        self._by_traj: dict[int, torch.Tensor] = {}
+        self._by_traj: dict[int, torch.Tensor | None] = {}
 
     def keep(self, traj: int, logp: torch.Tensor) -> None:  # logp: (T,)
         old = self._by_traj.get(traj)
         if old is None or len(old) < len(logp):
             self._by_traj[traj] = logp.detach().double().cpu()
 
-    def take(self) -> dict[int, torch.Tensor]:
+    def skip(self, traj: int) -> None:
+        self._by_traj.setdefault(traj, None)
+
+    def take(self) -> dict[int, torch.Tensor | None]:
         taken, self._by_traj = self._by_traj, {}
         return taken
 
@@ -156,23 +153,36 @@ class LogprobLedger:
 @dataclass
 class _Batch:
     group_sizes: dict[int, int]
-    arrived: dict[int, int]
-    traj_ids: set[int] = field(default_factory=set)
+    planner: DrainPlanner
     turns: set[tuple[int, int]] = field(default_factory=set)  # OPD (traj, turn) seen
     scored_by_traj: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # OPD
+    ended: set[int] = field(default_factory=set)  # OPD trajectories that ended
+    opened: set[int] = field(default_factory=set)  # groups holding running sums now
     n_tokens: int = 0
     peak_buffers: int = 1
+    skipped: int = 0  # trajectories with A = 0 exactly and no KL/entropy term: no backward at all
+    speculative: int = 0  # zero-variance candidates learnt in idle time (docs/learner.md)
+    micro_batches: int = 0
+    rows: int = 0
+    closes: int = 0
+    backward_s: float = 0.0
 
 
 class StreamingLearner:
-    """Exact streaming GRPO / per-turn OPD: one optimizer step per batch, zero staleness."""
+    """Exact on-policy GRPO / OPD (sync and streaming): one optimizer step per batch, zero staleness."""
 
-    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
+                 options: LearnerOptions | None = None):
         _check_ref(algo, ref_model)
         self.model, self.algo, self.ref_model = model, algo, ref_model
-        self.acc = GradAccumulator(_trainable(model))
+        self.options = options or LearnerOptions()
+        self.acc = self.options.accumulator(_trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
+
+    @property
+    def path(self) -> str:
+        return self.options.path
 
     def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
         """Start a batch of the given groups; discards any gradient left in p.grad."""
@@ -185,127 +195,183 @@ class StreamingLearner:
                 raise ValueError(f"group_sizes[{g}]: a group size must be an integer >= 1, got {size!r}")
         for p in self.acc.params:
             p.grad = None
-        self._batch = _Batch(group_sizes=dict(group_sizes), arrived={g: 0 for g in group_sizes})
+        opts = self.options
+        cap = 0 if opts.path == "micro-batched" else opts.max_open_groups
+        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory")
+        self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner)
+        if self.acc.params[0].device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)
 
     def _state(self, call: str) -> _Batch:
         if self._batch is None:
             raise RuntimeError(f"{call}: call begin_batch first")
         return self._batch
 
-    def _admit(self, state: _Batch, group: int, owner: str) -> int:
-        size = state.group_sizes.get(group)
-        if size is None:
-            raise ValueError(f"{owner}: group {group} is not in this batch's group_sizes")
-        return size
+    # -- what the driver calls ---------------------------------------------------------------
+    def learn(self, items: Sequence[Trajectory | ScoredTurn], on_phase: PhaseCallback | None = None) -> dict:
+        """Learn everything handed over (all that is waiting); returns this call's counts."""
+        state = self._state("learn")
+        before = (state.rows, state.micro_batches, state.backward_s, state.n_tokens, state.closes)
+        turns = [x for x in items if isinstance(x, ScoredTurn)]
+        trajs = [x for x in items if not isinstance(x, ScoredTurn)]
+        if self.algo.objective == "opd":
+            self._learn_turns(state, turns, on_phase)
+            for traj in trajs:
+                self._end_opd_trajectory(state, traj)
+        else:
+            if turns:
+                raise ValueError(f"turn {turns[0].turn} of trajectory {turns[0].traj}: scored turns are for "
+                                 "objective opd; GRPO learns per trajectory")
+            for traj in trajs:
+                check_trajectory(traj)
+            tasks = state.planner.drain(trajs)  # validates membership before any work
+            state.n_tokens += sum(t.n_scored for t in trajs)
+            self._run(state, tasks, on_phase)
+        return {"rows": state.rows - before[0], "micro_batches": state.micro_batches - before[1],
+                "backward_s": state.backward_s - before[2], "n_tokens": state.n_tokens - before[3],
+                "groups_closed": state.closes - before[4]}
+
+    def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
+        """Nothing waits: learn deferred work (adaptive: a zero-variance candidate, speculatively)."""
+        state = self._state("idle_work")
+        tasks = state.planner.idle() if self.algo.objective == "grpo" else []
+        self._run(state, tasks, on_phase)
+        return bool(tasks)
 
     def on_trajectory(self, traj: Trajectory, on_phase: PhaseCallback | None = None) -> dict:
-        """GRPO: h_i = ∇ Σ_t w_{i,t}(−ρ_{i,t}) into its group's sums (S_k, T'_k), KL/entropy into G;
-        closes the group when its last member arrived. OPD: checks the trajectory's turns all arrived."""
-        state = self._state("on_trajectory")
-        owner = f"trajectory {traj.id}"
-        size = self._admit(state, traj.group, owner)
-        if traj.id in state.traj_ids:
-            raise ValueError(f"{owner}: already fed in this batch")
-        if self.algo.objective == "opd":
-            return self._complete_opd_trajectory(state, traj)
-        if state.arrived[traj.group] >= size:
-            raise ValueError(f"{owner}: group {traj.group} already has its {size} trajectories")
-        # the span covers all of this trajectory's learner work: its inputs, forward, backward,
-        # group sums, and releasing its graph
-        t0 = time.monotonic()
-        ids, mask = trajectory_tensors(traj, _device(self.model))  # (1, T), (T,)
-        state.traj_ids.add(traj.id)
-        if state.arrived[traj.group] == 0:
-            self.acc.open_group(traj.group)
-            state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
-        logp, aux = forward_terms(self.model, self.ref_model, self.algo, ids)  # (1, T), (1, T) | None
-        self.logprobs.keep(traj.id, logp[0])
-        w = agg_weights(mask, self.algo.loss_agg_mode, dtype=logp.dtype)  # (T,)
-        (w * pg_token_loss(logp[0], 1.0)).sum().backward(retain_graph=aux is not None)
-        self.acc.add_to_group(traj.group, traj.reward)
-        if aux is not None:
-            (w * aux[0]).sum().backward()
-            self.acc.add_direct()
-        del logp, aux, w
-        state.arrived[traj.group] += 1
-        n_tokens = sum(traj.loss_mask)
-        state.n_tokens += n_tokens
-        t1 = time.monotonic()
-        if on_phase:
-            on_phase(Kind.BACKWARD, t0, t1, traj.id, traj.group)
-
-        stats = {"n_tokens": n_tokens, "group_closed": False, "backward_s": t1 - t0, "close_s": 0.0}
-        if state.arrived[traj.group] == size:
-            mu, denom = self.acc.close_group(traj.group, self.algo.advantage.std, self.algo.advantage.eps)
-            t2 = time.monotonic()
-            if on_phase:
-                on_phase(Kind.GROUP_CLOSE, t1, t2, None, traj.group)
-            stats.update(group_closed=True, close_s=t2 - t1, group_mean=mu, group_denom=denom)
-        return stats
-
-    def _complete_opd_trajectory(self, state: _Batch, traj: Trajectory) -> dict:
-        expected = traj.n_scored
-        got = state.scored_by_traj.get(traj.id, 0)
-        if got != expected:
-            raise ValueError(
-                f"trajectory {traj.id}: {got} of its {expected} scored tokens arrived as turns before it ended"
-            )
-        state.traj_ids.add(traj.id)
-        return {"n_tokens": expected, "group_closed": False, "backward_s": 0.0, "close_s": 0.0}
+        return self.learn([traj], on_phase)
 
     def on_turn(self, turn: ScoredTurn, on_phase: PhaseCallback | None = None) -> dict:
-        """OPD: backward of Σ_{t∈turn} (stopgrad logp_t − logp^T_t) ρ_t (+ KL/entropy) straight into G.
-
-        The forward runs over the trajectory prefix up to the turn's end; only the turn's tokens
-        are in the loss. Their count joins N_tokens, applied once in ``finish_batch``.
-        """
-        state = self._state("on_turn")
-        owner = f"turn {turn.turn} of trajectory {turn.traj}"
-        if self.algo.objective != "opd":
-            raise ValueError(f"{owner}: on_turn is for objective opd; GRPO learns per trajectory (on_trajectory)")
-        self._admit(state, turn.group, owner)
-        if (turn.traj, turn.turn) in state.turns:
-            raise ValueError(f"{owner}: already fed in this batch")
-        start, end = turn.turn_span
-        if not 1 <= start < end <= len(turn.input_ids):
-            raise ValueError(f"{owner}: turn_span {turn.turn_span} must satisfy 1 <= start < end <= {len(turn.input_ids)}")
-        t0 = time.monotonic()  # the span covers the turn's inputs, forward, backward, graph release
-        device = _device(self.model)
-        ids = _long_tensor(turn.input_ids[:end], device, f"{owner}: input_ids")[None]  # (1, end)
-        all_scored = [1] * (end - start)
-        teacher = _per_position(turn.teacher_logprobs, all_scored, "teacher_logprobs", owner, torch.float64, device)
-        state.turns.add((turn.traj, turn.turn))
-        logp, aux = forward_terms(self.model, self.ref_model, self.algo, ids)  # (1, end)
-        self.logprobs.keep(turn.traj, logp[0])
-        teacher = teacher.to(logp.dtype)  # (end - start,)
-        terms = opd_token_loss(logp[0, start:], teacher)
-        if aux is not None:
-            terms = terms + aux[0, start:]
-        terms.sum().backward()  # every OPD token weight is 1 (OPD_LOSS_AGG_MODES)
-        self.acc.add_direct()
-        del logp, aux, terms
-        state.n_tokens += end - start
-        state.scored_by_traj[turn.traj] += end - start
-        t1 = time.monotonic()
-        if on_phase:
-            on_phase(Kind.BACKWARD, t0, t1, turn.traj, turn.group)
-        return {"n_tokens": end - start, "group_closed": False, "backward_s": t1 - t0, "close_s": 0.0}
+        return self.learn([turn], on_phase)
 
     def finish_batch(self) -> dict:
         """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete."""
         state = self._state("finish_batch")
         n_traj = sum(state.group_sizes.values())
         if self.algo.objective == "grpo":
-            missing = {g: n for g, n in state.arrived.items() if n < state.group_sizes[g]}
+            missing = {g: len(grp.arrived) for g, grp in state.planner.groups.items() if len(grp.arrived) < grp.size}
             if missing:
                 detail = ", ".join(f"{g} ({n}/{state.group_sizes[g]})" for g, n in missing.items())
                 raise OpenGroupError(f"finish_batch: groups not complete: {detail}")
-        normaliser = batch_normaliser(
-            self.algo.loss_agg_mode, state.n_tokens, n_traj, self.algo.loss_scale_constant
-        )
+        normaliser = batch_normaliser(self.algo.loss_agg_mode, state.n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         self._batch = None
-        return {"n_tokens": state.n_tokens, "n_traj": n_traj, "normaliser": normaliser, "peak_buffers": state.peak_buffers}
+        return {"n_tokens": state.n_tokens, "n_traj": n_traj, "normaliser": normaliser,
+                **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
+                "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
+                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path}
+
+    # -- GRPO --------------------------------------------------------------------------------
+    def _run(self, state: _Batch, tasks: list, on_phase: PhaseCallback | None) -> None:
+        """Closes and known-advantage rows first (finished groups first), then the open buckets."""
+        known: list[Row] = []
+        for task in tasks:
+            if isinstance(task, Close):
+                t0 = time.monotonic()
+                self.acc.close_group(task.group, task.mu, task.denom)
+                state.opened.discard(task.group)
+                state.closes += 1
+                if on_phase:
+                    on_phase(Kind.GROUP_CLOSE, t0, time.monotonic(), None, task.group)
+            elif isinstance(task, Known):
+                for traj, adv in zip(task.trajs, task.advantages):
+                    if adv == 0.0 and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0:
+                        state.skipped += 1  # exactly zero gradient: nothing to back-propagate
+                        self.logprobs.skip(traj.id)
+                    else:
+                        known.append(grpo_row(traj, adv))
+        for rows in plan_micro_batches(known, self.options.budget):
+            self._micro_batch(state, rows, None, on_phase)
+        for task in tasks:
+            if isinstance(task, Bucket):
+                if task.group not in state.opened:
+                    self.acc.open_group(task.group)
+                    state.opened.add(task.group)
+                    state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
+                state.speculative += len(task.trajs) if task.speculative else 0
+                rows = [grpo_row(t, 1.0) for t in task.trajs]
+                for part in plan_micro_batches(rows, self.options.budget):
+                    self._micro_batch(state, part, task, on_phase)
+
+    def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
+                     on_phase: PhaseCallback | None) -> None:
+        """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
+        t0 = time.monotonic()
+        fwd = forward(self.model, self.ref_model, self.algo, rows)
+        self._keep_logprobs(fwd)
+        pg = on_policy_pg_loss(fwd, self.algo.objective)
+        aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
+        if bucket is None:
+            self.acc.add_direct(grads_of(pg if aux is None else pg + aux, self.acc.params))
+        else:
+            pg_grads, aux_grads = split_grads(pg, aux, self.acc.params, one_pass=self.path != "per-trajectory")
+            self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
+            if aux_grads is not None:
+                self.acc.add_direct(aux_grads)
+        del fwd, pg, aux
+        _report(state, rows, t0, time.monotonic(), on_phase)
+
+    def _keep_logprobs(self, fwd: Forward) -> None:
+        for b, row in enumerate(fwd.rows):
+            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+
+    # -- OPD ---------------------------------------------------------------------------------
+    def _learn_turns(self, state: _Batch, turns: list[ScoredTurn], on_phase: PhaseCallback | None) -> None:
+        """Every scored turn is known work (the teacher's log-probs are its weights): straight into G,
+        the turns of one trajectory in one row (per-trajectory: each turn its own)."""
+        by_traj: dict[int, list[ScoredTurn]] = defaultdict(list)
+        for turn in turns:
+            owner = f"turn {turn.turn} of trajectory {turn.traj}"
+            if turn.group not in state.group_sizes:
+                raise ValueError(f"{owner}: group {turn.group} is not in this batch's group_sizes")
+            if (turn.traj, turn.turn) in state.turns or turn.traj in state.ended:
+                raise ValueError(f"{owner}: already fed in this batch")
+            check_turn(turn)
+            state.turns.add((turn.traj, turn.turn))
+            by_traj[turn.traj].append(turn)
+        if self.path == "per-trajectory":
+            rows = [opd_row([turn]) for turn in turns]
+        else:
+            rows = [opd_row(ts) for ts in by_traj.values()]
+        for turn in turns:
+            n = turn.turn_span[1] - turn.turn_span[0]
+            state.n_tokens += n
+            state.scored_by_traj[turn.traj] += n
+        for part in plan_micro_batches(rows, self.options.budget):
+            self._micro_batch(state, part, None, on_phase)
+
+    def _end_opd_trajectory(self, state: _Batch, traj: Trajectory) -> None:
+        owner = f"trajectory {traj.id}"
+        if traj.group not in state.group_sizes:
+            raise ValueError(f"{owner}: group {traj.group} is not in this batch's group_sizes")
+        if traj.id in state.ended:
+            raise ValueError(f"{owner}: already fed in this batch")
+        got = state.scored_by_traj.get(traj.id, 0)
+        if got != traj.n_scored:
+            raise ValueError(f"{owner}: {got} of its {traj.n_scored} scored tokens arrived as turns before it ended")
+        state.ended.add(traj.id)
+
+
+def _report(state: _Batch, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
+    """Count a micro-batch and report it as one equal share of its interval per row."""
+    state.micro_batches += 1
+    state.rows += len(rows)
+    state.backward_s += t1 - t0
+    if on_phase:
+        share = (t1 - t0) / len(rows)
+        for k, row in enumerate(rows):
+            on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
+                     row.traj, row.group)
+
+
+def _memory_stats(acc: GradAccumulator, peak_buffers: int) -> dict:
+    """Peak gradient-sized buffers and their MB; on a GPU also the peak allocated memory of the step."""
+    mb = 2.0**20
+    stats = {"peak_buffers": peak_buffers, "peak_accumulator_mb": peak_buffers * acc.buffer_bytes() / mb}
+    device = acc.params[0].device
+    if device.type == "cuda":
+        stats["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / mb
+    return stats
 
 
 # ---------------------------------------------------------------- async / fully-async
@@ -315,59 +381,59 @@ class OffPolicyLearner:
     """One optimizer step per batch of (possibly stale) trajectories: clipped PPO against behavior log-probs.
 
     GRPO: A_i from each group's members in the batch. OPD: per-token A_t = log π_T − log π_b.
-    Same aggregation weights and batch normalisers as the on-policy learner.
+    Same aggregation weights and batch normalisers as the on-policy learner; micro-batched
+    under the token budget (``per-trajectory``: one trajectory per backward).
     """
 
-    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
+                 options: LearnerOptions | None = None):
         _check_ref(algo, ref_model)
         self.model, self.algo, self.ref_model = model, algo, ref_model
-        self.acc = GradAccumulator(_trainable(model))
+        self.options = options or LearnerOptions(path="micro-batched")
+        self.acc = self.options.accumulator(_trainable(model))
         self.logprobs = LogprobLedger()
+
+    @property
+    def path(self) -> str:
+        return self.options.path
 
     def train_batch(self, trajs: Sequence[Trajectory], on_phase: PhaseCallback | None = None) -> dict:
         if not trajs:
             raise ValueError("trajs: a batch needs at least one trajectory")
-        algo, device = self.algo, _device(self.model)
+        algo = self.algo
         adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
         for p in self.acc.params:
             p.grad = None
-        n_tokens, n_clipped, backward_s = 0, 0, 0.0
+        rows, skipped = [], 0
+        no_aux = algo.kl_coef == 0 and algo.entropy_coef == 0
         for traj in trajs:
-            owner = f"trajectory {traj.id}"
-            t0 = time.monotonic()  # the span covers the trajectory's inputs ... clip statistics
-            ids, mask = trajectory_tensors(traj, device)  # (1, T), (T,)
-            logp, aux = forward_terms(self.model, self.ref_model, algo, ids)
-            logp = logp[0]  # (T,)
-            self.logprobs.keep(traj.id, logp)
-            behavior = _per_position(traj.behavior_logprobs, traj.loss_mask, "behavior_logprobs", owner, logp.dtype, device)
+            row = off_policy_row(traj, algo.objective)
             if algo.objective == "grpo":
-                adv = adv_by_traj[traj.id]
-            else:
-                teacher = _per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner, logp.dtype, device)
-                adv = teacher - behavior  # (T,)
-            terms = clipped_pg_token_loss(logp, behavior, adv, algo.clip_ratio, mask)
-            if aux is not None:
-                terms = terms + aux[0]
-            w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
-            (w * terms).sum().backward()
-            self.acc.add_direct()
-            with torch.no_grad():
-                rho = torch.exp(logp - behavior)[mask.bool()]
-                n_clipped += int(((rho < 1 - algo.clip_ratio) | (rho > 1 + algo.clip_ratio)).sum())
-            n_tokens += sum(traj.loss_mask)
-            del logp, aux, terms, w, rho
-            t1 = time.monotonic()
-            backward_s += t1 - t0
-            if on_phase:
-                on_phase(Kind.BACKWARD, t0, t1, traj.id, traj.group)
+                row.adv = adv_by_traj[traj.id]
+                if row.adv == 0.0 and no_aux:  # −min(ρ·0, clip(ρ)·0) = 0: exactly no gradient
+                    skipped += 1
+                    self.logprobs.skip(traj.id)
+                    continue
+            rows.append(row)
+        n_tokens, n_clipped = sum(t.n_scored for t in trajs), 0
+        state = _Batch(group_sizes={}, planner=None)  # counters only
+        for part in plan_micro_batches(rows, self.options.budget):
+            t0 = time.monotonic()
+            fwd = forward(self.model, self.ref_model, algo, part)
+            for b, row in enumerate(part):
+                self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+            loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)
+            self.acc.add_direct(grads_of(loss, self.acc.params))
+            n_clipped += clipped
+            del fwd, loss
+            _report(state, part, t0, time.monotonic(), on_phase)
         normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         return {
-            "n_tokens": n_tokens,
-            "n_traj": len(trajs),
-            "normaliser": normaliser,
-            "clip_frac": n_clipped / max(n_tokens, 1),
-            "backward_s": backward_s,
+            "n_tokens": n_tokens, "n_traj": len(trajs), "normaliser": normaliser,
+            "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
+            "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
+            **_memory_stats(self.acc, 1), "learner": self.path,
         }
 
 
@@ -377,33 +443,33 @@ class OffPolicyLearner:
 def reference_gradient(
     model: torch.nn.Module, trajs: Sequence[Trajectory], algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None
 ) -> dict[str, torch.Tensor]:
-    """Batch-synchronous on-policy gradient straight from docs/math.md: one loss over the batch, one backward.
+    """Batch-synchronous on-policy gradient straight from the formulas: one loss over the batch, one backward.
 
     loss = normaliser · Σ_i Σ_t w_{i,t} (ℓ_{i,t} + aux_{i,t}), ℓ = −A_i ρ (GRPO, advantages up front)
     or (stopgrad logp − logp^T) ρ (OPD); no accumulators, no group sums. Each trajectory's forward
     runs at its own length (no padding), as the learner's does, so that in float32 the comparison
-    measures the streaming algebra rather than the rounding of differently shaped matmuls (the
-    independent audit in ``learner.audit`` does use a padded batch). Does not touch p.grad.
+    measures the learner's algebra (running sums, buckets, micro-batches) against the plainest
+    form; its padding costs float32 ~3e-7 at most (docs/learner.md). The independent audit in
+    ``learner.audit`` uses a padded batch. Does not touch p.grad.
     """
     _check_ref(algo, ref_model)
     if not trajs:
         raise ValueError("trajs: a batch needs at least one trajectory")
-    device = _device(model)
     adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
     traj_losses, n_tokens = [], 0
     for traj in trajs:
-        ids, mask = trajectory_tensors(traj, device)  # (1, T), (T,)
-        logp, aux = forward_terms(model, ref_model, algo, ids)
-        logp = logp[0]  # (T,)
+        check_trajectory(traj)
+        fwd = forward(model, ref_model, algo, [Row(traj.id, traj.group, traj.input_ids, traj.loss_mask)])
+        logp, mask = fwd.logp[0], fwd.mask[0]  # (T,) each: one row, nothing padded
         if algo.objective == "grpo":
             terms = pg_token_loss(logp, adv_by_traj[traj.id])
         else:
-            owner = f"trajectory {traj.id}"
-            terms = opd_token_loss(logp, _per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner, logp.dtype, device))
-        if aux is not None:
-            terms = terms + aux[0]
+            teacher = per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", f"trajectory {traj.id}")
+            terms = opd_token_loss(logp, torch.tensor(teacher, dtype=logp.dtype, device=logp.device))
+        if fwd.aux is not None:
+            terms = terms + fwd.aux[0]
         traj_losses.append((agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype) * terms).sum())
-        n_tokens += int(mask.sum())
+        n_tokens += traj.n_scored
     normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
     loss = normaliser * torch.stack(traj_losses).sum()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

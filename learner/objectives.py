@@ -39,16 +39,24 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, with_entropy: bool = False
+    model: torch.nn.Module, input_ids: torch.Tensor, with_entropy: bool = False,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logp[:, t] = log softmax(logits[:, t−1])[input_ids[:, t]], logp[:, 0] = 0.
 
     With ``with_entropy`` also returns H[:, t] = −Σ_v p_v log p_v of the same next-token
     distribution (H[:, 0] = 0). Works with any HF causal LM (``model(input_ids).logits``).
+    ``attention_mask`` (B, T): 1 on real tokens, 0 on right padding. Rows are right-padded, so
+    every real token keeps position t and, attention being causal, sees only real tokens; the
+    values at padded positions are finite and meaningless (the caller masks them out).
     """
     if input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids: expected a (B, T) LongTensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
-    logits = model(input_ids=input_ids, use_cache=False).logits  # (B, T, V)
+    extra = {}
+    if attention_mask is not None:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        extra = {"attention_mask": attention_mask, "position_ids": positions[None].expand_as(input_ids)}
+    logits = model(input_ids=input_ids, use_cache=False, **extra).logits  # (B, T, V)
     logits = logits[:, :-1].to(compute_dtype(logits.dtype))  # (B, T-1, V) predicts tokens 1..T-1
     logprobs_all = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
     logp = logprobs_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
@@ -60,7 +68,7 @@ def token_logprobs(
 
 
 def agg_weights(loss_mask: torch.Tensor, mode: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Reward-independent per-token weight w_{i,t} of one trajectory, (T,) → (T,).
+    """Reward-independent per-token weight w_{i,t}, (T,) → (T,) for one trajectory or (B, T) → (B, T).
 
     token-mean, seq-mean-token-sum, seq-mean-token-sum-norm: w = m;
     seq-mean-token-mean: w = m/|o_i| with |o_i| = Σ_t m_{i,t} (a trajectory with no scored
@@ -70,7 +78,7 @@ def agg_weights(loss_mask: torch.Tensor, mode: str, dtype: torch.dtype = torch.f
         raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
     m = loss_mask.to(dtype)
     if mode == "seq-mean-token-mean":
-        return m / m.sum().clamp(min=1.0)
+        return m / m.sum(-1, keepdim=True).clamp(min=1.0)
     return m
 
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Protocol
 
+from learner.chrome_trace import chrome_trace  # noqa: F401  (the export lives there; re-exported)
 
 
 class Kind:
@@ -21,7 +22,8 @@ class Kind:
     served to the pages, the JavaScript all name kinds through these."""
 
     GENERATE = "rollout.generate"
-    TOOL = "rollout.tool"
+    TOOL = "rollout.tool"  # the tool's real time
+    TOOL_WAIT = "rollout.tool_wait"  # the modelled latency after it (task.tool_latency)
     VERIFY = "rollout.verify"
     TEACHER = "teacher.score"
     BACKWARD = "learner.backward"
@@ -30,10 +32,10 @@ class Kind:
     PUBLISH = "learner.publish"
 
 
-SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.VERIFY, Kind.TEACHER,
+SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER,
                                Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
 LEARNER_KINDS = (Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
-ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.VERIFY, Kind.TEACHER)
+ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER)
 
 
 class Metric:
@@ -269,27 +271,3 @@ def window_metrics(spans: Iterable[Span | dict], t_start: float, t_end: float) -
         "trainer/idle_ratio": 1.0 - union_length(learner, t_start, t_end) / width,
         "rollouter/idle_ratio": 1.0 - union_length(rollout, t_start, t_end) / width,
     }
-
-
-def chrome_trace(spans: Iterable[Span | dict], run_name: str = "run") -> dict[str, Any]:
-    """Chrome Trace Event JSON (opens in Perfetto): pid 1 = learner, pid 2 = rollout fleet."""
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"{run_name}: learner"}},
-        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": f"{run_name}: rollout fleet"}},
-    ]
-    tids: dict[str, tuple[int, int]] = {}
-    for s in spans:
-        lane = _get(s, "lane")
-        if lane not in tids:
-            pid = 1 if lane.startswith("learner") else 2
-            tid = 1 + sum(1 for p, _ in tids.values() if p == pid)
-            tids[lane] = (pid, tid)
-            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": lane}})
-        pid, tid = tids[lane]
-        t0, t1 = _get(s, "t0"), _get(s, "t1")
-        events.append({
-            "ph": "X", "pid": pid, "tid": tid, "name": _get(s, "kind"), "cat": _get(s, "kind").split(".")[0],
-            "ts": round(t0 * 1e6, 3), "dur": round(max(t1 - t0, 0.0) * 1e6, 3),
-            "args": {k: _get(s, k) for k in ("seq", "step", "traj", "group", "turn", "policy_version", "tokens")},
-        })
-    return {"traceEvents": events, "displayTimeUnit": "ms"}

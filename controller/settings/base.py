@@ -98,8 +98,11 @@ THUNDERSYNC_LEARNER_COMMAND = (
 )
 THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
 # Directories a run config may load models from besides the built-ins (os.pathsep separated);
-# none by default (controller/server_paths.py).
+# none by default (controller/server_paths.py) ...
 THUNDERSYNC_MODEL_ROOTS = [p for p in os.environ.get("THUNDERSYNC_MODEL_ROOTS", "").split(os.pathsep) if p]
+# ... data sets from (task.path), and the custom rewards ('module:function') runs may use.
+THUNDERSYNC_DATA_ROOTS = [p for p in os.environ.get("THUNDERSYNC_DATA_ROOTS", "").split(os.pathsep) if p]
+THUNDERSYNC_REWARD_FUNCTIONS = [f for f in os.environ.get("THUNDERSYNC_REWARD_FUNCTIONS", "").split(",") if f]
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
 THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
@@ -114,6 +117,7 @@ THUNDERSYNC_HEARTBEAT_S = 2.0
 THUNDERSYNC_STALE_S = 20.0
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
 THUNDERSYNC_REQUEUE_AFTER_S = 30.0
+THUNDERSYNC_AUTO_RESUMES = 2  # a run whose supervisor is gone resumes from its checkpoint this often, then fails
 # The learner reports at least every few seconds while it trains; silence this long means
 # it hangs (a stuck tool, a blocked pipe): the run fails with that reason.
 THUNDERSYNC_PROGRESS_TIMEOUT_S = 600.0

@@ -7,13 +7,15 @@ driver's per-step metrics, docs/architecture.md); the first ``warmup`` steps are
     R           rollout_s: median over the *sync* run's steps of (last reward - step start).
                 In sync the learner waits for the last reward, so the batch rolls out alone:
                 this is the rollout makespan with nothing else on the machine's other core.
-    L           learner_s: median over the *sync* run's steps of (step end - first backward).
+    L           learner_s: median over the *sync* run's steps of (step end - first backward); sync
+                trains micro-batched (docs/learner.md), the best learner a user would run. The
+                ``sync-per-trajectory`` reference row is held against its own, the earlier learner's.
                 Sync starts learning only with every reward in hand, so this is the learner's
                 wall time alone: backward passes, group closes, the barrier's checks, optimizer,
                 publish and the replicas' weight-load acks, whether or not the driver wraps each
                 of them in a span (``learner_busy_s``, the union of learner spans, is beside it).
     bound_s     max(R, L): no schedule can beat it, since each step must both roll out and
-                learn its batch (docs/bench.md); efficiency = bound_s / step_s.
+                learn its batch; efficiency = bound_s / step_s.
 
 R and L are properties of the workload, measured once where each runs alone, so every
 schedule is held against the same bound. What each schedule itself spent is reported beside
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
 
@@ -125,26 +128,36 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "staleness_max": int(max(v[Metric.STALENESS_MAX] for v in steps)),
         "tail_s": median_of(lambda v: v[Metric.TAIL_S]),
         "peak_rss_mb": max(v[Metric.PEAK_RSS_MB] for v in steps),
+        # the learner path's memory and the zero-variance skip (docs/learner.md)
+        "peak_buffers": max(v.get(Metric.PEAK_BUFFERS, 1.0) for v in steps),
+        "peak_accumulator_mb": max(v.get("learner/peak_accumulator_mb", 0.0) for v in steps),
+        "skipped_trajectories": median_of(lambda v: v.get("learner/skipped_trajectories", 0.0)),
         "reward_mean": statistics.fmean(v[Metric.REWARD_MEAN] for v in steps),
         # fully-async: groups found too stale over the measured steps (0 for the others)
         "dropped_groups": int(sum(v.get(Metric.DROPPED_GROUPS, 0.0) for v in steps)),
     }
 
 
-def compare(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Add the workload's R, L, bound and each schedule's efficiency and speedup (needs sync)."""
+def compare(summaries: dict[str, dict[str, Any]], alone: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """Add the workload's R, L, bound and each schedule's efficiency and speedup (needs sync).
+
+    R and L are the micro-batched sync's; a row in ``alone`` (a sync run with another learner:
+    the ``sync-per-trajectory`` reference) is held against its own R and L, those of the learner
+    it trains with."""
     sync = summaries["sync"]
-    rollout_s, learner_s = sync["last_reward_s"], sync["learner_phase_s"]
-    bound = max(rollout_s, learner_s)
-    # per step, an on-policy step must roll out its own batch and learn it: max(R_i, L_i),
-    # whose median exceeds max(median R, median L) when R ≈ L and the steps vary
-    step_bound = sync["phase_max_s"]
-    return {
-        name: {**s, "rollout_s": rollout_s, "learner_s": learner_s, "bound_s": bound,
-               "efficiency": bound / s["step_s"], "bound_per_step_s": step_bound,
-               "efficiency_per_step": step_bound / s["step_s"], "speedup_vs_sync": sync["step_s"] / s["step_s"]}
-        for name, s in summaries.items()
-    }
+
+    def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
+        phases = s if name in alone else sync
+        rollout_s, learner_s = phases["last_reward_s"], phases["learner_phase_s"]
+        bound = max(rollout_s, learner_s)
+        # per step, an on-policy step must roll out its own batch and learn it: max(R_i, L_i),
+        # whose median exceeds max(median R, median L) when R ≈ L and the steps vary
+        step_bound = phases["phase_max_s"]
+        return {**s, "rollout_s": rollout_s, "learner_s": learner_s, "bound_s": bound,
+                "efficiency": bound / s["step_s"], "bound_per_step_s": step_bound,
+                "efficiency_per_step": step_bound / s["step_s"], "speedup_vs_sync": sync["step_s"] / s["step_s"]}
+
+    return {name: row(name, s) for name, s in summaries.items()}
 
 
 def step_timeline(events: list[dict[str, Any]], step: int) -> dict[str, Any]:
@@ -224,7 +237,7 @@ def calibrate(events: list[dict[str, Any]], warmup: int, scale_run: float) -> Ca
                 continue
             traj = e["traj"]
             end[traj] = max(end.get(traj, 0.0), e["t1"] - v[Metric.T_START])
-            if e["kind"] == Kind.TOOL:
+            if e["kind"] in MODELLED_KINDS:
                 tool[traj] = tool.get(traj, 0.0) + e["t1"] - e["t0"]
         if not end:
             raise BenchError(f"calibration: step {v['step']} has no rollout spans")

@@ -9,8 +9,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-COLORS = {"sync": "#7f7f7f", "async": "#1f77b4", "fully-async": "#9467bd", "streaming": "#d62728"}
-TABLE = [("step_s (median)", "step_s", "{:.2f}"), ("min-max", None, None), ("R rollout_s", "rollout_s", "{:.2f}"),
+COLORS = {"sync": "#7f7f7f", "sync-per-trajectory": "#c7c7c7", "async": "#1f77b4", "fully-async": "#9467bd",
+          "streaming": "#d62728"}
+TABLE = [("learner", "learner", "{}"), ("step_s (median)", "step_s", "{:.2f}"), ("min-max", None, None), ("R rollout_s", "rollout_s", "{:.2f}"),
          ("L learner_s", "learner_s", "{:.2f}"), ("bound_s", "bound_s", "{:.2f}"), ("efficiency", "efficiency", "{:.2f}"),
          ("efficiency vs per-step bound", "efficiency_per_step", "{:.2f}"),
          ("speedup vs sync", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),

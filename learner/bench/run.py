@@ -39,6 +39,9 @@ SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 MIN_REFINE_SCALE = 0.05  # below this the tool waits are too short to re-measure the scale from
 PROG = "thundersync bench"
+# Rows that are not schedules: (schedule, learner.path). The earlier learner, one forward+backward
+# per trajectory, kept as a reference beside the best sync (docs/bench.md).
+REFERENCE_ROWS = {"sync-per-trajectory": ("sync", "per-trajectory")}
 
 
 def _balances(text: str) -> list[float]:
@@ -84,16 +87,25 @@ class Runner:
         self.cfg, self.workdir = cfg, workdir
         self.costs: list[RunCost] = []  # wall time and step times of each run, in order
 
-    def train(self, label: str, schedule: str, steps: int, scale: float) -> list[dict[str, Any]]:
+    def config(self, row: str) -> RunConfig:
+        """The run config of a bench row: a schedule with its best learner, or a reference row."""
+        schedule, path = REFERENCE_ROWS.get(row, (row, "auto"))
         cfg = self.cfg.model_copy(deep=True)
         cfg.train.schedule = schedule
+        cfg.learner.path = path
+        return cfg
+
+    def train(self, label: str, row: str, steps: int, scale: float) -> list[dict[str, Any]]:
+        cfg = self.config(row)
+        schedule = cfg.train.schedule
         cfg.train.steps = steps
         cfg.task.tool_latency.scale = scale
         cfg.name = f"bench-{label}"
         config_path = self.workdir / f"{label}.yaml"
         events_path = self.workdir / f"{label}.jsonl"
         config_path.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-        print(f"{PROG}: {label}: {schedule}, {steps} steps, tool-latency scale {scale:.3g} ...", file=sys.stderr, flush=True)
+        print(f"{PROG}: {label}: {schedule} ({cfg.learner_path()} learner), {steps} steps, tool-latency scale "
+              f"{scale:.3g} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "learner.cli", "train", "--config", str(config_path), "--events", str(events_path),
@@ -125,37 +137,46 @@ def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
     """The simulator's prediction per schedule from the sync runs alone, at their machine speed."""
     from learner.sim.cli import simulate_all
 
+    schedules = [name for name in schedules if name in SCHEDULES]  # reference rows are not schedules
     results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
     return {name: {k: getattr(r, k) for k in ("step_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
                                                "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s")}
             for name, r in results.items()}
 
 
-def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dict[str, dict[str, float]]:
+def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dict[str, dict[str, Any]]:
     """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
-    over the sync runs' (nearly the same forward + backward in every schedule, so a ratio of
-    machine speeds; docs/bench.md says how fair), and the simulator's step time of it and of
-    sync on the sync workload at that speed (``at_speed``: compute scaled, modelled tool waits
-    not). A speedup against the simulated sync at the same speed is what the schedule gains on
-    a machine that holds still; the simulated step beside the measured one checks the schedule
-    model, not the drift."""
+    over the sync runs' (the same forward + backward in every schedule that trains with sync's
+    learner, so a ratio of machine speeds; docs/bench.md says how fair), and the simulator's step
+    time of it and of sync on the sync workload at that speed (``at_speed``: compute scaled,
+    modelled tool waits not). A speedup against the simulated sync at the same speed is what the
+    schedule gains on a machine that holds still; the simulated step beside the measured one
+    checks the schedule model, not the drift. A schedule with another learner path (streaming's
+    adaptive learner) does other work per backward span, so it has no speed factor: it is
+    simulated at sync's speed and has no same-speed speedup."""
     from learner.sim.cli import simulate_all
     from learner.sim.workload import at_speed
 
     out = {}
     for name, r in results.items():
-        slower = r["backward_ms"] / results["sync"]["backward_ms"]
-        sim = simulate_all(at_speed(pooled, slower), ["sync", name], steps=len(pooled.batches) + warmup, warmup=warmup)
-        out[name] = {"speed_factor": slower, "step_s": sim[name].step_s, "sync_step_s": sim["sync"].step_s}
+        if name not in SCHEDULES:
+            continue
+        same = r["learner"] == results["sync"]["learner"]
+        slower = r["backward_ms"] / results["sync"]["backward_ms"] if same else None
+        sim = simulate_all(at_speed(pooled, slower or 1.0), ["sync", name], steps=len(pooled.batches) + warmup,
+                           warmup=warmup)
+        out[name] = {"speed_factor": slower, "step_s": sim[name].step_s,
+                     "sync_step_s": sim["sync"].step_s if same else None}
     return out
 
 
 def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
-                      scale: float, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                      scale: float, rounds: int, reference: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure every schedule at one scale, ``rounds`` times in alternating order (sync first,
     then last, ...): a shared machine's speed drifts over minutes, and alternating puts the
-    drift on every schedule alike. Per-schedule results (steps pooled) and the simulation."""
-    order = list(dict.fromkeys(["sync", *schedules]))
+    drift on every schedule alike. Per-schedule results (steps pooled) and the simulation.
+    ``reference``: also the ``sync-per-trajectory`` row."""
+    order = list(dict.fromkeys(["sync", *(REFERENCE_ROWS if reference else []), *schedules]))
     runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in order}
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
@@ -163,7 +184,9 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
             run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
             runs[name].append(runner.train(run_label, name, steps + drain, scale))
     summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
-    results = compare(summaries)
+    results = compare(summaries, alone=set(REFERENCE_ROWS))
+    for name, r in results.items():
+        r["learner"] = runner.config(name).learner_path()
     from learner.sim.workload import SimInputError
 
     try:  # the sync recordings replayed: as they ran, and at each schedule's machine speed
@@ -178,7 +201,8 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
             r["speed_factor"] = own[name]["speed_factor"]
             r["simulated_step_s"] = own[name]["step_s"]
             r["simulated_error"] = own[name]["step_s"] / r["step_s"] - 1.0
-            r["speedup_same_speed"] = own[name]["sync_step_s"] / r["step_s"]
+            sync_at_speed = own[name]["sync_step_s"]
+            r["speedup_same_speed"] = sync_at_speed / r["step_s"] if sync_at_speed is not None else None
     return results, sim
 
 
@@ -220,7 +244,7 @@ def workload_info(cfg: RunConfig, steps: int, warmup: int, rounds: int, scale: f
     }
 
 
-COLUMNS = [("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
+COLUMNS = [("learner", "learner", "{}"), ("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
            ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
            ("eff/step", "efficiency_per_step", "{:.2f}"),
            ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
@@ -314,10 +338,10 @@ def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int, 
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
     if calibration and args.quick and not args.steps and not args.sweep:
         steps = quick_steps(runner, args, calibration, scale, time.monotonic() - started)
-    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds)
+    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds, reference=True)
     balance = None if args.scale is not None else args.balance
     doc = {
-        "schedules": {name: results[name] for name in dict.fromkeys(["sync", *args.schedules])},
+        "schedules": {name: results[name] for name in dict.fromkeys(["sync", *REFERENCE_ROWS, *args.schedules])},
         "simulated": sim,
         "workload": workload_info(cfg, steps, warmup, args.rounds, scale, balance, calibration, results["sync"]),
     }
@@ -331,8 +355,10 @@ def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibrati
     """Steps per run that fit what is left of --quick's budget, planned from the last
     calibration run (the machine as it is now; bench/plan.py)."""
     cost = runner.costs[-1]
-    order = list(dict.fromkeys(["sync", *args.schedules]))
+    order = list(dict.fromkeys(["sync", *REFERENCE_ROWS, *args.schedules]))
     estimates = step_estimates(order, cost.steady_step_s, calibration.rollout_at(scale), calibration.learner_s)
+    for name in REFERENCE_ROWS:  # a sync whose learner takes about twice the micro-batched L (docs/learner.md)
+        estimates[name] = cost.steady_step_s + calibration.learner_s
     drains = {name: drain_steps(name, runner.cfg.train.max_staleness) for name in order}
     steps, total = plan_steps(QUICK_BUDGET_S - elapsed_s, cost.fixed_s, estimates, drains, args.rounds,
                               most=QUICK_STEPS, least=args.warmup + 2)

@@ -151,6 +151,8 @@ class Trainer:
         self.rollouts.drain_spans()
         spans, waits = self.recorder.window(rec.t_start, t_end)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
+        if self.parts.evaluator is not None and self.parts.evaluator.due(rec.step):  # the policy just published
+            values.update(self.parts.evaluator.run(rec.step))
         self.sink.emit(StepMetrics(rec.step, values))
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
@@ -169,9 +171,8 @@ class Trainer:
                 self.dispatch_open()  # async: the next batch rolls out while this one trains
                 self.train_step(held)
                 published = self.now()
-                if not rules.off_policy(self.schedule):
-                    # the next batch's first turn generates while this step's metrics are made
-                    self.dispatch_open()
+                if not rules.off_policy(self.schedule):  # the next batch's first turn generates
+                    self.dispatch_open()  # while this step's metrics are made
                 self.finish_step(t_end=published)
                 self.after_step(step)
             if rules.off_policy(self.schedule):

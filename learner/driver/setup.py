@@ -12,9 +12,11 @@ import torch
 
 from learner.config import RunConfig
 from learner.driver import rules
+from learner.evaluation import Evaluator
 from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
+from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
 from learner.rollout.env import Environment, make_env
 from learner.rollout.fleet import Fleet
@@ -36,6 +38,7 @@ class RunParts:
     env: Environment
     store: WeightStore
     fleet: Fleet
+    evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
 
 
 def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
@@ -61,7 +64,9 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(model, cfg.algorithm, ref)
     env = make_env(cfg.task)
+    evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
+                 if cfg.train.eval_every else None)
     store = WeightStore(publish_view(model), counters=booted.counters)
     fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
     gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
-    return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet)
+    return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet, evaluator)

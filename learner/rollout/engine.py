@@ -75,7 +75,10 @@ class Engine(Protocol):
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
     """Sample one token per row of logits (B, V) with temperature and nucleus (top-p) by
     inverse CDF on the uniforms ``u`` (B,): each row's draw depends only on its own
-    random stream, so a trajectory samples the same tokens whatever batch it lands in."""
+    random stream, so a trajectory samples the same tokens whatever batch it lands in.
+    ``temperature`` 0 is greedy: the most likely token (eval, learner.evaluation)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
     probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
     sorted_p, idx = probs.sort(dim=-1, descending=True)
     if top_p < 1.0:

@@ -214,6 +214,7 @@ def canonical_turns(task: Task) -> list[tuple[str, str | None]]:
 EnvFactory = Callable[[TaskConfig], Environment]
 _REGISTRY: dict[str, EnvFactory] = {}
 DATA_TASKS: tuple[str, ...] = ("dataset", "reasoning-gym")  # registered by learner.rollout.data_env
+SANDBOX_TASK = "python-sandbox"  # registered by learner.rollout.sandbox_task
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -224,10 +225,12 @@ def register_env(name: str, factory: EnvFactory) -> None:
 def make_env(config: TaskConfig) -> Environment:
     if config.name in DATA_TASKS:
         import learner.rollout.data_env  # noqa: F401  (registers them; imports their libraries)
+    elif config.name == SANDBOX_TASK:
+        import learner.rollout.sandbox_task  # noqa: F401  (registers it)
     try:
         factory = _REGISTRY[config.name]
     except KeyError:
-        known = ", ".join(sorted({*_REGISTRY, *DATA_TASKS}))
+        known = ", ".join(sorted({*_REGISTRY, *DATA_TASKS, SANDBOX_TASK}))
         raise ValueError(f"task.name: unknown environment {config.name!r} (registered: {known})") from None
     return factory(config)
 

@@ -38,6 +38,7 @@ class Fleet:
         self.out_q, self.cmd_qs, self.procs = booted.out_q, booted.cmd_qs, booted.procs
         self.load = [0] * len(self.procs)  # trajectories in flight per worker (least-loaded dispatch)
         self._owner: dict[int, int] = {}  # traj -> worker
+        self.receive_timeout_s = cfg.rollout.receive_timeout_s
         cfg_json = cfg.model_dump_json()
         for q in self.cmd_qs:
             q.put(Init(cfg_json, policy_dir, teacher_dir, store.tensors, origin))
@@ -51,19 +52,22 @@ class Fleet:
                 self._early.append(msg)
 
     def _get_raw(self, timeout: float | None, interruptible: bool = True):
+        """The next message; every wait has a limit (default ``rollout.receive_timeout_s``):
+        a fleet silent that long (a hung tool past its own timeout, a stuck engine) fails the run."""
+        limit = self.receive_timeout_s if timeout is None else timeout
+        timeout = limit
         while True:
             if interruptible:
                 stopping.check()  # a safe point: SIGTERM/SIGINT stop the run here (learner/stopping.py)
             try:
-                msg = self.out_q.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
+                msg = self.out_q.get(timeout=min(timeout, 1.0))
             except queue.Empty:
                 dead = [p.name for p in self.procs if not p.is_alive()]
                 if dead:
                     raise RolloutError(f"rollout worker(s) {', '.join(dead)} died")
-                if timeout is not None:
-                    timeout -= 1.0
-                    if timeout <= 0:
-                        raise TimeoutError("no message from the rollout fleet")
+                timeout -= 1.0
+                if timeout <= 0:
+                    raise TimeoutError(f"no message from the rollout fleet for {limit:g}s (rollout.receive_timeout_s)")
                 continue
             if isinstance(msg, Failed):
                 raise RolloutError(f"rollout worker {msg.worker}: {msg.error}")

@@ -41,6 +41,10 @@ class Stop(NamedTuple):
     pass
 
 
+class Wake(NamedTuple):
+    """Inside a worker: a tool call returned (``rollout/tool_calls.py``), step the loops."""
+
+
 # -- worker -> driver --------------------------------------------------------------
 
 

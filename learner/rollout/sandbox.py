@@ -8,6 +8,9 @@ What confines the child (set in ``preexec_fn``, i.e. after fork, before exec):
   (``memory_mb``), file size, open files, no core dumps, and a process count (the process
   count is not enforced for root);
 - its own session, so the whole process group is killed at the wall-clock limit and at exit;
+  a descendant that left the group (``setsid()``) is found by a token in its inherited
+  environment and killed too (``_sweep``; a process that rewrites its environment block
+  could still hide);
 - no network. Preferred: a new, empty network namespace (``unshare(CLONE_NEWNET)``, needs
   root or user namespaces); every socket then has no route, loopback included. Fallback
   when that is not permitted: an audit hook installed before the user code refuses to
@@ -30,14 +33,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import IO, Literal
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not import
 MAX_FILE_BYTES = 16 * 2**20
 MAX_OPEN_FILES = 64
 MAX_PROCESSES = 64
+SANDBOX_TOKEN = "THUNDERSYNC_SANDBOX_CALL"  # in every sandbox process's environment: the sweep finds them by it
 
 # Runs before the user's code when no network namespace is available.
 _AUDIT_PRELUDE = """
@@ -80,6 +86,9 @@ def _limits(cpu_s: int, memory_mb: int, isolate_network: bool):
         resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+        # its own session escapes the run's process-group kill: die with the thread that runs
+        # the call instead (a rollout worker killed mid-call leaves no sandbox behind)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if isolate_network:
             _unshare_network()
 
@@ -100,6 +109,36 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:  # the group is already empty
         pass
+
+
+def _sweep(token: str) -> int:
+    """SIGKILL every process whose environment carries this call's token, wherever it is now:
+    a child that left the sandbox's process group and session (``setsid()``) escapes the group
+    kill, and once its parent is gone it is no longer anyone's descendant we could walk to,
+    but it inherited the token. Repeats until none is left (a process forking while it is
+    killed). Returns how many were killed."""
+    needle, killed = f"{SANDBOX_TOKEN}={token}".encode(), 0
+    for _ in range(50):
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        if not found:
+            return killed
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    return killed
 
 
 def _reason(returncode: int, wall_killed: bool, duration_s: float, cpu_s: int) -> str | None:
@@ -125,7 +164,8 @@ def run_python(
     try:
         with open(os.path.join(workdir, "main.py"), "w") as src:
             src.write(code)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        token = uuid.uuid4().hex
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, SANDBOX_TOKEN: token}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             start = time.monotonic()
             try:
@@ -150,6 +190,7 @@ def run_python(
                 _kill_group(proc.pid)
                 proc.wait()
             _kill_group(proc.pid)  # background children outlive their parent otherwise
+            _sweep(token)  # ...and so do those that left the group with setsid()
             duration = time.monotonic() - start
             reason = _reason(proc.returncode, wall_killed, duration, cpu_s)
             return SandboxResult(

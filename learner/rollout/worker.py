@@ -10,12 +10,14 @@ sent to the learner) while the rest of the call decodes. Every phase is reported
 on the trajectory's slot lane.
 
 Messages to the driver (``out_q``) and commands from it: ``rollout/messages.py``.
+Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
+import math
 import queue
 import random
 import time
@@ -29,8 +31,9 @@ from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.chat import ChatFormat, turn_stop_ids
 from learner.rollout.env import Task, make_env, score_final
-from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Work
+from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Wake, Work
 from learner.rollout.models import stop_token_ids
+from learner.rollout.tool_calls import ToolCalls
 from learner.timeline import Kind, Span
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -53,8 +56,7 @@ class LoopState:
     turn_versions: list[int] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     teacher: list[float | None] | None = None
-    ready_at: float = 0.0  # run clock; the modelled tool latency ends here
-    tool_t0: float = 0.0
+    ready_at: float = 0.0  # run clock; the modelled tool latency ends here (inf: a tool call is running)
 
 
 def pin_to_core(core: int | None) -> None:
@@ -83,6 +85,7 @@ class AgentWorker:
     def now(self) -> float:
         return time.monotonic() - self.origin
 
+    # -- spans ---------------------------------------------------------------------
     def span(self, kind: str, t0: float, t1: float, loop: LoopState | None, turn=None, tokens=0, lane=None):
         self.spans.append(Span(loop.step if loop else -1, kind, t0, t1, lane or f"rollout/{self.wid}/{loop.slot}",
                                loop.traj if loop else None, loop.group if loop else None, turn,
@@ -94,10 +97,12 @@ class AgentWorker:
             self.spans = []
 
     def send(self, item: Trajectory | ScoredTurn) -> None:
-        """A finished trajectory or scored turn, with the spans recorded since the last send."""
+        """A finished trajectory or scored turn, with the spans recorded since the last send:
+        one pipe message instead of two (the learner's core reads every message)."""
         self.out_q.put(Finished(item, self.spans))
         self.spans = []
 
+    # -- weights -------------------------------------------------------------------
     def load(self, want: int | None) -> tuple[float, float]:
         t0 = self.now()
         self.store.read_into(self.engine.load_weights, want=want)
@@ -109,13 +114,13 @@ class AgentWorker:
             t0, t1 = self.load(None)
             self.span(Kind.PUBLISH, t0, t1, None, lane=f"replica/{self.wid}")
 
-    def handle(self, cmd: Load | Work | Stop) -> bool:
+    def handle(self, cmd: Load | Work | Stop | Wake) -> bool:
         if isinstance(cmd, Stop):
             return False
         if isinstance(cmd, Load):
             t0, t1 = self.load(cmd.version)
             self.out_q.put(Ack(self.wid, self.engine.version, t0, t1))
-        elif isinstance(cmd, Work):
+        elif isinstance(cmd, Work):  # (Wake: a tool call returned; the loop steps next)
             step = cmd.step
             encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
             for traj, group, task, seed in cmd.items:
@@ -131,6 +136,7 @@ class AgentWorker:
                 )
         return True
 
+    # -- the agent loop ------------------------------------------------------------
     def step_loops(self) -> None:
         now = self.now()
         ready = [lp for lp in self.loops.values() if lp.ready_at <= now]
@@ -186,17 +192,8 @@ class AgentWorker:
         result = self.chat.parse_turn(lp.task, text, stop_text) if out.stopped else None
         out_of_room = len(lp.ids) + self.cfg.rollout.max_new_tokens + 16 > self.max_len
         if result is not None and result.kind == "tool" and len(lp.turn_spans) < lp.task.max_turns and not out_of_room:
-            t0 = self.now()
-            output = self.env.run_tool(result.payload)  # the tool's real work
-            latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
-            obs_ids = self.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
-            lp.ids += obs_ids
-            lp.mask += [0] * len(obs_ids)
-            lp.blogp += [0.0] * len(obs_ids)
-            if lp.teacher is not None:
-                lp.teacher += [None] * len(obs_ids)
-            lp.ready_at = t0 + latency  # modelled tool latency (TaskConfig.tool_latency)
-            self.span(Kind.TOOL, t0, lp.ready_at, lp, turn=len(lp.turn_spans) - 1)
+            lp.ready_at = math.inf  # until the tool answers (learner/rollout/tool_calls.py)
+            self.tools.start(lp.traj, result.payload)
             return
         t0 = self.now()
         reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
@@ -212,12 +209,44 @@ class AgentWorker:
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
 
+
+def observe(worker: AgentWorker, lp: LoopState, t0: float, t1: float, output: str) -> None:
+    """The tool's answer joins the trajectory; the loop generates again after the
+    task's modelled latency. Spans: ``rollout.tool`` is the tool's real time,
+    ``rollout.tool_wait`` the modelled wait after it (TaskConfig.tool_latency)."""
+    start, end = lp.turn_spans[-1]
+    turn = len(lp.turn_spans) - 1
+    worker.span(Kind.TOOL, t0, t1, lp, turn=turn)
+    latency = worker.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
+    obs_ids = worker.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
+    lp.ids += obs_ids
+    lp.mask += [0] * len(obs_ids)
+    lp.blogp += [0.0] * len(obs_ids)
+    if lp.teacher is not None:
+        lp.teacher += [None] * len(obs_ids)
+    lp.ready_at = t1 + latency
+    if latency > 0:
+        worker.span(Kind.TOOL_WAIT, t1, lp.ready_at, lp, turn=turn)
+
+
 def serve(worker: AgentWorker, cmd_q) -> None:
     """The worker process's main loop: take the driver's commands, step the agent loops."""
     worker.out_q.put(Ready(worker.wid))
+    worker.tools = ToolCalls(worker.env.run_tool, worker.cfg.task.tool_timeout_s, worker.now,
+                             wake=lambda: cmd_q.put(Wake()))
+    try:
+        _serve(worker, cmd_q)
+    finally:
+        worker.tools.close()
+
+
+def _serve(worker: AgentWorker, cmd_q) -> None:
     while True:
+        for traj, t0, t1, output in worker.tools.finished():
+            observe(worker, worker.loops[traj], t0, t1, output)
         if worker.loops:
-            wait = max(0.0, min(lp.ready_at for lp in worker.loops.values()) - worker.now())
+            due = min(min(lp.ready_at for lp in worker.loops.values()), worker.tools.next_deadline())
+            wait = max(0.0, due - worker.now())
         elif worker.follow_latest:
             wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
         else:

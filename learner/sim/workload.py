@@ -188,8 +188,11 @@ def with_overrides(spec: SyntheticSpec, **values: Any) -> SyntheticSpec:
 # ---------------------------------------------------------------- replay of a recording
 
 
-# the labelled tool-latency model: a modelled wait, the same on a faster or slower machine
-MODELLED_KINDS = (Kind.TOOL,)
+# the labelled tool-latency model: a modelled wait, the same on a faster or slower machine.
+# rollout.tool_wait is that wait; rollout.tool is the tool's real work since the tool calls
+# left the agent loop's thread (microseconds for the calculator), and recordings made before
+# held the modelled wait in rollout.tool, so both count as modelled.
+MODELLED_KINDS = (Kind.TOOL, Kind.TOOL_WAIT)
 
 
 def _traj_at_speed(t: TrajWork, slower: float) -> TrajWork:

@@ -19,7 +19,7 @@ const FINAL_CLOSES = {
 const root = document.getElementById("run-app");
 const $ = (id) => document.getElementById(id);
 const el = {
-  badge: $("status-badge"), conn: $("conn"), error: $("error-box"), cancel: $("cancel-form"),
+  badge: $("status-badge"), conn: $("conn"), error: $("error-box"), cancel: $("cancel-form"), resume: $("resume-form"),
   idleLive: $("idle-live"), idleLiveHint: $("idle-live-hint"), idleLast: $("idle-last"),
   stepTime: $("step-time"), reward: $("reward"), staleness: $("staleness"),
   spansDrawn: $("spans-drawn"), barsHint: $("bars-hint"),
@@ -159,8 +159,9 @@ const requestMetrics = throttledRedraw(async () => {
 }, 400);
 
 // ---- Status ------------------------------------------------------------------------------
-function setStatus(next, error) {
+function setStatus(next, error, resumable = false) {
   status = next;
+  if (el.resume) el.resume.hidden = !resumable;
   if (!store.size) gantt.note(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
   el.badge.textContent = next;
   el.badge.className = `badge status-${next}`;
@@ -186,7 +187,7 @@ function handleFrame(frame) {
       if (replayDone) requestMetrics(); // during a replay the Gantt goes first, at replay_done
       break;
     case "status":
-      setStatus(frame.status, frame.error);
+      setStatus(frame.status, frame.error, frame.resumable);
       break;
     case "replay_done":
       replayDone = true;
@@ -249,5 +250,5 @@ if (DEBUG) window.__thundersync = {
 
 // The socket first: the server's replay overlaps the evaluation of plotly.js (deferred script).
 connect();
-setStatus(status, "");
+setStatus(status, "", Boolean(el.resume && !el.resume.hidden));
 watchUserZoom();

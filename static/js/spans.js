@@ -9,6 +9,7 @@ import { KIND, LEARNER_KINDS } from "./conventions.js";
 const KIND_COLOURS = new Map([
   [KIND.GENERATE, "#4c78a8"],
   [KIND.TOOL, "#f2a03d"],
+  [KIND.TOOL_WAIT, "#f7c98b"],
   [KIND.VERIFY, "#59a14f"],
   [KIND.TEACHER, "#b07aa1"],
   [KIND.BACKWARD, "#e15759"],

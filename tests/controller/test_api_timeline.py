@@ -2,6 +2,7 @@
 
 import csv
 import io
+import json
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_trace_export_is_chrome_trace_json(alice_client, alice_run):
     response = alice_client.get(url(alice_run, "trace.json"), {"step_from": 1})
     assert response.status_code == 200
     assert "attachment" in response["Content-Disposition"]
-    events = response.json()["traceEvents"]
+    events = json.loads(b"".join(response.streaming_content))["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
     assert len(complete) == 10 and all(e["args"]["step"] == 1 for e in complete)
     assert {e["pid"] for e in complete} == {1, 2}  # learner lane and rollout fleet
@@ -75,6 +76,6 @@ def test_metrics_csv_has_one_row_per_step(alice_client, alice_run):
     store_metrics(alice_run, steps=2)
     response = alice_client.get(url(alice_run, "metrics.csv"))
     assert response["Content-Type"] == "text/csv"
-    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    rows = list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
     assert rows[0] == ["step", "reward/mean", "timing_s/step", "trainer/idle_ratio"]
     assert rows[2] == ["1", "0.25", "2.0", "0.25"]

@@ -3,17 +3,20 @@
 import time
 
 import pytest
+import yaml
 
 from controller.models import Experiment, Run, Schedule
 from tests.learner.test_safe_yaml import alias_bomb
 
-from .conftest import QUICKSTART, post_json
+from .conftest import QUICKSTART, ROOT, post_json
 
 pytestmark = pytest.mark.django_db
 
 
 def timed(call):
-    """The call's CPU time on this thread (the server's parsing cost, not others' load)."""
+    """The call's CPU time on this thread (the server's parsing cost, not others' load),
+    after one warm-up call (a process's first request imports and builds the URL conf)."""
+    call()
     started = time.thread_time()
     result = call()
     return result, time.thread_time() - started
@@ -86,3 +89,31 @@ def test_schedule_knobs_cannot_reach_server_paths_either(alice_client, alice_exp
     assert response.status_code == 400
     assert "model.policy" in response.json()["errors"]["schedule"]
     assert not Run.objects.exists()
+
+
+def jsonl_math(**task) -> dict:
+    config = yaml.safe_load((ROOT / "configs" / "jsonl-math.yaml").read_text())
+    return {**config, "task": {**config["task"], **task}}
+
+
+@pytest.mark.parametrize("task, field", [
+    ({"path": "/etc/passwd"}, "task.path"),
+    ({"path": "thundersync.sqlite3"}, "task.path"),  # relative paths resolve against the project root
+    ({"path": "configs/data/../../controller/settings/base.py"}, "task.path"),
+    ({"reward": "os:system"}, "task.reward"),
+    ({"reward": "configs/data/reward.py:score"}, "task.reward"),
+])
+def test_data_sets_and_reward_code_are_confined(alice_client, task, field):
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": jsonl_math(**task)})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"].startswith(f"{field}: ")
+
+
+def test_shipped_data_data_roots_and_allowed_rewards_are_accepted(alice_client, settings, tmp_path):
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    settings.THUNDERSYNC_DATA_ROOTS = [str(tmp_path)]
+    settings.THUNDERSYNC_REWARD_FUNCTIONS = ["my_rewards:score"]
+    for task in ({}, {"path": str(tmp_path / "mine.jsonl")}, {"reward": "my_rewards:score"}, {"reward": "regex",
+                                                                                              "reward_pattern": "(.*)"}):
+        response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": jsonl_math(**task)})
+        assert response.status_code == 201, (task, response.content)

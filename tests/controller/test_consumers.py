@@ -15,17 +15,20 @@ from .conftest import store_metrics, store_spans
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def session_headers(user):
+def session_headers(user, origin=b"http://testserver"):
+    """A page at ``origin`` opening a socket on http://testserver (its Host) as ``user``."""
     client = Client()
     client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()), (b"host", b"testserver"),
+            (b"origin", origin)]
 
 
 async def connect(run, user=None, after=None, origin=b"http://testserver", scheme="ws", extra_headers=()):
-    """A socket opened on http://testserver (its Host header) from a page at ``origin``."""
-    headers = [(b"host", b"testserver"), (b"origin", origin), *extra_headers]
     if user:
-        headers += await database_sync_to_async(session_headers)(user)
+        headers = await database_sync_to_async(session_headers)(user, origin)
+    else:
+        headers = [(b"host", b"testserver"), (b"origin", origin)]
+    headers += list(extra_headers)
     path = f"/ws/runs/{run.pk}/" + (f"?after={after}" if after is not None else "")
     communicator = WebsocketCommunicator(application, path, headers=headers)
     communicator.scope["scheme"] = scheme

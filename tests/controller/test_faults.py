@@ -15,10 +15,12 @@ from django.utils import timezone
 
 from controller.celery import app
 from controller.launching import enqueue, launch_run
-from controller.models import Run, Span
+from controller.models import Experiment, Run, Span
+from learner.rollout.sandbox import SANDBOX_TOKEN
 
-from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, wait_final,
-                     wait_running_with_spans)
+from .conftest import QUICKSTART
+from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
+                     live_processes, wait_final, wait_running_with_spans)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BOUND_S = 60.0
@@ -139,6 +141,47 @@ def test_a_full_run_disk_fails_the_run_with_the_reason(worker, run_dir, alice_ex
     run = wait_final(run.pk, 240)
     assert run.status == "failed" and "No space left on device" in run.error.splitlines()[0], run.error
     assert_nothing_left(run)
+
+
+def sandbox_processes(learner_pgid: int) -> list[int]:
+    """The python-sandbox processes of a run: children of its rollout workers with the token."""
+    workers = set(group_members(learner_pgid))
+    found = []
+    for pid, stat in live_processes():
+        if int(stat[1]) in workers:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if SANDBOX_TOKEN.encode() in fh.read():
+                        found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
+def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset):
+    config = {**QUICKSTART, "task": {**QUICKSTART["task"], "name": "python-sandbox", "tool_timeout_s": 1.0}}
+    experiment = Experiment.objects.create(owner=alice, name="sandbox", config=config)
+    run_id = launch(experiment, sync_preset, 2)
+    pgid = wait_running_with_spans(run_id, 1).pids[0]
+    stopped: set[int] = set()
+    deadline = time.monotonic() + 240
+    while not Run.objects.get(pk=run_id).is_finished and time.monotonic() < deadline:
+        for pid in sandbox_processes(pgid):  # every tool process hangs (SIGSTOP: alive, never answers)
+            if pid not in stopped:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.add(pid)
+        time.sleep(0.02)
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "succeeded", run.error
+    assert stopped
+    spans = list(Span.objects.filter(run_id=run_id).values("kind", "t0", "t1", "traj"))
+    hung = [s for s in spans if s["kind"] == "rollout.tool" and s["t1"] - s["t0"] >= 1.0]
+    assert hung and all(s["t1"] - s["t0"] < 5.0 for s in hung)  # task.tool_timeout_s, not the sandbox's 5 s
+    # while a call hung, other trajectories kept generating (the tool runs off the loop's thread)
+    assert any(g["kind"] == "rollout.generate" and g["traj"] != h["traj"] and h["t0"] < g["t0"] < h["t1"]
+               for h in hung for g in spans)
+    assert_nothing_left(run)
+    assert not [pid for pid in stopped if os.path.exists(f"/proc/{pid}")]
 
 
 @pytest.fixture

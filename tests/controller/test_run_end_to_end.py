@@ -3,6 +3,7 @@ and the channel layer -> websocket. Each test trains (or starts) the tiny built-
 from configs/quickstart.yaml, so they are marked slow; CI runs them.
 """
 
+import json
 import os
 
 import pytest
@@ -51,7 +52,8 @@ async def test_a_launched_run_trains_and_streams_every_span_once(
     statuses = [f["status"] for f in frames if f["type"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
 
-    trace = (await database_sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")).json()
+    exported = await database_sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")
+    trace = json.loads(b"".join(exported.streaming_content))  # streamed (controller/exports.py)
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == len(stored)
 
 

@@ -10,7 +10,7 @@ from plotly.offline import get_plotlyjs_version
 from learner.bench.measure import Calibration, calibrate, compare, drain_steps, summarize
 from learner.cli import main
 
-FIELDS = ("step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
+FIELDS = ("learner_s", "step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
           "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s", "peak_rss_mb")
 
 TINY = """\
@@ -40,7 +40,15 @@ def tiny_bench(tmp_path_factory):
 @pytest.mark.slow
 def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     doc, _, _ = tiny_bench
-    assert list(doc["schedules"]) == ["sync", "streaming", "async"]
+    assert list(doc["schedules"]) == ["sync", "sync-per-trajectory", "streaming", "async"]
+    # every schedule with its best learner; the earlier per-trajectory learner as a reference row
+    assert {n: r["learner"] for n, r in doc["schedules"].items()} == {
+        "sync": "micro-batched", "sync-per-trajectory": "per-trajectory", "streaming": "adaptive",
+        "async": "micro-batched"}
+    sync, ref = doc["schedules"]["sync"], doc["schedules"]["sync-per-trajectory"]
+    assert sync["learner_s"] == sync["learner_phase_s"] == doc["workload"]["learner_s"]
+    assert ref["learner_s"] == ref["learner_phase_s"]  # held against its own learner's L
+    assert doc["schedules"]["streaming"]["learner_s"] == sync["learner_s"]  # against the best sync's L
     for name, r in doc["schedules"].items():
         for field in FIELDS:
             assert isinstance(r[field], (int, float)), (name, field)
@@ -81,11 +89,17 @@ def test_sync_learns_after_the_last_reward_and_the_async_drain_step_is_run_and_d
 @pytest.mark.slow
 def test_the_simulator_replays_the_sync_run_beside_the_measurement(tiny_bench):
     doc, _, _ = tiny_bench
-    for name, r in doc["schedules"].items():
+    schedules = {n: r for n, r in doc["schedules"].items() if n != "sync-per-trajectory"}  # not a schedule
+    assert "speed_factor" not in doc["schedules"]["sync-per-trajectory"]
+    for name, r in schedules.items():
         assert r["simulated_step_s"] > 0
         assert r["simulated_error"] == pytest.approx(r["simulated_step_s"] / r["step_s"] - 1)
-        # each schedule is simulated at the machine speed its runs met, read off its backward passes
-        assert r["speed_factor"] == pytest.approx(r["backward_ms"] / doc["schedules"]["sync"]["backward_ms"])
+        # each schedule with sync's learner is simulated at the machine speed its runs met, read
+        # off its backward passes; the adaptive learner's spans are other work: no speed factor
+        if r["learner"] == "micro-batched":
+            assert r["speed_factor"] == pytest.approx(r["backward_ms"] / doc["schedules"]["sync"]["backward_ms"])
+        else:
+            assert r["speed_factor"] is None and r["speedup_same_speed"] is None
     sync = doc["schedules"]["sync"]
     assert sync["speed_factor"] == 1.0 and sync["speedup_same_speed"] == pytest.approx(1 + sync["simulated_error"])
     assert doc["simulated"]["sync"]["staleness_max"] == 0
@@ -107,7 +121,8 @@ def test_balance_is_calibrated_in_two_sync_runs_and_the_measured_ratio_is_report
     assert rc == 0
     w = json.loads((tmp_path / "out.json").read_text())["workload"]
     runs = sorted(p.name for p in (tmp_path / "ev").glob("*.jsonl"))
-    assert runs == ["calibration-2.jsonl", "calibration.jsonl", "main-streaming.jsonl", "main-sync.jsonl"]
+    assert runs == ["calibration-2.jsonl", "calibration.jsonl", "main-streaming.jsonl",
+                    "main-sync-per-trajectory.jsonl", "main-sync.jsonl"]
     # the refined estimate is read from the second run, made at the first estimate
     assert w["calibration"]["scale_run"] > 0 and w["calibration"]["scale_run"] != 1.0
     assert w["balance_target"] == 20.0 and w["balance_measured"] == pytest.approx(w["rollout_s"] / w["learner_s"])
@@ -204,6 +219,15 @@ def test_compare_holds_every_schedule_against_the_sync_runs_rollout_and_learner(
     assert out["streaming"]["bound_s"] == 3.5
     assert out["streaming"]["efficiency"] == pytest.approx(3.5 / 3.8)
     assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.8)
+
+
+def test_the_per_trajectory_reference_row_is_held_against_its_own_learner():
+    sync = summarize([[_metrics(1, 0, 6.0, 3.0, 2.5)]], warmup=1)  # micro-batched: L = 3.5 s
+    slow = summarize([[_metrics(1, 0, 9.5, 6.0, 2.5)]], warmup=1)  # per-trajectory: L = 7.0 s
+    out = compare({"sync": sync, "sync-per-trajectory": slow}, alone={"sync-per-trajectory"})
+    ref = out["sync-per-trajectory"]
+    assert ref["learner_s"] == 7.0 and ref["bound_s"] == 7.0 and ref["efficiency"] == pytest.approx(7.0 / 9.5)
+    assert ref["speedup_vs_sync"] == pytest.approx(6.0 / 9.5) and out["sync"]["learner_s"] == 3.5
 
 
 def test_only_the_pipelined_schedules_have_drain_steps():

@@ -1,4 +1,4 @@
-"""Property tests: streaming equals the batch-synchronous reference gradient (docs/math.md tolerance)."""
+"""Property tests: every learner path equals the batch-synchronous reference gradient (docs/learner.md)."""
 
 import json
 import random
@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 import learner.exactness as exactness
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.exactness import random_batch, relative_error, run_case, streamed_gradient, tiny_llama
-from learner.gradients import reference_gradient
+from learner.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
+from learner.gradients import LEARNER_PATHS, reference_gradient
 from learner.objectives import OPD_LOSS_AGG_MODES
 
 torch.set_num_threads(1)
@@ -23,11 +23,13 @@ opd_case = st.tuples(st.just("opd"), st.sampled_from(OPD_LOSS_AGG_MODES), st.jus
 @given(
     combo=st.one_of(grpo_case, opd_case),
     dtype=st.sampled_from([torch.float32, torch.float64]),
+    learner=st.sampled_from(LEARNER_PATHS),
+    cap=st.sampled_from([0, 1, 2, None]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_streaming_matches_reference_on_random_batches(combo, dtype, seed):
+def test_every_learner_path_matches_reference_on_random_batches(combo, dtype, learner, cap, seed):
     objective, mode, std = combo
-    case = run_case(objective, mode, std, dtype, random.Random(seed))
+    case = run_case(CaseSpec(objective, mode, std, dtype, learner, cap), random.Random(seed))
     assert case["passed"], case
 
 
@@ -44,8 +46,8 @@ def test_streaming_keeps_several_groups_open_and_matches_sync_order():
     model = tiny_llama(torch.float64, 7)
     algo = AlgorithmConfig(advantage=AdvantageConfig(std="unbiased"))
     trajs = random_batch(random.Random(11))
-    interleaved, max_open = streamed_gradient(model, None, algo, trajs, random.Random(3))
-    assert max_open >= 2
+    interleaved, stats = streamed_gradient(model, None, algo, trajs, random.Random(3))
+    assert stats["max_open_groups"] >= 2
     assert relative_error(interleaved, reference_gradient(model, trajs, algo)) < 1e-12
 
 
@@ -60,12 +62,30 @@ def test_the_check_detects_a_wrong_advantage_convention():
     assert relative_error(streamed, ref) > 1e-3
 
 
-def test_run_cases_covers_every_combination_and_main_prints_json(monkeypatch, capsys):
-    cases = exactness.run_cases(seed=3, cases_per_combo=1)
-    combos = {(c["objective"], c["loss_agg_mode"], c["std"], c["dtype"]) for c in cases}
-    assert len(combos) == len(cases) == 2 * (len(LOSS_AGG_MODES) * len(STD_MODES) + len(OPD_LOSS_AGG_MODES))
+def test_case_specs_cover_every_combination_path_cap_and_zero_variance():
+    specs = exactness.case_specs()
+    conventions = {(s.objective, s.mode, s.std, s.dtype, s.learner) for s in specs}
+    n_combos = len(LOSS_AGG_MODES) * len(STD_MODES) + len(OPD_LOSS_AGG_MODES)
+    assert len(conventions) >= 2 * n_combos * len(LEARNER_PATHS)
+    caps = {(s.objective, s.learner, s.open_group_cap, s.accumulator, s.dtype) for s in specs}
+    for objective, learner in (("grpo", "per-trajectory"), ("grpo", "adaptive"), ("opd", "adaptive")):
+        for cap in (0, 1, 2, None):
+            for acc in ("device", "host"):
+                assert {(objective, learner, cap, acc, d) for d in (torch.float32, torch.float64)} <= caps
+    zero = {(s.learner, s.aux) for s in specs if s.zero_variance}
+    assert zero == {(learner, aux) for learner in LEARNER_PATHS for aux in ("off", "on")}
+
+
+def test_main_prints_json_naming_learner_and_cap(monkeypatch, capsys):
+    specs = [CaseSpec("grpo", "token-mean", "unbiased", torch.float64, "adaptive", 1, "host"),
+             CaseSpec("grpo", "token-mean", "unbiased", torch.float32, "micro-batched", None, "device", "off", True),
+             CaseSpec("opd", "token-mean", "n/a", torch.float32, "per-trajectory")]
+    cases = exactness.run_cases(seed=3, specs=specs)
     assert all(c["passed"] for c in cases), [c for c in cases if not c["passed"]]
+    assert cases[1]["skipped_trajectories"] > 0  # zero-variance members: no backward at all
     monkeypatch.setattr(exactness, "run_cases", lambda: cases)
     assert exactness.main(json_out=True) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["cases"][0].keys() >= {"objective", "loss_agg_mode", "std", "dtype", "rel_error", "tol", "passed"}
+    printed = json.loads(capsys.readouterr().out)["cases"]
+    assert [(c["learner"], c["open_group_cap"], c["accumulator_device"]) for c in printed] == [
+        ("adaptive", 1, "host"), ("micro-batched", 0, "device"), ("per-trajectory", None, "device")]
+    assert printed[0].keys() >= {"objective", "loss_agg_mode", "std", "dtype", "rel_error", "tol", "passed"}

@@ -8,10 +8,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 150
-# Left to its owner (issue 13's data tasks, landed after the layout change): make_env imports
-# data_env to register the data tasks, which import env's types. Listed so that no new pair
-# slips in meanwhile; remove the entry once env no longer imports data_env.
-KNOWN_CIRCLES = {("learner.rollout.data_env", "learner.rollout.env")}
+# Left to their owners (task modules landed after the layout change): make_env imports them to
+# register their tasks, and they import env's types. Listed so that no new pair slips in
+# meanwhile; remove an entry once env no longer imports that module.
+# issue 10's learner (landed after the driver split); listed so nothing else grows past the limit
+KNOWN_LONG = {"learner.gradients.StreamingLearner"}
+KNOWN_CIRCLES = {("learner.rollout.data_env", "learner.rollout.env"),
+                 ("learner.rollout.env", "learner.rollout.sandbox_task")}
 
 
 def module_name(path: Path) -> str:
@@ -53,6 +56,6 @@ def test_no_function_or_class_in_learner_is_longer_than_150_lines():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 length = node.end_lineno - node.lineno + 1
-                if length > MAX_LINES:
+                if length > MAX_LINES and f"{name}.{node.name}" not in KNOWN_LONG:
                     long.append(f"{name}.{node.name}: {length} lines")
     assert long == [], long

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_it_scrubs_the_environment(monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "hunter2")
     result = run_python("import os\nprint(sorted(os.environ))")
     assert "SECRET_TOKEN" not in result.stdout
-    assert result.stdout.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    assert result.stdout.strip() == "['HOME', 'LANG', 'PATH', 'THUNDERSYNC_SANDBOX_CALL', 'TMPDIR']"
 
 
 def test_it_truncates_a_flood_of_output():
@@ -99,3 +100,27 @@ def test_it_truncates_a_flood_of_output():
 def test_it_rejects_nonpositive_limits():
     with pytest.raises(ValueError, match="cpu_s: must be positive"):
         run_python("print(1)", cpu_s=0)
+
+
+def test_it_kills_a_grandchild_that_left_with_setsid(tmp_path):
+    marker = tmp_path / "escaped.pid"
+    code = (
+        "import os, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+        "print('spawned')\n"
+    )
+    result = run_python(code, wall_s=20)
+    assert result.stdout.strip() == "spawned", result.stderr
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break  # killed, waiting for init to reap it
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the setsid() grandchild {pid} is still alive")

@@ -7,16 +7,16 @@ import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig
 from learner.exactness import random_batch, relative_error, scored_turns, tiny_llama
-from learner.gradients import OffPolicyLearner, StreamingLearner, reference_gradient
-from learner.objectives import advantages, token_logprobs
+from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner, reference_gradient
+from learner.objectives import advantages, group_stats, token_logprobs
 from learner.streaming import GradAccumulator, OpenGroupError
 
 torch.set_num_threads(1)
 
 
-def fake_backward(param: torch.nn.Parameter, grad: torch.Tensor) -> None:
-    """Stand-in for loss.backward() when the gradient is chosen by the test."""
-    param.grad = grad.clone().to(param.dtype)
+def chosen(grad: torch.Tensor) -> list[torch.Tensor]:
+    """A one-parameter gradient list chosen by the test (stands in for torch.autograd.grad)."""
+    return [grad.clone()]
 
 
 def test_buffer_count_is_one_plus_two_per_open_group():
@@ -27,10 +27,8 @@ def test_buffer_count_is_one_plus_two_per_open_group():
         acc.open_group(group)
         assert acc.buffer_count() == 1 + 2 * k
     for group in ("a", "b", "c"):
-        fake_backward(p, torch.ones(3))
-        acc.add_to_group(group, 1.0)
-        assert p.grad is None  # consumed
-    acc.close_group("b", "unbiased", 1e-6)
+        acc.add_to_group(group, 1.0, chosen(torch.ones(3)))
+    acc.close_group("b", *group_stats([1.0], "unbiased", 1e-6))
     assert acc.buffer_count() == 1 + 2 * 2 and acc.open_groups == ["a", "c"]
 
 
@@ -38,8 +36,7 @@ def test_finalize_with_an_open_group_raises_naming_it():
     p = torch.nn.Parameter(torch.zeros(2))
     acc = GradAccumulator([p])
     acc.open_group(7)
-    fake_backward(p, torch.ones(2))
-    acc.add_to_group(7, 0.0)
+    acc.add_to_group(7, 0.0, chosen(torch.ones(2)))
     with pytest.raises(OpenGroupError, match="7"):
         acc.finalize(1.0)
 
@@ -52,11 +49,9 @@ def test_group_close_equals_sum_of_advantage_weighted_gradients():
     hs = [torch.randn(4, generator=gen, dtype=torch.float64) for _ in rewards]
     acc.open_group("g")
     for r, h in zip(rewards, hs):
-        fake_backward(p, h)
-        acc.add_to_group("g", r)
-    fake_backward(p, torch.full((4,), 2.0, dtype=torch.float64))
-    acc.add_direct(scale=0.5)
-    acc.close_group("g", "population", 1e-6)
+        acc.add_to_group("g", r, chosen(h))
+    acc.add_direct(chosen(torch.full((4,), 2.0, dtype=torch.float64)), scale=0.5)
+    acc.close_group("g", *group_stats(rewards, "population", 1e-6))
     acc.finalize(0.25)
     expected = 0.25 * (sum(a * h for a, h in zip(advantages(rewards, "population", 1e-6), hs)) + 1.0)
     assert torch.allclose(p.grad, expected, rtol=1e-14, atol=0)
@@ -67,9 +62,8 @@ def test_all_equal_group_adds_exactly_zero():
     acc = GradAccumulator([p])
     acc.open_group(0)
     for h in (torch.randn(3), torch.randn(3), torch.randn(3)):
-        fake_backward(p, h)
-        acc.add_to_group(0, 0.1)
-    acc.close_group(0, "unbiased", 1e-6)
+        acc.add_to_group(0, 0.1, chosen(h))
+    acc.close_group(0, *group_stats([0.1] * 3, "unbiased", 1e-6))
     acc.finalize(1.0)
     assert torch.equal(p.grad, torch.zeros(3))
 
@@ -83,9 +77,8 @@ def test_shifted_sum_survives_a_large_reward_offset_in_float32():
     hs = [torch.randn(64, generator=gen, dtype=torch.float64) for _ in rewards]
     acc.open_group(0)
     for r, h in zip(rewards, hs):
-        fake_backward(p, h)
-        acc.add_to_group(0, r)
-    acc.close_group(0, "unbiased", 1e-6)
+        acc.add_to_group(0, r, chosen(h))
+    acc.close_group(0, *group_stats(rewards, "unbiased", 1e-6))
     acc.finalize(1.0)
     exact = sum(a * h for a, h in zip(advantages(rewards, "unbiased", 1e-6), hs))
     assert float((p.grad.double() - exact).norm() / exact.norm()) < 1e-6
@@ -96,8 +89,7 @@ def test_accumulators_are_fp32_for_bf16_and_fp64_for_fp64():
     assert GradAccumulator([torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))]).dtype == torch.float64
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
     acc = GradAccumulator([p])
-    fake_backward(p, torch.ones(2))
-    acc.add_direct()
+    acc.add_direct(chosen(torch.ones(2)))
     acc.finalize(0.5)
     assert p.grad.dtype == torch.bfloat16 and torch.equal(p.grad.float(), torch.full((2,), 0.5))
 
@@ -109,20 +101,20 @@ def small_batch(seed: int):
 def test_streaming_learner_reports_phases_and_refuses_an_incomplete_batch():
     model = tiny_llama(torch.float32, seed=0)
     trajs = small_batch(0)
-    learner = StreamingLearner(model, AlgorithmConfig())
+    learner = StreamingLearner(model, AlgorithmConfig(), options=LearnerOptions(path="per-trajectory"))
     sizes = {g: sum(t.group == g for t in trajs) for g in {t.group for t in trajs}}
     learner.begin_batch(sizes)
     phases = []
     stats = learner.on_trajectory(trajs[0], on_phase=lambda *a: phases.append(a))
     assert phases[0][0] == "learner.backward" and phases[0][3:] == (trajs[0].id, trajs[0].group)
-    assert phases[0][1] <= phases[0][2] and stats["n_tokens"] == trajs[0].n_scored and not stats["group_closed"]
+    assert phases[0][1] <= phases[0][2] and stats["n_tokens"] == trajs[0].n_scored and not stats["groups_closed"]
     with pytest.raises(ValueError, match="already fed"):
         learner.on_trajectory(trajs[0])
     with pytest.raises(OpenGroupError, match=f"{trajs[0].group} \\(1/"):
         learner.finish_batch()
     for traj in trajs[1:]:
         stats = learner.on_trajectory(traj, on_phase=lambda *a: phases.append(a))
-    assert stats["group_closed"] and phases[-1][0] == "learner.group_close"
+    assert stats["groups_closed"] == 1 and "learner.group_close" in [p[0] for p in phases[-2:]]
     result = learner.finish_batch()
     assert result["n_traj"] == len(trajs) and result["n_tokens"] == sum(t.n_scored for t in trajs)
     assert all(p.grad is not None for p in model.parameters())

@@ -1,0 +1,73 @@
+"""Resume a run from its latest checkpoint: a new attempt of the same run
+(docs/controller.md, "Checkpoints and resume").
+
+Every run's learner writes under its run directory (``train.output_dir``, default
+``output``): the final model, and with ``train.checkpoint_every`` its checkpoints, each
+reported as a ``Checkpoint`` row. Resuming a failed or cancelled run puts it back in the
+queue with ``attempt`` raised; its next supervisor starts ``thundersync train --resume``
+on that directory. The learner continues with the step after the checkpoint, numbers its
+spans after every stored one and starts its clock after the last stored span, so the
+timeline and the charts continue; the metrics of steps the earlier attempt had done past
+the checkpoint are replaced by the new attempt's (one row per step).
+"""
+
+import uuid
+from functools import partial
+
+from django.db import transaction
+from django.db.models import F, Max
+
+from . import live
+from .models import Run, Span
+from .quotas import check_queue
+from .frames import status_frame
+
+DEFAULT_OUTPUT = "output"
+
+
+class ResumeRefused(Exception):
+    pass
+
+
+def output_dir(config: dict) -> str:
+    """Where the run's learner writes, relative to its run directory."""
+    return (config.get("train") or {}).get("output_dir") or DEFAULT_OUTPUT
+
+
+def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
+    """Queue the run again as its next attempt (``only_if``: field values it must still have)."""
+    from .launching import enqueue  # launching imports the task module, which imports this one
+
+    task_id = str(uuid.uuid4())
+    with transaction.atomic():
+        requeued = Run.objects.filter(pk=run_id, **(only_if or {})).update(
+            status=Run.Status.QUEUED, cancel_requested=False, error="", finished=None, supervisor="",
+            heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id,
+        )
+        if requeued:
+            transaction.on_commit(partial(enqueue, run_id, task_id))
+    if requeued:
+        live.publish(run_id, status_frame(Run.objects.get(pk=run_id)))
+    return bool(requeued)
+
+
+def request_resume(run: Run) -> Run:
+    """Resume ``run`` (failed or cancelled, with a checkpoint); raises ResumeRefused with the
+    reason, or quotas.QuotaExceeded."""
+    if run.status not in Run.RESUMABLE:
+        raise ResumeRefused(f"the run is {run.status}: only a failed or cancelled run can be resumed")
+    if not run.checkpoints.exists():
+        raise ResumeRefused("the run wrote no checkpoint to resume from (train.checkpoint_every)")
+    check_queue(run.experiment.owner)
+    if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}):
+        raise ResumeRefused("the run changed meanwhile: reload it")
+    run.refresh_from_db()
+    return run
+
+
+def resume_arguments(run: Run, run_dir) -> list[str]:
+    """``thundersync train`` arguments of a resumed attempt."""
+    stored = Span.objects.filter(run=run).aggregate(seq=Max("seq"), t=Max("t1"))
+    last_seq = stored["seq"] if stored["seq"] is not None else -1
+    return ["--resume", str(run_dir / output_dir(run.config)), "--seq-from", str(last_seq + 1),
+            "--clock-from", repr(float(stored["t"] or 0.0))]

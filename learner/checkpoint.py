@@ -1,0 +1,148 @@
+"""Checkpoints of a training run, and what resuming reads back (docs/checkpoints.md).
+
+An output directory (``thundersync train --output DIR``) holds::
+
+    DIR/run.yaml                      the run's config as trained (``--resume DIR`` reads it)
+    DIR/checkpoints/step-000002/      after step 2 (0-based): the state at that step boundary
+        model.safetensors             every tensor of the policy's state dict
+        optimizer.pt                  the optimizer's state dict (AdamW moments, step counts)
+        state.json                    counters, RNG states, the schedule's state (``RunState``)
+    DIR/config.json, DIR/model.safetensors, tokenizer files    the final policy (Hugging Face)
+
+A checkpoint is written into a temporary directory next to its final name and renamed
+into place (a rename is atomic on one filesystem), so a run killed while writing leaves the
+previous checkpoints intact and never a half-written one under a ``step-*`` name; only the
+last ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+# torch is imported where it is used: the CLI looks for checkpoints before it imports torch
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+RUN_CONFIG = "run.yaml"
+PREFIX = "step-"
+
+
+@dataclass
+class RunState:
+    """What a step boundary needs beyond the weights and the optimizer to continue the run
+    as if it had never stopped."""
+
+    steps_done: int  # the next step to train is this one
+    version: int  # policy version (optimizer steps taken)
+    seq: int  # next span seq
+    clock: float  # run clock (seconds since the run started) at the boundary
+    next_traj: int
+    next_group: int
+    rewards: list[float] = field(default_factory=list)
+    schedule: dict[str, Any] = field(default_factory=dict)  # the schedule's in-flight state (driver)
+    torch_rng: list[int] = field(default_factory=list)
+    python_rng: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def capture_rng(cls) -> dict[str, list]:
+        import torch
+
+        state = random.getstate()
+        return {"torch_rng": torch.get_rng_state().tolist(), "python_rng": [state[0], list(state[1]), state[2]]}
+
+    def restore_rng(self) -> None:
+        import torch
+
+        if self.torch_rng:
+            torch.set_rng_state(torch.tensor(self.torch_rng, dtype=torch.uint8))
+        if self.python_rng:
+            version, internal, gauss = self.python_rng
+            random.setstate((version, tuple(internal), gauss))
+
+
+def checkpoint_dir(out_dir: str | Path, steps_done: int) -> Path:
+    return Path(out_dir) / CHECKPOINTS / f"{PREFIX}{steps_done - 1:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep: int) -> Path:
+    """Write the checkpoint of the boundary after step ``state.steps_done - 1``; returns its path."""
+    import torch
+    from safetensors.torch import save_file
+
+    final = checkpoint_dir(out_dir, state.steps_done)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    save_file(tensors, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(asdict(state)))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # a resumed run that passes the same step again
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    for old in list_checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories are not checkpoints)."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").is_file())
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    found = list_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict, dict, RunState]:
+    """(model state dict, optimizer state dict, run state) of checkpoint ``path``."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    tensors = load_file(str(path / "model.safetensors"))
+    optim = torch.load(path / "optimizer.pt", weights_only=True)
+    state = RunState(**json.loads((path / "state.json").read_text()))
+    return tensors, optim, state
+
+
+def save_final_model(save, out_dir: str | Path) -> Path:
+    """Write the final policy with ``save(directory)`` into a temporary directory, then move
+    its files into ``out_dir`` (each move a rename): a reader never sees a torn model file."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".tmp-final-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(tmp)
+    for item in sorted(tmp.iterdir()):
+        target = out / item.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(item, target)
+    tmp.rmdir()
+    return out

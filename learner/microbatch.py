@@ -1,0 +1,236 @@
+"""Padded micro-batches under a token budget: one forward and one backward for many rows (docs/learner.md).
+
+A *row* is what one trajectory contributes to one backward: the tokens forwarded, the
+positions in the loss, and what weights them (GRPO: the advantage, known or 1 for a group's
+running sums; OPD: the teacher's log-probs; off-policy: the behavior log-probs). Rows are
+right-padded to the longest row of their micro-batch: position ids stay 0..T−1 for every real
+token and, attention being causal, no real token attends to padding; padded positions have
+loss weight 0. ``plan_micro_batches`` takes rows longest first while rows × longest row ≤
+``train.micro_batch_tokens`` (verl's and TRL's token budget; a row longer than the budget goes
+alone).
+
+    loss(micro-batch) = Σ_rows Σ_t w_{i,t} (pg_{i,t} + aux_{i,t})          (B, T) → scalar
+
+with w the aggregation weights of ``learner.objectives.agg_weights`` and the batch
+normaliser applied once at the barrier, as everywhere. Gradients come from
+``torch.autograd.grad`` and go to the caller's accumulator; ``p.grad`` is never touched.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from learner.config import AlgorithmConfig
+from learner.objectives import (
+    agg_weights,
+    aux_token_loss,
+    clipped_pg_token_loss,
+    opd_token_loss,
+    pg_token_loss,
+    token_logprobs,
+)
+from learner.trajectory import ScoredTurn, Trajectory
+
+PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
+
+
+@dataclass
+class Row:
+    traj: int
+    group: int
+    ids: list[int]  # tokens forwarded
+    mask: list[int]  # 1 where the token is in this row's loss
+    adv: float = 1.0  # on-policy GRPO: the coefficient of −ρ (A_i, or 1 for a running-sum member)
+    teacher: list[float] | None = None  # OPD: teacher log-prob per position (0 where mask is 0)
+    behavior: list[float] | None = None  # off-policy: behavior log-prob per position (0 where mask is 0)
+
+    @property
+    def n_scored(self) -> int:
+        return sum(self.mask)
+
+
+# ---------------------------------------------------------------- records → rows
+
+
+def check_trajectory(traj: Trajectory) -> None:
+    """input_ids and loss_mask consistent; raises ValueError naming the trajectory and field."""
+    n = len(traj.input_ids)
+    if n == 0:
+        raise ValueError(f"trajectory {traj.id}: input_ids is empty")
+    if len(traj.loss_mask) != n:
+        raise ValueError(f"trajectory {traj.id}: loss_mask has {len(traj.loss_mask)} entries for {n} input_ids")
+    if not set(traj.loss_mask) <= {0, 1}:
+        raise ValueError(f"trajectory {traj.id}: loss_mask entries must be 0 or 1")
+    if traj.loss_mask[0]:
+        raise ValueError(f"trajectory {traj.id}: loss_mask[0] is 1 but position 0 has no preceding token")
+    check_ids(traj.input_ids, f"trajectory {traj.id}: input_ids")
+
+
+def check_ids(values: Sequence[int], what: str) -> None:
+    try:
+        array.array("q", values)
+    except (TypeError, OverflowError) as err:
+        raise ValueError(f"{what}: must be a list of int64 values ({err})") from None
+
+
+def per_position(values: Sequence[float | None] | None, mask: Sequence[int], what: str, owner: str) -> list[float]:
+    """A per-position log-prob list, required and finite where mask is 1, 0.0 elsewhere."""
+    if values is None:
+        raise ValueError(f"{owner}: {what} is missing")
+    if len(values) != len(mask):
+        raise ValueError(f"{owner}: {what} has {len(values)} entries for {len(mask)} positions")
+    out = []
+    for t, (m, v) in enumerate(zip(mask, values)):
+        if m and (v is None or not math.isfinite(v)):
+            raise ValueError(f"{owner}: {what}[{t}] must be a finite log-prob for a scored token, got {v}")
+        out.append(float(v) if m else 0.0)
+    return out
+
+
+def grpo_row(traj: Trajectory, adv: float) -> Row:
+    check_trajectory(traj)
+    return Row(traj.id, traj.group, list(traj.input_ids), list(traj.loss_mask), adv=adv)
+
+
+def off_policy_row(traj: Trajectory, objective: str) -> Row:
+    """Row of the clipped off-policy loss; GRPO's advantage is set by the caller (``row.adv``)."""
+    check_trajectory(traj)
+    owner = f"trajectory {traj.id}"
+    behavior = per_position(traj.behavior_logprobs, traj.loss_mask, "behavior_logprobs", owner)
+    teacher = (per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner)
+               if objective == "opd" else None)
+    return Row(traj.id, traj.group, list(traj.input_ids), list(traj.loss_mask), teacher=teacher, behavior=behavior)
+
+
+def check_turn(turn: ScoredTurn) -> None:
+    owner = f"turn {turn.turn} of trajectory {turn.traj}"
+    start, end = turn.turn_span
+    if not 1 <= start < end <= len(turn.input_ids):
+        raise ValueError(f"{owner}: turn_span {turn.turn_span} must satisfy 1 <= start < end <= {len(turn.input_ids)}")
+    check_ids(turn.input_ids, f"{owner}: input_ids")
+    per_position(turn.teacher_logprobs, [1] * (end - start), "teacher_logprobs", owner)
+
+
+def opd_row(turns: Sequence[ScoredTurn]) -> Row:
+    """One row for scored turns of one trajectory: a forward over the longest prefix, the loss on
+    every turn's tokens (causal attention: a token's log-prob is the same in any longer prefix)."""
+    turns = sorted(turns, key=lambda t: t.turn_span[1])
+    ids = list(turns[-1].input_ids[: turns[-1].turn_span[1]])
+    mask, teacher = [0] * len(ids), [0.0] * len(ids)
+    for turn in turns:
+        start, end = turn.turn_span
+        if list(turn.input_ids[:end]) != ids[:end]:
+            raise ValueError(f"turn {turn.turn} of trajectory {turn.traj}: input_ids are not a prefix of its "
+                             "trajectory's later turns")
+        for t, v in zip(range(start, end), turn.teacher_logprobs):
+            mask[t], teacher[t] = 1, float(v)
+    return Row(turns[0].traj, turns[0].group, ids, mask, teacher=teacher)
+
+
+# ---------------------------------------------------------------- planning and padding
+
+
+def plan_micro_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
+    """Longest first, each micro-batch as many rows as fit rows × longest ≤ ``budget`` (at least one)."""
+    batches: list[list[Row]] = []
+    for row in sorted(rows, key=lambda r: -len(r.ids)):
+        if batches and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= budget:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+    return batches
+
+
+def _padded(rows: Sequence[Row], values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    width = max(len(r.ids) for r in rows)
+    flat = []
+    for r, v in zip(rows, values):
+        flat += list(v) + [0] * (width - len(r.ids))
+    if dtype == torch.long:
+        return torch.frombuffer(array.array("q", flat), dtype=torch.long).view(len(rows), width).to(device)
+    return torch.tensor(flat, dtype=dtype, device=device).view(len(rows), width)
+
+
+@dataclass
+class Forward:
+    """A micro-batch's forward: log-probs with their graph and the per-token terms, all (B, T)."""
+
+    rows: list[Row]
+    logp: torch.Tensor  # (B, T)
+    aux: torch.Tensor | None  # (B, T) KL/entropy terms, or None when both are off
+    mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
+    w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
+
+    def per_position(self, field: str) -> torch.Tensor:
+        return _padded(self.rows, [getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
+
+
+def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
+            rows: Sequence[Row]) -> Forward:
+    """One padded forward of ``rows`` (no attention mask for a single row: nothing is padded)."""
+    device = next(model.parameters()).device
+    rows = list(rows)
+    ids = _padded(rows, [r.ids for r in rows], torch.long, device)  # (B, T)
+    attn = None
+    if len(rows) > 1:
+        attn = _padded(rows, [[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
+    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn)
+    ref_logp = None
+    if algo.kl_coef > 0 and ref_model is not None:
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn)[0].to(logp.dtype)
+    aux = aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
+    mask = _padded(rows, [r.mask for r in rows], logp.dtype, device)  # (B, T)
+    return Forward(rows, logp, aux, mask, agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype))
+
+
+def _aux_loss(fwd: Forward) -> torch.Tensor | None:
+    return None if fwd.aux is None else (fwd.w * fwd.aux).sum()
+
+
+def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
+    """Σ w·pg: GRPO −A_i ρ per row (A_i = ``row.adv``); OPD (stopgrad logp − logp^T) ρ."""
+    if objective == "opd":
+        return (fwd.w * opd_token_loss(fwd.logp, fwd.per_position("teacher"))).sum()
+    adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
+    return (fwd.w * pg_token_loss(fwd.logp, adv)).sum()
+
+
+def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Tensor, int]:
+    """Σ w·(clipped PPO + aux) and the number of scored tokens whose ratio is outside the clip range."""
+    behavior = fwd.per_position("behavior")
+    if objective == "opd":
+        adv = fwd.per_position("teacher") - behavior  # (B, T) per-token A_t = log π_T − log π_b
+    else:
+        adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
+    terms = clipped_pg_token_loss(fwd.logp, behavior, adv, clip, fwd.mask)
+    if fwd.aux is not None:
+        terms = terms + fwd.aux
+    with torch.no_grad():
+        rho = torch.exp(fwd.logp - behavior)[fwd.mask.bool()]
+        clipped = int(((rho < 1 - clip) | (rho > 1 + clip)).sum())
+    return (fwd.w * terms).sum(), clipped
+
+
+def grads_of(loss: torch.Tensor, params: Sequence[torch.nn.Parameter], retain: bool = False) -> list:
+    return list(torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True))
+
+
+def split_grads(pg: torch.Tensor, aux: torch.Tensor | None, params: Sequence[torch.nn.Parameter],
+                one_pass: bool) -> tuple[list, list | None]:
+    """∇pg and ∇aux separately (they go to different accumulators). ``one_pass``: one batched
+    vector-Jacobian product with the two cotangents (1, 0) and (0, 1), a single traversal of the
+    graph; otherwise two backward passes (the first keeping the graph)."""
+    if aux is None:
+        return grads_of(pg, params), None
+    if not one_pass:
+        return grads_of(pg, params, retain=True), grads_of(aux, params)
+    eye = torch.eye(2, dtype=pg.dtype, device=pg.device)
+    both = torch.autograd.grad(torch.stack([pg, aux]), params, grad_outputs=eye, is_grads_batched=True,
+                               allow_unused=True)
+    return [None if g is None else g[0] for g in both], [None if g is None else g[1] for g in both]
