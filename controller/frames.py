@@ -2,6 +2,7 @@
 "Websocket"): the ingestor and the consumer only decide when to send which."""
 
 from .models import Run
+from .serializers import iso
 
 
 def spans_frame(spans: list[dict]) -> dict:
@@ -16,7 +17,13 @@ def metrics_frame(metrics: list[dict]) -> dict:
 
 def status_frame(run: Run) -> dict:
     return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "started": iso(run.started), "finished": iso(run.finished),
             "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
+
+
+def log_frame(first: int, lines: list[str]) -> dict:
+    """New lines of the run's log, the first of them line number ``first``."""
+    return {"type": "log", "first": first, "lines": lines}
 
 
 def replay_done_frame(last_seq: int) -> dict:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from learner import stopping
 from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint
-from learner.config import SCHEDULES, ConfigError, load_config
+from learner.cli_args import choice_list, int_list
+from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
 from learner.timeline import EventsUnwritable, JsonlSink
@@ -51,6 +52,11 @@ def check_resolvable(cfg) -> None:
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
+def boot_phase(text: str) -> None:
+    """A line the run page shows while the run starts (controller: the log's "boot: " lines)."""
+    print(f"boot: {text}", file=sys.stderr, flush=True)
+
+
 def report_failure(events: str | None, error: str) -> None:
     """Tell whoever reads the event stream why there is no (more) run."""
     if not events:
@@ -72,6 +78,12 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    if args.tensorboard:
+        overrides["tracking.tensorboard"] = args.tensorboard
+    if args.wandb:
+        overrides["tracking.wandb"] = True
+    if args.learner_world_size is not None:
+        overrides["learner.world_size"] = args.learner_world_size
     if args.output:
         overrides["train.output_dir"] = args.output
     if args.checkpoint_every is not None:
@@ -107,13 +119,19 @@ def cmd_train(args) -> int:
     stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
     stopping.tag_semaphores()
     stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
-    booted = None
+    booted, extra_sinks = None, []
     try:
         cfg = validated_config(args)
         if cfg.train.steps > 0:
             # the rollout workers import torch beside this process from here on
+            boot_phase(f"starting {cfg.rollout.workers if cfg.rollout.engine == 'torch' else cfg.rollout.replicas} "
+                       f"rollout worker(s)")
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
+        if cfg.train.steps > 0:
+            from learner.tracking import tracking_sinks
+
+            extra_sinks = tracking_sinks(cfg)
     except ConfigError as err:
         if booted:
             booted.close()
@@ -123,7 +141,7 @@ def cmd_train(args) -> int:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
     try:
-        return train_and_report(cfg, args, booted)
+        return train_and_report(cfg, args, booted, extra_sinks)
     except EventsUnwritable as err:
         booted.close()
         gc.unfreeze()  # set-up may have frozen the heap; exit-time leak checks must see it freed
@@ -133,13 +151,14 @@ def cmd_train(args) -> int:
         return 1
 
 
-def train_and_report(cfg, args, booted) -> int:
+def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
+    boot_phase(f"loading torch and the policy {cfg.model.policy}")
     from tqdm import tqdm
 
     from learner.driver.loop import train
     from learner.timeline import FanoutSink, MemorySink
 
-    sinks = [JsonlSink(args.events)] if args.events else []
+    sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
     sink = FanoutSink(*sinks) if sinks else MemorySink()
     bar = tqdm(total=cfg.train.steps, desc=f"{cfg.train.schedule}", file=sys.stderr, disable=args.quiet)
 
@@ -174,6 +193,12 @@ def train_and_report(cfg, args, booted) -> int:
 
 
 def cmd_check_exactness(args) -> int:
+    if args.world_size:  # data-parallel ranks (docs/distributed.md)
+        from learner.distributed.exactness import main as distributed_main
+
+        return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
+    if args.engine or args.zero or args.offload:
+        raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
     from learner.exactness import main
 
     return main(json_out=args.json)
@@ -196,9 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
+    p.add_argument("--learner-world-size", type=int, metavar="W",
+                   help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump one step (model, batch, gradient) for audit")
     p.add_argument("--dump-at", metavar="STEP", type=int, default=0, help="the step --dump-step dumps [0]")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write step metrics as TensorBoard event files in DIR")
+    p.add_argument("--wandb", action="store_true", help="also log step metrics to W&B in offline mode")
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
                                                    "the run's config go here (train.output_dir)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")
@@ -212,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--world-size", type=int_list(1, 8), metavar="W[,W...]",
+                   help="data-parallel ranks (spawned processes): streamed-and-reduced vs single-process gradient")
+    p.add_argument("--engine", type=choice_list(LEARNER_ENGINES), metavar="torch,deepspeed",
+                   help="with --world-size: engines (torch: float64; deepspeed: float32)")
+    p.add_argument("--zero", type=int_list(0, 2), metavar="0,1,2", help="with --engine deepspeed: ZeRO stages")
+    p.add_argument("--offload", action="store_true", help="with --zero 1/2: optimizer state offloaded to CPU")
     p.set_defaults(func=cmd_check_exactness)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
@@ -245,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"thundersync: invalid config: {err}", file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"thundersync: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, stopping.Interrupted):  # before a run started, or a second signal
         return 130 if stopping.requested() in (None, 2) else 128 + stopping.requested()

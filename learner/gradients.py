@@ -244,19 +244,37 @@ class StreamingLearner:
     def on_turn(self, turn: ScoredTurn, on_phase: PhaseCallback | None = None) -> dict:
         return self.learn([turn], on_phase)
 
-    def finish_batch(self) -> dict:
-        """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete."""
-        state = self._state("finish_batch")
-        n_traj = sum(state.group_sizes.values())
+    def check_complete(self) -> None:
+        """The barrier's own check: every group of the batch complete; raises ``OpenGroupError``."""
+        state = self._state("check_complete")
         if self.algo.objective == "grpo":
             missing = {g: len(grp.arrived) for g, grp in state.planner.groups.items() if len(grp.arrived) < grp.size}
             if missing:
                 detail = ", ".join(f"{g} ({n}/{state.group_sizes[g]})" for g, n in missing.items())
                 raise OpenGroupError(f"finish_batch: groups not complete: {detail}")
-        normaliser = batch_normaliser(self.algo.loss_agg_mode, state.n_tokens, n_traj, self.algo.loss_scale_constant)
+
+    def batch_counts(self) -> tuple[int, int]:
+        """(scored tokens, trajectories) of this learner's batch: its terms of the batch normaliser."""
+        state = self._state("batch_counts")
+        return state.n_tokens, sum(state.group_sizes.values())
+
+    def abandon_batch(self) -> None:
+        """Drop the batch in progress (sums, counts) without a step: its barrier failed."""
+        self._batch = None
+        self.acc.reset()
+
+    def finish_batch(self, totals: tuple[int, int] | None = None) -> dict:
+        """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
+
+        ``totals``: (scored tokens, trajectories) of the whole batch when this learner holds one
+        data-parallel rank's share of it (``learner.distributed``); default its own counts."""
+        state = self._state("finish_batch")
+        self.check_complete()
+        n_tokens, n_traj = totals if totals is not None else self.batch_counts()
+        normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         self._batch = None
-        return {"n_tokens": state.n_tokens, "n_traj": n_traj, "normaliser": normaliser,
+        return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
                 **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Protocol
@@ -135,60 +136,101 @@ class EventsUnwritable(OSError):
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
-    Serialising an event costs the learner's core ~25 µs, and a step of the bench workload
-    brings ~1,800 rollout spans through the learner. So events are queued and written when
-    the learner is about to wait for the rollout anyway (``idle``: the driver calls it before
-    it blocks, e.g. while the first turn of a step generates), in chunks, until a message
-    from the fleet is waiting. Once the oldest queued event is ``MAX_DELAY_S`` old, the next
-    event writes the queue (a learner that never waits still reports live); run status
-    events are written at once; the order is always kept.
+    Serialising an event costs ~25 µs of the learner's core, and a step of the bench workload
+    brings ~1,800 rollout spans through the learner, so ``emit`` only queues. The queue is
+    written when the learner is about to wait for the rollout anyway (``idle``: the driver
+    calls it before it blocks), in chunks, until a message from the fleet is waiting; and by
+    a flusher thread once the oldest queued event is ``max_delay_s`` old, so a learner busy
+    with backward passes still reports live (the page's span latency, docs/pages.md) without
+    writing on its own path. Run status events are written at once. The order is always
+    kept: whoever writes takes events from the head of the queue while holding the write lock.
     """
 
-    MAX_DELAY_S = 2.0
+    MAX_DELAY_S = 0.03
     CHUNK = 64  # events per write between checks for fleet messages
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, max_delay_s: float | None = MAX_DELAY_S):
         self._own = path != "-"
         self._name = "stdout" if path == "-" else path
-        self._broken = False
         try:
             self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
         except OSError as err:
             raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []
         self._oldest = 0.0  # when the oldest queued event arrived
+        # None: writable; an EventsUnwritable the flusher met (raised on the learner's next write);
+        # False: already reported, events are dropped
+        self._error: EventsUnwritable | bool | None = None
+        self._queue_lock = threading.Lock()  # held for list operations only: emit never waits on I/O
+        self._write_lock = threading.Lock()  # one writer at a time, taking from the head: order kept
+        self._stop = threading.Event()
+        self._flusher = None
+        if max_delay_s is not None:  # None: written only in idle/close (tests of the idle path)
+            self._max_delay_s = max_delay_s
+            self._flusher = threading.Thread(target=self._flush_late, name="jsonl-flusher", daemon=True)
+            self._flusher.start()
 
     def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None:
         event = as_event(event)
-        if not self._queue:
-            self._oldest = time.monotonic()
-        self._queue.append(event)
-        if event["type"] == "run" or time.monotonic() - self._oldest > self.MAX_DELAY_S:
-            self.idle(lambda: False)
+        with self._queue_lock:
+            if not self._queue:
+                self._oldest = time.monotonic()
+            self._queue.append(event)
+        if event["type"] == "run":
+            self._write(lambda: False, wait=True)
 
     def idle(self, busy: Callable[[], bool]) -> None:
-        if self._broken:  # reported once; nothing more can be written
-            self._queue.clear()
+        self._write(busy, wait=False)  # the flusher is writing: nothing to do here
+
+    def _write(self, busy: Callable[[], bool], wait: bool) -> None:
+        if self._error is not None:  # reported once; nothing more can be written
+            error, self._error = self._error, False
+            with self._queue_lock:
+                self._queue.clear()
+            if error:
+                raise error
             return
-        done = 0
+        if not self._write_lock.acquire(blocking=wait):
+            return
         try:
-            while done < len(self._queue) and (done == 0 or not busy()):
-                chunk = self._queue[done:done + self.CHUNK]
+            wrote = False
+            while not (wrote and busy()):
+                with self._queue_lock:
+                    chunk = self._queue[:self.CHUNK]
+                    del self._queue[:self.CHUNK]
+                    self._oldest = time.monotonic()
+                if not chunk:
+                    break
                 self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk))
-                done += len(chunk)
-            if done:
+                wrote = True
+            if wrote:
                 self._fh.flush()
         except OSError as err:  # a full disk, a reader that went away (EPIPE)
-            self._broken = True
-            self._queue.clear()
+            with self._queue_lock:
+                self._queue.clear()
+            self._error = False
             raise EventsUnwritable(f"cannot write events to {self._name}: {err.strerror or err}") from None
-        if done:
-            del self._queue[:done]
-            self._oldest = time.monotonic()
+        finally:
+            self._write_lock.release()
+
+    def _flush_late(self) -> None:
+        period = self._max_delay_s / 2
+        while not self._stop.wait(period):
+            with self._queue_lock:
+                late = bool(self._queue) and time.monotonic() - self._oldest >= self._max_delay_s
+            if late:
+                try:
+                    self._write(lambda: False, wait=True)
+                except EventsUnwritable as err:  # the learner's thread raises it on its next write
+                    self._error = err
+                    return
 
     def close(self) -> None:
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         try:
-            self.idle(lambda: False)
+            self._write(lambda: False, wait=True)
         finally:
             if self._own:
                 try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import resource
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,7 +54,7 @@ class Trainer:
         self.pool = GroupPool(t.max_staleness, t.steps, lambda j: (j + 1) * t.prompts_per_step)
         self.batch_groups: dict[int, list[int]] = {}  # on-policy: dispatch batch -> its groups
 
-    def now(self) -> float:
+    def now(self) -> float:  # the run clock
         return self.recorder.now()
 
     def on_phase(self, kind: str, t0: float, t1: float, traj, group) -> None:
@@ -68,6 +69,7 @@ class Trainer:
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": self.cfg.model_dump(),
+                        "origin_epoch": time.time() - self.now(),  # wall clock at run-clock 0 (pages, benches)
                         "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
     def dispatch_open(self) -> None:
@@ -85,18 +87,15 @@ class Trainer:
     def collect_batch(self) -> list[Trajectory | ScoredTurn]:
         """sync, streaming, async: receive the step's dispatch batch; learn on arrival where
         the schedule does; returns what is held for the barrier."""
-        P, G = self.cfg.train.prompts_per_step, self.cfg.train.group_size
-        objective = self.cfg.algorithm.objective
+        P, G, objective = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.algorithm.objective
         streams = rules.learns_on_arrival(self.schedule, objective, objective == "opd")
         if not rules.off_policy(self.schedule):
             self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
         held: list = []
         while len(self.rec.trajs) < P * G:
             item = self.rollouts.receive()
-            if streams and not self.rollouts.pending:
-                # take every message already waiting in one go, so the backward passes
-                # that follow run back to back instead of each after a pipe read
-                self.rollouts.drain_spans()
+            if streams:  # take what is waiting in one go: the backward passes that follow run back to
+                self.rollouts.drain_spans()  # back, and the spans queued behind them reach the page now
             is_turn = isinstance(item, ScoredTurn)
             if not is_turn:
                 self.rec.trajs.append(item)
@@ -126,6 +125,7 @@ class Trainer:
 
     def learn(self, item: Trajectory | ScoredTurn) -> None:
         """One trajectory's (GRPO) or scored turn's (OPD) backward into the open batch."""
+        self.recorder.expect_backward(item)
         on_item = self.learner.on_turn if isinstance(item, ScoredTurn) else self.learner.on_trajectory
         on_item(item, on_phase=self.on_phase)
 
@@ -134,6 +134,7 @@ class Trainer:
         first; streaming OPD: the trajectories that close the turn accounting), or the
         off-policy pass over the whole batch; then the barrier."""
         if rules.off_policy(self.schedule):
+            self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
             self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         else:
             for item in sorted(held, key=lambda x: isinstance(x, Trajectory)):
@@ -149,7 +150,7 @@ class Trainer:
         rec = self.rec
         self.t_step_end = t_end
         self.rollouts.drain_spans()
-        spans, waits = self.recorder.window(rec.t_start, t_end)
+        spans, waits = self.recorder.window(rec.t_start, t_end, rec.trajs)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
         if self.parts.evaluator is not None and self.parts.evaluator.due(rec.step):  # the policy just published
             values.update(self.parts.evaluator.run(rec.step))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from learner.timeline import EventSink, Kind, Span
+from learner.trajectory import ScoredTurn, Trajectory
 
 LEARNER_LANE = "learner/0"
 
@@ -18,6 +19,7 @@ class Recorder:
         self.recent: list[dict] = []  # span events still inside a step window (metrics)
         self.waits: list[tuple[float, float]] = []  # run-clock intervals blocked on the fleet for data
         self.step = 0  # the step spans are stamped with
+        self.backward_tokens: dict[int, int] = {}  # traj -> tokens its (next) learner.backward trains on
 
     def now(self) -> float:
         return time.monotonic() - self.origin
@@ -35,18 +37,29 @@ class Recorder:
         for s in spans:
             self.emit_span(s)
 
+    def expect_backward(self, item: Trajectory | ScoredTurn) -> None:
+        """The tokens ``item``'s backward trains on, for its span (the learner may run it later:
+        micro-batches, idle work)."""
+        if isinstance(item, ScoredTurn):
+            self.backward_tokens[item.traj] = item.turn_span[1] - item.turn_span[0]
+        else:
+            self.backward_tokens[item.id] = item.n_scored
+
     def learner_span(self, kind: str, t0: float, t1: float, version: int, traj=None, group=None) -> None:
+        tokens = self.backward_tokens.get(traj, 0) if kind == Kind.BACKWARD else 0
         self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=LEARNER_LANE, traj=traj,
-                            group=group, policy_version=version))
+                            group=group, policy_version=version, tokens=tokens))
 
     def replica_spans(self, acks: list[tuple[int, float, float]], version: int) -> None:
         for w, t0, t1 in acks:  # one publish span per replica that loaded the weights
             self.emit_span(Span(step=self.step, kind=Kind.PUBLISH, t0=t0, t1=t1, lane=f"replica/{w}",
                                 policy_version=version))
 
-    def window(self, t_start: float, t_end: float) -> tuple[list[dict], list[tuple[float, float]]]:
+    def window(self, t_start: float, t_end: float, trained: list[Trajectory]) -> tuple[list[dict], list[tuple[float, float]]]:
         """The spans and waits of the step window [t_start, t_end]; forgets those that end
-        before ``t_end`` (the next window starts there)."""
+        before ``t_end`` (the next window starts there) and the ``trained`` trajectories."""
+        for traj in trained:
+            self.backward_tokens.pop(traj.id, None)
         spans, waits = [s for s in self.recent if s["t1"] > t_start], self.waits
         self.recent = [s for s in self.recent if s["t1"] > t_end]
         self.waits = [w for w in self.waits if w[1] > t_end]

@@ -20,6 +20,7 @@ import heapq
 import math
 import queue
 import random
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -161,29 +162,11 @@ class AgentWorker:
             lp.turn_spans.append((start, len(lp.ids)))
             lp.turn_versions.append(self.engine.version)
             if self.teacher is not None:
-                self.score_turn(lp, turn)
+                score_turn(self, lp, turn)
             self.advance(lp, out)
 
         self.engine.generate([lp.ids for lp in ready], params, seeds=seeds, on_done=turn_done)
         self.flush_spans()
-
-    def score_turn(self, lp: LoopState, turn: int) -> None:
-        """OPD: the teacher scores the turn now; the learner can run its backward while the
-        turn's tool call is still running."""
-        start, end = lp.turn_spans[turn]
-        t0 = self.now()
-        with torch.no_grad():
-            ids = torch.tensor([lp.ids[:end]], device=next(self.teacher.parameters()).device)
-            logits = self.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
-            tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
-        lp.teacher[start:end] = tlp
-        t1 = self.now()
-        self.span(Kind.TEACHER, t0, t1, lp, turn=turn, tokens=end - start)
-        self.send(ScoredTurn(
-            traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
-            turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
-            policy_version=self.engine.version, t_scored=t1,
-        ))
 
     def advance(self, lp: LoopState, out) -> None:
         start, end = lp.turn_spans[-1]
@@ -208,6 +191,46 @@ class AgentWorker:
         ))
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
+
+    def run_loops(self, timeout_s: float) -> None:
+        """Run the loops already handed out (``handle(Work(...))``) to their end in this
+        thread, without a command queue: the learner's eval (learner.evaluation) and tests."""
+        woken = threading.Event()
+        self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now, wake=woken.set)
+        deadline = self.now() + timeout_s
+        try:
+            while self.loops:
+                if self.now() > deadline:
+                    raise TimeoutError(f"{len(self.loops)} agent loops unfinished after {timeout_s:g}s")
+                for traj, t0, t1, output in self.tools.finished():
+                    observe(self, self.loops[traj], t0, t1, output)
+                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
+                if due > self.now():  # every loop waits on a tool or its modelled latency
+                    woken.wait(timeout=min(due - self.now(), deadline - self.now(), IDLE_POLL_S))
+                    woken.clear()
+                    continue
+                self.step_loops()
+        finally:
+            self.tools.close()
+
+
+def score_turn(worker: AgentWorker, lp: LoopState, turn: int) -> None:
+    """OPD: the teacher scores the turn now; the learner can run its backward while the
+    turn's tool call is still running."""
+    start, end = lp.turn_spans[turn]
+    t0 = worker.now()
+    with torch.no_grad():
+        ids = torch.tensor([lp.ids[:end]], device=next(worker.teacher.parameters()).device)
+        logits = worker.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
+        tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
+    lp.teacher[start:end] = tlp
+    t1 = worker.now()
+    worker.span(Kind.TEACHER, t0, t1, lp, turn=turn, tokens=end - start)
+    worker.send(ScoredTurn(
+        traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
+        turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
+        policy_version=worker.engine.version, t_scored=t1,
+    ))
 
 
 def observe(worker: AgentWorker, lp: LoopState, t0: float, t1: float, output: str) -> None:

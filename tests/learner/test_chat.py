@@ -62,10 +62,7 @@ class ScriptedPolicy:
 
 def run_loop(worker: AgentWorker, tasks: list[Task]) -> list:
     worker.handle(Work(0, [WorkItem(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
-    deadline = time.monotonic() + 120
-    while worker.loops and time.monotonic() < deadline:
-        worker.step_loops()
-    assert not worker.loops, "the agent loops did not finish"
+    worker.run_loops(timeout_s=120)
     msgs = []
     while not worker.out_q.empty():
         msgs.append(worker.out_q.get_nowait())
@@ -248,7 +245,7 @@ def test_a_dataset_task_calls_the_python_sandbox_in_the_hermes_format(tmp_path):
                          time.monotonic(), stop_ids=[tok.convert_tokens_to_ids("<|im_end|>")])
     [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
     observation = tok.decode(traj.input_ids[traj.turn_spans[0][1]:traj.turn_spans[1][0]], skip_special_tokens=False)
-    assert observation == "\n<|im_start|>user\n<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert observation == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert traj.reward == 0.0 and traj.error is None  # exact-match: "It is 42" is not "42"
 
 
@@ -262,7 +259,7 @@ def test_the_builtin_format_calls_the_python_sandbox_with_tags(tmp_path):
                          stop_ids=tok.convert_tokens_to_ids(["</call>", "<eos>"]))
     [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
     assert tok.decode(traj.input_ids, skip_special_tokens=False) == (
-        "<bos>Q:6*7\n<call>print(6*7)</call><obs>42\n</obs><ans>42</ans><eos>")
+        "<bos>Q:6*7\n<call>print(6*7)</call><obs>42</obs><ans>42</ans><eos>")
     assert traj.reward == 1.0
 
 

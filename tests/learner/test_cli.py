@@ -69,17 +69,33 @@ def test_it_rejects_a_negative_steps_override():
     assert r.returncode == 2 and "train.steps" in r.stderr
 
 
-def test_quickstart_trains_one_step_and_writes_events(tmp_path):
-    events = tmp_path / "events.jsonl"
-    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events), "--quiet")
+def test_quickstart_trains_one_step_and_writes_events_and_tensorboard_files(tmp_path):
+    events, board = tmp_path / "events.jsonl", tmp_path / "tb"
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events), "--quiet",
+                    "--tensorboard", str(board))
     assert r.returncode == 0, r.stderr
     import json
 
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["status"] == "started"
     assert lines[-1]["type"] == "run" and lines[-1]["status"] == "finished"
-    assert sum(1 for e in lines if e["type"] == "metrics") == 1
+    metrics = [e for e in lines if e["type"] == "metrics"]
+    assert len(metrics) == 1
     assert sum(1 for e in lines if e["type"] == "span" and e["kind"] == "learner.optimizer") == 1
+    backward = [e for e in lines if e["type"] == "span" and e["kind"] == "learner.backward"]
+    assert backward and all(e["tokens"] > 0 for e in backward)  # the tokens each backward trained on
+    # the boot phases the run page shows while the run starts, in order
+    boot = [line for line in r.stderr.splitlines() if line.startswith("boot: ")]
+    assert [b.split()[1] for b in boot] == ["starting", "loading"]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board_events = EventAccumulator(str(board))
+    board_events.Reload()
+    for name, value in metrics[0]["values"].items():
+        if isinstance(value, (int, float)):
+            [scalar] = board_events.Scalars(name)
+            assert scalar.step == 0 and scalar.value == pytest.approx(value, rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.slow
