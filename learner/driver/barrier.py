@@ -10,6 +10,7 @@ from learner.driver import rules
 from learner.driver.metrics import StepRecord
 from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
+from learner.distributed.front import DataParallelLearner
 from learner.driver.setup import RunParts
 from learner.lora import publish_view
 from learner.mismatch import check_sampled_versions, step_mismatch
@@ -26,13 +27,19 @@ def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, 
     # before the weights move: sampled versions as expected, engine vs learner log-probs
     check_sampled_versions(rec.trajs, rollouts.dispatch_versions)
     rec.mismatch = step_mismatch(model, rec.trajs, version, known=parts.learner.logprobs.take())
+    ranks = isinstance(parts.learner, DataParallelLearner)
+    if ranks:
+        parts.learner.reduce()  # the batch gradient: every rank's share, summed
     if dump and rec.step == dump[1]:
         write_audit_dump(dump[0], parts, rec, version, cfg)
         t0 = recorder.now()  # the audit dump is not training work
-    clip = cfg.train.grad_clip
-    norm = torch.nn.utils.clip_grad_norm_(parts.params, clip if clip > 0 else float("inf"))
-    parts.optimizer.step()
-    parts.optimizer.zero_grad(set_to_none=True)
+    if ranks:  # the engine clips the reduced gradient and steps; every rank the same
+        norm = parts.learner.step()
+    else:
+        clip = cfg.train.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(parts.params, clip if clip > 0 else float("inf"))
+        parts.optimizer.step()
+        parts.optimizer.zero_grad(set_to_none=True)
     recorder.learner_span(Kind.OPTIMIZER, t0, recorder.now(), version)
     rec.learner_stats["grad_norm"] = float(norm)
     rec.trained_version = version
@@ -51,7 +58,11 @@ def write_audit_dump(dir: str, parts: RunParts, rec: StepRecord, version: int, c
     from learner.audit import write_dump
 
     model = parts.model
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    if isinstance(parts.learner, DataParallelLearner):
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        grads = dict(zip(names, parts.learner.reduced_grads()))
+    else:
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     how = {"schedule": cfg.train.schedule, "step": rec.step, "trained_version": version,
            "group_size": cfg.train.group_size, "off_policy": rules.off_policy(cfg.train.schedule),
            "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}}

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from learner.config import RunConfig
+from learner.distributed.front import DataParallelLearner, rank_lane, uses_ranks
 from learner.driver import rules
 from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
-from learner.driver.recorder import Recorder
+from learner.driver.recorder import LEARNER_LANE, Recorder
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
@@ -57,20 +58,18 @@ class Trainer:
     def now(self) -> float:  # the run clock
         return self.recorder.now()
 
-    def on_phase(self, kind: str, t0: float, t1: float, traj, group) -> None:
-        """Learner phase callback; stamps are raw time.monotonic()."""
-        t0, t1 = t0 - self.recorder.origin, t1 - self.recorder.origin
-        if kind == Kind.BACKWARD and self.rec.first_backward is None:
-            self.rec.first_backward = t0
-        self.recorder.learner_span(kind, t0, t1, self.version, traj, group)
+    def on_phase(self, kind: str, t0: float, t1: float, traj, group, rank: int = 0) -> None:
+        """Learner phase callback (raw time.monotonic() stamps); other ranks on their own lanes."""
+        self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank) if rank else LEARNER_LANE)
+
+    def on_rank_phase(self, rank: int, kind: str, t0: float, t1: float, traj, group) -> None:
+        self.on_phase(kind, t0, t1, traj, group, rank)
 
     def setup(self, booted: BootedWorkers) -> None:
-        self.parts = build_run(self.cfg, booted, self.recorder.origin)
+        self.parts = build_run(self.cfg, booted, self.recorder.origin, self.on_rank_phase)
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
-        self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": self.cfg.model_dump(),
-                        "origin_epoch": time.time() - self.now(),  # wall clock at run-clock 0 (pages, benches)
-                        "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
+        self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs), self.now()))
 
     def dispatch_open(self) -> None:
         """Dispatch what the schedule's rules allow now: whole batches in order (sync,
@@ -148,12 +147,11 @@ class Trainer:
         there too (``self.t_step_end``), so steps tile the run: bookkeeping after a publish
         belongs to the next step, never to no step."""
         rec = self.rec
-        self.t_step_end = t_end
+        self.t_step_end, rec.first_backward = t_end, self.recorder.first_backward
         self.rollouts.drain_spans()
         spans, waits = self.recorder.window(rec.t_start, t_end, rec.trajs)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
-        if self.parts.evaluator is not None and self.parts.evaluator.due(rec.step):  # the policy just published
-            values.update(self.parts.evaluator.run(rec.step))
+        values.update(run_metrics(self.parts, rec, spans, t_end))
         self.sink.emit(StepMetrics(rec.step, values))
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
@@ -167,7 +165,7 @@ class Trainer:
             self.dispatch_open()
             for step in range(steps):
                 self.rec = StepRecord(step, self.t_step_end)
-                self.recorder.step = step
+                self.recorder.begin_step(step)
                 held = self.collect_groups() if self.schedule == "fully-async" else self.collect_batch()
                 self.dispatch_open()  # async: the next batch rolls out while this one trains
                 self.train_step(held)
@@ -180,6 +178,8 @@ class Trainer:
                 self.rollouts.settle(self.version)
         finally:
             self.parts.fleet.close()
+            if isinstance(self.learner, DataParallelLearner):
+                self.learner.close()
         if self.cfg.train.output_dir:
             save_policy(self.model, self.parts.tokenizer, self.cfg.train.output_dir)
         summary = {"steps": steps, "schedule": self.schedule, "reward_curve": self.rewards,
@@ -191,6 +191,24 @@ class Trainer:
         """The step boundary: nothing in flight is half-learnt (the optimizer stepped and
         published), so this is where a run may checkpoint, evaluate or stop
         (docs/architecture.md, "Driver seams")."""
+
+
+def started_event(cfg: RunConfig, parts: RunParts, workers: int, now: float) -> dict:
+    return {"type": "run", "status": "started", "t": now, "config": cfg.model_dump(),
+            "origin_epoch": time.time() - now,  # wall clock at run-clock 0 (pages, benches)
+            "policy_dir": str(parts.policy_dir), "workers": workers,
+            **({"learner_rank_pids": parts.learner.pids} if uses_ranks(cfg) else {})}
+
+
+def run_metrics(parts: RunParts, rec: StepRecord, spans: list[dict], t_end: float) -> dict[str, float]:
+    """Metrics a run's set-up adds: per learner rank (data-parallel) and held-out evaluation
+    (``train.eval_every``, after the step's publish)."""
+    values = {}
+    if isinstance(parts.learner, DataParallelLearner):
+        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.world, parts.learner.rank_stats))
+    if parts.evaluator is not None and parts.evaluator.due(rec.step):
+        values.update(parts.evaluator.run(rec.step))
+    return values
 
 
 def memory_mb(parts: RunParts, rec: StepRecord) -> dict[str, float]:

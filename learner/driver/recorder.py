@@ -19,6 +19,7 @@ class Recorder:
         self.recent: list[dict] = []  # span events still inside a step window (metrics)
         self.waits: list[tuple[float, float]] = []  # run-clock intervals blocked on the fleet for data
         self.step = 0  # the step spans are stamped with
+        self.first_backward: float | None = None  # run clock of the step's first backward, any rank
         self.backward_tokens: dict[int, int] = {}  # traj -> tokens its (next) learner.backward trains on
 
     def now(self) -> float:
@@ -37,6 +38,16 @@ class Recorder:
         for s in spans:
             self.emit_span(s)
 
+    def begin_step(self, step: int) -> None:
+        self.step, self.first_backward = step, None
+
+    def phase(self, kind: str, t0: float, t1: float, version: int, traj, group, lane: str = LEARNER_LANE) -> None:
+        """A learner phase stamped with raw ``time.monotonic()`` (the learner's callback)."""
+        t0, t1 = t0 - self.origin, t1 - self.origin
+        if kind == Kind.BACKWARD and (self.first_backward is None or t0 < self.first_backward):
+            self.first_backward = t0
+        self.learner_span(kind, t0, t1, version, traj, group, lane)
+
     def expect_backward(self, item: Trajectory | ScoredTurn) -> None:
         """The tokens ``item``'s backward trains on, for its span (the learner may run it later:
         micro-batches, idle work)."""
@@ -45,9 +56,11 @@ class Recorder:
         else:
             self.backward_tokens[item.id] = item.n_scored
 
-    def learner_span(self, kind: str, t0: float, t1: float, version: int, traj=None, group=None) -> None:
+    def learner_span(self, kind: str, t0: float, t1: float, version: int, traj=None, group=None,
+                     lane: str = LEARNER_LANE) -> None:
+        """A learner phase on ``lane`` (a data-parallel rank's own lane ``learner/<rank>``)."""
         tokens = self.backward_tokens.get(traj, 0) if kind == Kind.BACKWARD else 0
-        self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=LEARNER_LANE, traj=traj,
+        self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=lane, traj=traj,
                             group=group, policy_version=version, tokens=tokens))
 
     def replica_spans(self, acks: list[tuple[int, float, float]], version: int) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from learner.config import RunConfig
 from learner.driver import rules
+from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.evaluation import Evaluator
 from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.lora import publish_view, with_lora
@@ -34,17 +35,17 @@ class RunParts:
     tokenizer: Any
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
-    learner: StreamingLearner | OffPolicyLearner
+    learner: StreamingLearner | OffPolicyLearner | DataParallelLearner
     env: Environment
     store: WeightStore
     fleet: Fleet
     evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
 
 
-def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
+def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase) -> RunParts:
     """Load the models, build the learner and the weight store, start the rollout fleet
     (``booted``: its workers, spawned by ``boot_fleet`` as early as possible, so they
-    import torch beside us)."""
+    import torch beside us). ``on_rank_phase``: the phases of the other data-parallel ranks."""
     torch.manual_seed(cfg.seed)
     learner_core, _ = core_plan(len(booted.cmd_qs), cfg.rollout.pin_cores)
     if learner_core is not None:
@@ -63,6 +64,8 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float) -> RunParts:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(model, cfg.algorithm, ref)
+    if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
+        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
     env = make_env(cfg.task)
     evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                  if cfg.train.eval_every else None)
