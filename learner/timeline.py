@@ -9,6 +9,7 @@ number the app shows is always backed by what actually ran.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -72,6 +73,21 @@ class EventsUnwritable(OSError):
     """The event stream cannot be written (one line: where and why)."""
 
 
+_events_stdout: IO[str] | None = None  # see claim_stdout
+
+
+def claim_stdout() -> IO[str]:
+    """Keep stdout for events: ``JsonlSink('-')`` writes to a duplicate of fd 1, and fd 1 itself
+    now goes to stderr, so whatever else writes there (a library's logger, C code, processes
+    spawned later, such as the rollout workers) cannot corrupt the event stream."""
+    global _events_stdout
+    if _events_stdout is None:
+        sys.stdout.flush()
+        _events_stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    return _events_stdout
+
+
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
@@ -92,7 +108,7 @@ class JsonlSink:
         self._own = path != "-"
         self._name = "stdout" if path == "-" else path
         try:
-            self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+            self._fh: IO[str] = open(path, "w") if self._own else (_events_stdout or sys.stdout)
         except OSError as err:
             raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []

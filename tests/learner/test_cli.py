@@ -69,7 +69,7 @@ def test_it_rejects_a_negative_steps_override():
 
 def test_quickstart_trains_one_step_and_writes_events_and_tensorboard_files(tmp_path):
     events, board = tmp_path / "events.jsonl", tmp_path / "tb"
-    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events), "--quiet",
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events),
                     "--tensorboard", str(board))
     assert r.returncode == 0, r.stderr
     import json
