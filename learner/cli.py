@@ -98,6 +98,8 @@ def validated_config(args):
         raise ConfigError("--config: required (or --resume DIR)")
     cfg = load_config(source, overrides)
     preflight(cfg, dump_dir=args.dump_step, output_dir=cfg.train.output_dir, events=args.events)
+    if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
+        raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
     return cfg
 
 
@@ -171,7 +173,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
     from learner.rollout.fleet import RolloutError
 
     try:
-        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted)
+        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at)
     except stopping.Interrupted as stop:  # the workers are stopped by now (Trainer.run's finally)
         sink.emit({"type": "run", "status": "failed", "error": str(stop)})
         print(f"thundersync: {stop}", file=sys.stderr)
@@ -226,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner-world-size", type=int, metavar="W",
                    help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
-    p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--dump-step", metavar="DIR", help="dump one step (model, batch, gradient) for audit")
+    p.add_argument("--dump-at", metavar="STEP", type=int, default=0, help="the step --dump-step dumps [0]")
     p.add_argument("--tensorboard", metavar="DIR", help="also write step metrics as TensorBoard event files in DIR")
     p.add_argument("--wandb", action="store_true", help="also log step metrics to W&B in offline mode")
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "

@@ -21,8 +21,10 @@ from learner.config import RunConfig
 from learner.rollout.chat import ChatFormat, parse_hermes, turn_stop_ids
 from learner.rollout.engine import Completion, TorchEngine
 from learner.rollout.env import ArithToolEnv, Task, ToolSpec, task_for_group, task_metrics
+from learner.rollout.messages import Finished, Work, WorkItem
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.worker import AgentWorker
+from learner.trajectory import Trajectory
 
 QWEN_TEMPLATE = (Path(__file__).parents[1] / "fixtures" / "qwen2_5_chat_template.jinja").read_text()
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
@@ -59,12 +61,13 @@ class ScriptedPolicy:
 
 
 def run_loop(worker: AgentWorker, tasks: list[Task]) -> list:
-    worker.handle(("work", 0, [(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
+    worker.handle(Work(0, [WorkItem(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
     worker.run_loops(timeout_s=120)
     msgs = []
     while not worker.out_q.empty():
         msgs.append(worker.out_q.get_nowait())
-    return sorted((m[1] for m in msgs if m[0] == "traj"), key=lambda t: t.id)
+    return sorted((m.item for m in msgs if isinstance(m, Finished) and isinstance(m.item, Trajectory)),
+                  key=lambda t: t.id)
 
 
 def config(**task) -> RunConfig:
