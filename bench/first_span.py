@@ -7,7 +7,7 @@ database and the learner's log for each phase. The built-in model is cached by a
 that is not timed. Reported per repeat and as medians:
 
     enqueue -> claimed -> "boot: starting ..." (interpreter up) -> "boot: loading torch ..."
-    -> run started (models loaded, fleet up) -> first span stored
+    (workers spawned, config checked) -> run started (models loaded, fleet up) -> first span stored
 
     .venv/bin/python bench/first_span.py [--repeats 3]
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.harness.web_harness import bench_database  # noqa: E402
 
-PHASES = ("claimed", "interpreter up", "torch imported", "run started", "first span")
+PHASES = ("claimed", "interpreter up", "loading torch", "run started", "first span")
 
 
 def log_line_time(path: Path, prefix: str, seen: dict, name: str) -> None:
@@ -52,7 +52,7 @@ def one_launch(experiment, schedule, timeout: float = 600.0) -> dict[str, float]
         if status == Run.Status.FAILED:
             raise SystemExit(Run.objects.get(pk=run.pk).error)
         log_line_time(log, "boot: starting", seen, "interpreter up")
-        log_line_time(log, "boot: loading torch", seen, "torch imported")
+        log_line_time(log, "boot: loading torch", seen, "loading torch")
         if status in (Run.Status.RUNNING, Run.Status.SUCCEEDED):
             seen.setdefault("run started", time.monotonic())
         if Span.objects.filter(run_id=run.pk).exists():

@@ -98,8 +98,9 @@ def main() -> int:
         holds = [h for x in results[arm] for h in x["holds"]]
         hold = (f", span end -> written p50 {statistics.median(holds):.0f} ms, "
                 f"p95 {statistics.quantiles(holds, n=20)[18]:.0f} ms") if holds else ""
+        each = ", ".join(f"{x['step_s']:.3f}" for x in results[arm])
         print(f"  {arm:7s} step {step:.3f} s ({step / floor:.3f}x memory), learner {learner:.3f} s/step{hold}; "
-              f"per repeat: {', '.join(f'{x['step_s']:.3f}' for x in results[arm])}")
+              f"per repeat: {each}")
     return 0
 
 

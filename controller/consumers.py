@@ -24,7 +24,8 @@ from django.db import DatabaseError
 from .live import group_name
 from .models import Run, Span
 from .runlog import log_tail
-from .serializers import metrics_json, spans_json, status_frame
+from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame
+from .serializers import metrics_json, spans_json
 
 REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
@@ -151,7 +152,7 @@ class RunConsumer(AsyncWebsocketConsumer):
         replay_done."""
         try:
             while batch := await stored_spans(self.run_id, self.sent_seq):
-                await self.send_frame(json.dumps({"type": "spans", "spans": batch}))
+                await self.send_frame(json.dumps(spans_frame(batch)))
                 self.sent_seq = batch[-1]["seq"]
                 if self.backlog >= self.limit // 2:
                     return  # the client has not caught up: its next ack continues the replay
@@ -161,19 +162,19 @@ class RunConsumer(AsyncWebsocketConsumer):
             return
         self.replaying = False
         if metrics:
-            await self.send_frame(json.dumps({"type": "metrics", "metrics": metrics}))
+            await self.send_frame(json.dumps(metrics_frame(metrics)))
         first, lines = await sync_to_async(log_tail)(self.run_id)
         if lines:
-            await self.send_frame(json.dumps({"type": "log", "first": first, "lines": lines}))
+            await self.send_frame(json.dumps(log_frame(first, lines)))
         await self.send_frame(json.dumps(status))
-        await self.send_frame(json.dumps({"type": "replay_done", "last_seq": self.sent_seq}))
+        await self.send_frame(json.dumps(replay_done_frame(self.sent_seq)))
         if self.live_error is not None:
             await self.refuse_for_now("channel layer", self.live_error)
 
     async def send_stored_spans(self, through: int) -> None:
         """Every stored span after the last one sent, up to ``through``, in seq order."""
         while batch := await stored_spans(self.run_id, self.sent_seq, through):
-            await self.send_frame(json.dumps({"type": "spans", "spans": batch}))
+            await self.send_frame(json.dumps(spans_frame(batch)))
             self.sent_seq = batch[-1]["seq"]
 
     async def run_frame(self, event):

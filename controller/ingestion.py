@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from . import live
 from .models import Checkpoint, Run, Span, StepMetric
-from .serializers import SPAN_FIELDS, status_frame
+from .frames import log_frame, metrics_frame, spans_frame, status_frame
+from .serializers import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -163,17 +164,17 @@ class RunIngestor:
         if spans:
             frame_spans = sorted(({name: getattr(s, name) for name in SPAN_FIELDS} for s in spans),
                                  key=lambda s: s["seq"])
-            live.publish(self.run_id, {"type": "spans", "spans": frame_spans})
+            live.publish(self.run_id, spans_frame(frame_spans))
         if metrics:
-            live.publish(self.run_id, {"type": "metrics", "metrics": [
-                {"step": step, "values": values} for step, values in sorted(metrics.items())]})
+            live.publish(self.run_id, metrics_frame(
+                [{"step": step, "values": values} for step, values in sorted(metrics.items())]))
         self.publish_log()
 
     def publish_log(self) -> None:
         """New log lines as one frame (the file already has them: see controller.runlog)."""
         lines = [self._log.popleft() for _ in range(len(self._log))]
         if lines:
-            live.publish(self.run_id, {"type": "log", "first": lines[0][0], "lines": [text for _, text in lines]})
+            live.publish(self.run_id, log_frame(lines[0][0], [text for _, text in lines]))
 
 
 def summarize(run_id: int, learner_summary: dict) -> dict:

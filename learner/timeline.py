@@ -1,4 +1,4 @@
-"""Spans, metrics and the sinks they flow into (DESIGN §6).
+"""Spans, metrics and the sinks they flow into (docs/spans.md).
 
 Every phase of a run is a ``Span`` with monotonic times in seconds from run start. Worker
 processes stamp spans with ``time.monotonic()`` (system-wide on Linux), so spans from the
@@ -9,6 +9,7 @@ number the app shows is always backed by what actually ran.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -17,12 +18,72 @@ from typing import IO, Any, Callable, Iterable, Protocol
 
 from learner.chrome_trace import chrome_trace  # noqa: F401  (the export lives there; re-exported)
 
-SPAN_KINDS: tuple[str, ...] = (
-    "rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score",
-    "learner.backward", "learner.group_close", "learner.optimizer", "learner.publish",
-)
-LEARNER_KINDS = tuple(k for k in SPAN_KINDS if k.startswith("learner."))
-ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score")
+
+class Kind:
+    """Span kinds (docs/spans.md). The learner, the controller and, through ``conventions()``
+    served to the pages, the JavaScript all name kinds through these."""
+
+    GENERATE = "rollout.generate"
+    TOOL = "rollout.tool"  # the tool's real time
+    TOOL_WAIT = "rollout.tool_wait"  # the modelled latency after it (task.tool_latency)
+    VERIFY = "rollout.verify"
+    TEACHER = "teacher.score"
+    BACKWARD = "learner.backward"
+    GROUP_CLOSE = "learner.group_close"
+    OPTIMIZER = "learner.optimizer"
+    PUBLISH = "learner.publish"
+
+
+SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER,
+                               Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
+LEARNER_KINDS = (Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
+ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER)
+
+
+class Metric:
+    """Per-step metric names (docs/spans.md; verl's where one exists)."""
+
+    STEP_S = "timing_s/step"
+    LEARNER_S = "timing_s/learner"
+    GEN_S = "timing_s/gen"
+    TAIL_S = "timing_s/tail"
+    TRAINER_IDLE = "trainer/idle_ratio"
+    TRAINER_WAIT = "trainer/wait_ratio"
+    ROLLOUT_IDLE = "rollouter/idle_ratio"
+    STALENESS_MEAN = "staleness/mean"
+    STALENESS_MAX = "staleness/max"
+    STALENESS_TURNS = "staleness/turns_"  # + k: how many trained turns had staleness k
+    REWARD_MEAN = "reward/mean"
+    T_START = "step/t_start"
+    T_END = "step/t_end"
+    LAST_REWARD_T = "step/last_reward_t"
+    FIRST_BACKWARD_T = "step/first_backward_t"
+    TURNS_MEAN = "response/turns_mean"
+    TOKENS = "response/tokens"
+    GRAD_NORM = "actor/grad_norm"
+    CLIP_FRAC = "actor/clip_frac"
+    PEAK_BUFFERS = "actor/peak_buffers"
+    SKIPPED_TRAJECTORIES = "learner/skipped_trajectories"  # A = 0 exactly: no backward (docs/learner.md)
+    SPECULATIVE_TRAJECTORIES = "learner/speculative_trajectories"
+    MICRO_BATCHES = "learner/micro_batches"
+    PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
+    PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
+    PEAK_RSS_MB = "memory/peak_rss_mb"
+    GRAD_BUFFERS_MB = "memory/grad_buffers_mb"
+    VERSION = "policy/version"
+    DROPPED_GROUPS = "rollout/dropped_groups"
+    MISMATCH_KL = "mismatch/kl"
+    MISMATCH_MAX_ABS = "mismatch/max_abs"
+    MISMATCH_TOKENS = "mismatch/tokens"
+
+
+def conventions() -> dict[str, Any]:
+    """Span kinds and metric names as the pages read them (``controller`` serves this JSON)."""
+    def names(cls: type) -> dict[str, str]:
+        return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+    return {"kind": names(Kind), "metric": names(Metric), "span_kinds": list(SPAN_KINDS),
+            "learner_kinds": list(LEARNER_KINDS), "rollout_kinds": list(ROLLOUT_KINDS)}
 
 
 @dataclass
@@ -41,6 +102,12 @@ class Span:
 
     def to_event(self) -> dict[str, Any]:
         return {"type": "span", **vars(self)}  # flat fields: vars() is a cheap asdict()
+
+    def __reduce__(self):
+        # pickled as its field values: workers send thousands per step and the learner's
+        # core unpickles every one (a default dataclass pickle costs about twice as much)
+        return (Span, (self.step, self.kind, self.t0, self.t1, self.lane, self.traj, self.group, self.turn,
+                       self.policy_version, self.tokens, self.seq))
 
 
 @dataclass
@@ -72,6 +139,21 @@ class EventsUnwritable(OSError):
     """The event stream cannot be written (one line: where and why)."""
 
 
+_events_stdout: IO[str] | None = None  # see claim_stdout
+
+
+def claim_stdout() -> IO[str]:
+    """Keep stdout for events: ``JsonlSink('-')`` writes to a duplicate of fd 1, and fd 1 itself
+    now goes to stderr, so whatever else writes there (a library's logger, C code, processes
+    spawned later, such as the rollout workers) cannot corrupt the event stream."""
+    global _events_stdout
+    if _events_stdout is None:
+        sys.stdout.flush()
+        _events_stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    return _events_stdout
+
+
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
@@ -92,7 +174,7 @@ class JsonlSink:
         self._own = path != "-"
         self._name = "stdout" if path == "-" else path
         try:
-            self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+            self._fh: IO[str] = open(path, "w") if self._own else (_events_stdout or sys.stdout)
         except OSError as err:
             raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []

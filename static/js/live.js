@@ -35,6 +35,10 @@ const gantt = new GanttChart(el.gantt);
 new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note") });
 const trajSteps = new StepPicker($("traj-step"));
 const metrics = new Map(); // step -> values
+// Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
+// page loads (the browser tests and web benches set it) does the page log frame and draw timings
+// and expose window.__thundersync; a production page does neither.
+const DEBUG = window.THUNDERSYNC_DEBUG === true;
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
 let status = root.dataset.status;
@@ -83,8 +87,10 @@ async function drawGantt() {
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
   el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(lanes.length, "lane")}`;
   const drawnMs = epochMs();
-  drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
-  for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
+  if (DEBUG) {
+    drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
+    for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
+  }
   el.gantt.dataset.drawnSpans = String(spansDrawn);
   drawStats();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
@@ -231,7 +237,7 @@ function handleFrame(frame) {
   switch (frame.type) {
     case "spans": {
       const spans = frame.spans || [];
-      if (spans.length) {
+      if (DEBUG && spans.length) {
         frameLog.push({ n: spans.length, firstSeq: spans[0].seq, lastSeq: spans[spans.length - 1].seq, recvMs: epochMs(), drawnMs: null });
       }
       if (store.add(spans) && (replayDone || epochMs() - connectedMs > REPLAY_PROGRESS_MS)) requestGantt();
@@ -315,7 +321,7 @@ function reconnect() {
   connect();
 }
 
-window.__thundersync = {
+if (DEBUG) window.__thundersync = {
   reconnect,
   state: () => ({
     spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,

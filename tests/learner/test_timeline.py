@@ -77,3 +77,26 @@ def test_a_learner_that_never_waits_still_reports_within_the_delay_without_writi
     sink.emit(span(500))
     sink.close()  # stops the flusher and writes what is left, in order
     assert [e["seq"] for e in lines(path)] == list(range(501))
+
+
+def test_with_stdout_claimed_only_events_reach_stdout(tmp_path):
+    """A library that prints, C code and a child process all write to fd 1: after claim_stdout
+    that is stderr, and the event stream stays parseable."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, subprocess, sys\n"
+        "from learner.timeline import JsonlSink, claim_stdout\n"
+        "claim_stdout()\n"
+        "print('[2026-01-01 00:00:00] [WARNING] a library talks')\n"
+        "os.write(1, b'C code talks\\n')\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"a child talks\")'])\n"
+        "sink = JsonlSink('-')\n"
+        "sink.emit({'type': 'run', 'status': 'started'})\n"
+        "sink.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [{"type": "run", "status": "started"}]
+    assert ["a library talks" in done.stderr, "C code talks" in done.stderr, "a child talks" in done.stderr] == [True] * 3
