@@ -22,6 +22,7 @@ span; per-step metrics are a function of the spans of the step's window (driver/
 from __future__ import annotations
 
 import gc
+from functools import partial
 import resource
 import time
 from pathlib import Path
@@ -92,7 +93,9 @@ class Trainer:
             self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
         held: list = []
         while len(self.rec.trajs) < P * G:
-            item = self.rollouts.receive(on_idle=self.learner_idle_work if streams else None)
+            # about to block on the fleet: the learner's deferred work instead, if it has any
+            idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None
+            item = self.rollouts.receive(on_idle=idle)
             waiting = [item]
             if streams:  # everything waiting goes to the learner in one call (it decides how to batch
                 self.rollouts.drain_spans()  # it, docs/learner.md); the spans queued behind reach the page now
@@ -125,16 +128,11 @@ class Trainer:
         return []
 
     def learn(self, items: list[Trajectory | ScoredTurn]) -> None:
-        """Hand the open batch's learner everything waiting: it decides how to batch the backward
-        passes (micro-batches, per trajectory, later in idle time: docs/learner.md)."""
+        """Hand the learner everything waiting; it decides how to batch it (docs/learner.md)."""
         for item in items:
             self.recorder.expect_backward(item)
         if items:
             self.learner.learn(items, on_phase=self.on_phase)
-
-    def learner_idle_work(self) -> bool:
-        """The driver is about to block on the fleet: the learner's deferred work instead, if any."""
-        return self.learner.idle_work(on_phase=self.on_phase)
 
     def train_step(self, held: list[Trajectory | ScoredTurn]) -> None:
         """The learner's work for the step that formed: what was held (sync: all of it, turns
