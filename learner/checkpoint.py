@@ -131,6 +131,17 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, RunState]:
     return tensors, optim, state
 
 
+def write_run_config(out_dir: str | Path, config: dict) -> None:
+    """The run's config as trained, for ``--resume`` (written atomically)."""
+    import yaml
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{RUN_CONFIG}.{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, out / RUN_CONFIG)
+
+
 def save_final_model(save, out_dir: str | Path) -> Path:
     """Write the final policy with ``save(directory)`` into a temporary directory, then move
     its files into ``out_dir`` (each move a rename): a reader never sees a torn model file."""
