@@ -11,7 +11,7 @@ COPY controller ./controller
 COPY configs ./configs
 COPY templates ./templates
 COPY static ./static
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -e ".[distributed]"
 
 # Web and worker run as an unprivileged user that can write only its run directories and its
 # model cache, never the code (docs/controller.md, "Production").

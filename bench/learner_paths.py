@@ -7,10 +7,11 @@ Built-in tiny policy, one torch thread, bench-shaped GRPO trajectories (30 promp
 
   per-trajectory      StreamingLearner, one forward+backward per trajectory (the earlier learner)
   micro-batched       the whole batch at once (sync): padded micro-batches under the token budget
-  adaptive-1by1       streaming, each trajectory handed over alone (the learner caught up)
+  adaptive-1by1       streaming caught up: each trajectory handed over alone, then ``idle_work``
+                      until it has nothing left (per trajectory, or its group's close)
 and with ``kl_coef`` 0.1 (a second backward per trajectory in the earlier learner):
   kl per-trajectory   the running-sum form, KL by a second backward (retain_graph)
-  kl one-pass         the running-sum form, one batched VJP with two cotangents
+  kl one-pass         adaptive caught up: running sums, one batched VJP with two cotangents
   kl micro-batched    known advantages: KL folded into the same loss, one backward per micro-batch
 
 Every round runs each variant once, in an order rotated per round; the median over rounds is
@@ -71,6 +72,8 @@ def main() -> int:
         t0 = time.perf_counter()
         for chunk in ([trajs] if whole else [[t] for t in trajs]):
             learner.learn(chunk)
+            while learner.idle_work():
+                pass
         learner.finish_batch()
         return (time.perf_counter() - t0) / len(trajs) * 1000
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from learner import stopping
 from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, write_run_config
-from learner.config import SCHEDULES, ConfigError, load_config
+from learner.cli_args import choice_list, int_list
+from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
 from learner.timeline import EventsUnwritable, JsonlSink
@@ -72,6 +73,8 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    if args.learner_world_size is not None:
+        overrides["learner.world_size"] = args.learner_world_size
     if args.output:
         overrides["train.output_dir"] = args.output
     if args.checkpoint_every is not None:
@@ -176,6 +179,12 @@ def train_and_report(cfg, args, booted) -> int:
 
 
 def cmd_check_exactness(args) -> int:
+    if args.world_size:  # data-parallel ranks (docs/distributed.md)
+        from learner.distributed.exactness import main as distributed_main
+
+        return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
+    if args.engine or args.zero or args.offload:
+        raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
     from learner.exactness import main
 
     return main(json_out=args.json)
@@ -198,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
     p.add_argument("--engine", choices=("torch", "vllm"), help="override rollout.engine")
+    p.add_argument("--learner-world-size", type=int, metavar="W",
+                   help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
     p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
@@ -213,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--world-size", type=int_list(1, 8), metavar="W[,W...]",
+                   help="data-parallel ranks (spawned processes): streamed-and-reduced vs single-process gradient")
+    p.add_argument("--engine", type=choice_list(LEARNER_ENGINES), metavar="torch,deepspeed",
+                   help="with --world-size: engines (torch: float64; deepspeed: float32)")
+    p.add_argument("--zero", type=int_list(0, 2), metavar="0,1,2", help="with --engine deepspeed: ZeRO stages")
+    p.add_argument("--offload", action="store_true", help="with --zero 1/2: optimizer state offloaded to CPU")
     p.set_defaults(func=cmd_check_exactness)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
@@ -246,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"thundersync: invalid config: {err}", file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"thundersync: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, stopping.Interrupted):  # before a run started, or a second signal
         return 130 if stopping.requested() in (None, 2) else 128 + stopping.requested()

@@ -20,10 +20,28 @@ def number(kind: type, lo: float, strict: bool = False):
     return parse
 
 
-def schedule_list(text: str) -> list[str]:
-    """A comma list of schedule names, duplicates dropped, order kept."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SCHEDULES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(SCHEDULES)}, got {text!r}")
-    return list(dict.fromkeys(names))
+def int_list(lo: int, hi: int):
+    """A comma list of integers in [lo, hi], duplicates dropped, order kept."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(s) for s in text.split(",") if s.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}")
+        if not values or any(not lo <= v <= hi for v in values):
+            raise argparse.ArgumentTypeError(f"expected a comma list of integers in {lo}..{hi}, got {text!r}")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def choice_list(choices: tuple[str, ...]):
+    """A comma list of names out of ``choices``, duplicates dropped, order kept."""
+    def parse(text: str) -> list[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        if not names or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(choices)}, got {text!r}")
+        return list(dict.fromkeys(names))
+    return parse
+
+
+# sync,streaming,...: a comma list of schedule names
+schedule_list = choice_list(SCHEDULES)

@@ -181,6 +181,7 @@ class TrainConfig(Strict):
         description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
 
 
+LEARNER_ENGINES: tuple[str, ...] = ("torch", "deepspeed")
 LearnerPath = Literal["auto", "per-trajectory", "micro-batched", "adaptive"]
 # The best learner of each schedule, what ``learner.path: auto`` picks (docs/learner.md).
 BEST_LEARNER_PATH: dict[str, str] = {
@@ -201,6 +202,15 @@ class LearnerConfig(Strict):
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
+    # data parallel (docs/distributed.md)
+    world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
+                                                        "every member of a group is learnt on its owner rank")
+    engine: Literal["torch", "deepspeed"] = Field(
+        "torch", description="gradient reduction + optimizer: torch.distributed (float64 too) or DeepSpeed ZeRO (float32)")
+    zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage (engine deepspeed); 3 is not supported")
+    offload_optimizer: bool = Field(False, description="DeepSpeed: optimizer state in host memory (zero_stage 1 or 2)")
+    timeout_s: float = Field(120.0, gt=0.0, le=86_400.0,
+                             description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
 
 
 class RunConfig(Strict):
@@ -227,6 +237,24 @@ class RunConfig(Strict):
         if path == "micro-batched" and schedule == "streaming":
             raise ValueError("learner.path: streaming learns open groups as they arrive; use adaptive "
                              "(micro-batched drains when work queues) or per-trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _data_parallel_fits(self) -> "RunConfig":
+        lrn = self.learner
+        if lrn.engine == "deepspeed" and self.model.dtype != "float32":
+            raise ValueError(f"learner.engine: deepspeed trains float32 here, model.dtype is {self.model.dtype} "
+                             "(float64 runs on learner.engine torch)")
+        if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
+            raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.checkpoint_every:
+            raise ValueError("train.checkpoint_every: checkpoints hold one process's optimizer; data-parallel "
+                             "ranks (learner.world_size > 1, engine deepspeed) do not checkpoint yet")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
+            raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
+        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
+            raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
+                             f"streaming), not {self.train.schedule}")
         return self
 
     @model_validator(mode="after")

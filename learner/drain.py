@@ -8,20 +8,23 @@ is waiting and executes the tasks it returns, in order:
     Bucket(g, r, trajs)   members of an open group that share reward r: one summed gradient
                           into g's running sums (equal rewards give equal advantages)
 
-Policy ``finished-groups-first``:
-  1. every group that is now complete is closed and its not-yet-learnt members are learnt
-     with their final advantages (all in one pool of micro-batches);
-  2. then open groups, oldest first: a group holding running sums learns its waiting members
-     by (group, reward) bucket; a group without sums gets them if fewer than K groups hold
-     sums, otherwise its members wait for the group's close (step 1 learns them then);
-  3. zero-variance deferral (``defer_equal``): a group whose rewards so far are all equal is
-     not given sums yet: if it closes all-equal, A = 0 for every member and its policy-gradient
-     backward is skipped outright. Deferral costs overlap only if the learner would otherwise
-     idle, so ``idle`` (called when nothing else is waiting) hands such a group its sums and
-     learns its members speculatively: at worst it spends time that was idle anyway.
+Policy ``finished-groups-first`` (adaptive):
+  1. ``drain``: every group that is now complete is closed and its not-yet-learnt members are
+     learnt with their final advantages, all in one pool of micro-batches (rows of any group
+     share a backward: their weights are known);
+  2. ``idle`` (called when nothing else is waiting): one (group, reward) bucket of an open
+     group, the largest first. A backward of a bucket cannot be shared with another group's
+     (each goes to its own running sums), so open-group work waits until the learner would
+     otherwise idle: meanwhile its buckets grow, and members whose group closes join the
+     shared known-advantage micro-batches instead. A group without sums gets them only while
+     fewer than K groups hold them; otherwise its members wait for the close (step 1);
+  3. zero-variance deferral: a group whose rewards so far are all equal is a candidate for
+     A = 0. ``idle`` prefers every other bucket; if it closes all-equal, the members' backward
+     is skipped outright. When nothing else is left, ``idle`` learns a candidate's members
+     speculatively (its sums are exact either way): at worst it spends time that was idle.
 
-``per-trajectory`` (the earlier learner) is the same policy with one trajectory per bucket, in
-arrival order, and no deferral. Every path is exact: a member is learnt once, either into
+``per-trajectory`` (the earlier learner) learns every arrival at once, one trajectory per
+bucket, into its group's sums (its group's close: with the final advantage); no deferral. Every path is exact: a member is learnt once, either into
 running sums (folded with the whole group's μ, σ at close) or with its final advantage.
 """
 
@@ -78,11 +81,13 @@ class DrainPlanner:
     name = "finished-groups-first"
 
     def __init__(self, group_sizes: Mapping[int, int], adv: AdvantageConfig, max_open_groups: int | None,
-                 bucket_by_reward: bool, defer_equal: bool):
+                 lazy: bool):
+        """``lazy`` (adaptive): open groups learn in ``idle``, by (group, reward) bucket, zero-variance
+        candidates last; otherwise (per-trajectory) every arrival at once, one per bucket."""
         self.groups = {g: _Group(size) for g, size in group_sizes.items()}
         self.adv = adv
         self.cap = max_open_groups
-        self.bucket_by_reward, self.defer_equal = bucket_by_reward, defer_equal
+        self.lazy = lazy
         self.order: list[int] = []  # groups in order of first arrival
         self.seen: set[int] = set()
 
@@ -110,7 +115,8 @@ class DrainPlanner:
         group.waiting.append(traj)
 
     def drain(self, trajs: Sequence[Trajectory]) -> list[Task]:
-        """Admit ``trajs`` (everything waiting) and plan what to learn now."""
+        """Admit ``trajs`` (everything waiting) and plan what to learn now: the closes and
+        known-advantage members (adaptive), and every arrival at once (per-trajectory)."""
         for traj in trajs:
             self.admit(traj)
         tasks: list[Task] = []
@@ -118,29 +124,36 @@ class DrainPlanner:
             group = self.groups[g]
             if not group.closed and len(group.arrived) == group.size:
                 tasks += self._close(g, group)
-        for g in self.order:
-            group = self.groups[g]
-            if group.closed or not group.waiting:
-                continue
-            if not group.has_sums:
-                if (self.defer_equal and group.all_equal_so_far()) or not self._free():
-                    continue
-                group.has_sums = True
-            tasks += self._buckets(g, group)
+        if not self.lazy:
+            for g in self.order:
+                group = self.groups[g]
+                if not group.closed and group.waiting and (group.has_sums or self._free()):
+                    group.has_sums = True
+                    tasks += self._buckets(g, group)
         return tasks
 
     def idle(self) -> list[Task]:
-        """Nothing else waits: learn one deferred zero-variance candidate speculatively, if sums are free."""
+        """Nothing else waits: the largest bucket of an open group that holds (or may take) sums,
+        zero-variance candidates last and marked speculative; [] when there is none."""
+        best: tuple | None = None
         for g in self.order:
             group = self.groups[g]
-            if group.closed or not group.waiting or group.has_sums or not self._free():
+            if group.closed or not group.waiting or not (group.has_sums or self._free()):
                 continue
-            group.has_sums = True
-            tasks = self._buckets(g, group)
-            for task in tasks:
-                task.speculative = True
-            return tasks
-        return []
+            candidate = group.all_equal_so_far()
+            for bucket in self._group_buckets(g, group.waiting):
+                key = (not candidate, len(bucket.trajs))
+                if best is None or key > best[0]:
+                    best = (key, g, bucket, candidate)
+        if best is None:
+            return []
+        _, g, bucket, candidate = best
+        group = self.groups[g]
+        group.has_sums = True
+        taken = {t.id for t in bucket.trajs}
+        group.waiting = [t for t in group.waiting if t.id not in taken]
+        bucket.speculative = candidate
+        return [bucket]
 
     def pending_groups(self) -> list[int]:
         return [g for g in self.order if not self.groups[g].closed] + [
@@ -159,7 +172,10 @@ class DrainPlanner:
 
     def _buckets(self, g: int, group: _Group) -> list[Task]:
         waiting, group.waiting = group.waiting, []
-        if not self.bucket_by_reward:
+        return self._group_buckets(g, waiting)
+
+    def _group_buckets(self, g: int, waiting: list[Trajectory]) -> list[Bucket]:
+        if not self.lazy:
             return [Bucket(g, t.reward, [t]) for t in waiting]
         by_reward: dict[float, list[Trajectory]] = {}
         for t in waiting:

@@ -126,17 +126,22 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 class LogprobLedger:
     """The learner's own detached log-probs, per trajectory, as its forward computed them
     (OPD: the longest prefix seen). The train/inference mismatch metric reads them at the
-    barrier instead of running another forward."""
+    barrier instead of running another forward. A trajectory whose backward was skipped
+    (A = 0, no KL/entropy) has no forward: it is recorded as None, and the metric leaves it out
+    rather than forward it at the barrier, on the step's critical path (``learner.mismatch``)."""
 
     def __init__(self) -> None:
-        self._by_traj: dict[int, torch.Tensor] = {}
+        self._by_traj: dict[int, torch.Tensor | None] = {}
 
     def keep(self, traj: int, logp: torch.Tensor) -> None:  # logp: (T,)
         old = self._by_traj.get(traj)
         if old is None or len(old) < len(logp):
             self._by_traj[traj] = logp.detach().double().cpu()
 
-    def take(self) -> dict[int, torch.Tensor]:
+    def skip(self, traj: int) -> None:
+        self._by_traj.setdefault(traj, None)
+
+    def take(self) -> dict[int, torch.Tensor | None]:
         taken, self._by_traj = self._by_traj, {}
         return taken
 
@@ -191,8 +196,7 @@ class StreamingLearner:
             p.grad = None
         opts = self.options
         cap = 0 if opts.path == "micro-batched" else opts.max_open_groups
-        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, bucket_by_reward=opts.path != "per-trajectory",
-                               defer_equal=opts.path == "adaptive")
+        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory")
         self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner)
         if self.acc.params[0].device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)
@@ -239,19 +243,37 @@ class StreamingLearner:
     def on_turn(self, turn: ScoredTurn, on_phase: PhaseCallback | None = None) -> dict:
         return self.learn([turn], on_phase)
 
-    def finish_batch(self) -> dict:
-        """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete."""
-        state = self._state("finish_batch")
-        n_traj = sum(state.group_sizes.values())
+    def check_complete(self) -> None:
+        """The barrier's own check: every group of the batch complete; raises ``OpenGroupError``."""
+        state = self._state("check_complete")
         if self.algo.objective == "grpo":
             missing = {g: len(grp.arrived) for g, grp in state.planner.groups.items() if len(grp.arrived) < grp.size}
             if missing:
                 detail = ", ".join(f"{g} ({n}/{state.group_sizes[g]})" for g, n in missing.items())
                 raise OpenGroupError(f"finish_batch: groups not complete: {detail}")
-        normaliser = batch_normaliser(self.algo.loss_agg_mode, state.n_tokens, n_traj, self.algo.loss_scale_constant)
+
+    def batch_counts(self) -> tuple[int, int]:
+        """(scored tokens, trajectories) of this learner's batch: its terms of the batch normaliser."""
+        state = self._state("batch_counts")
+        return state.n_tokens, sum(state.group_sizes.values())
+
+    def abandon_batch(self) -> None:
+        """Drop the batch in progress (sums, counts) without a step: its barrier failed."""
+        self._batch = None
+        self.acc.reset()
+
+    def finish_batch(self, totals: tuple[int, int] | None = None) -> dict:
+        """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
+
+        ``totals``: (scored tokens, trajectories) of the whole batch when this learner holds one
+        data-parallel rank's share of it (``learner.distributed``); default its own counts."""
+        state = self._state("finish_batch")
+        self.check_complete()
+        n_tokens, n_traj = totals if totals is not None else self.batch_counts()
+        normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         self._batch = None
-        return {"n_tokens": state.n_tokens, "n_traj": n_traj, "normaliser": normaliser,
+        return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
                 **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path}
@@ -272,6 +294,7 @@ class StreamingLearner:
                 for traj, adv in zip(task.trajs, task.advantages):
                     if adv == 0.0 and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0:
                         state.skipped += 1  # exactly zero gradient: nothing to back-propagate
+                        self.logprobs.skip(traj.id)
                     else:
                         known.append(grpo_row(traj, adv))
         for rows in plan_micro_batches(known, self.options.budget):
@@ -406,6 +429,7 @@ class OffPolicyLearner:
                 row.adv = adv_by_traj[traj.id]
                 if row.adv == 0.0 and no_aux:  # −min(ρ·0, clip(ρ)·0) = 0: exactly no gradient
                     skipped += 1
+                    self.logprobs.skip(traj.id)
                     continue
             rows.append(row)
         n_tokens, n_clipped = sum(t.n_scored for t in trajs), 0

@@ -73,19 +73,21 @@ def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: 
     raises ``VersionMismatchError`` when a same-version token is off by more than ``tolerance``
     (default: SAME_VERSION_TOLERANCE for the model's dtype; no check for other dtypes, where
     bf16 kernels legitimately differ by more). ``known``: the learner's log-probs per
-    trajectory id from its own forward (``LogprobLedger``); only the others are recomputed.
+    trajectory id from its own forward (``LogprobLedger``); only the others are recomputed,
+    except those mapped to None (the learner skipped them, A = 0: left out, not forwarded).
 
     The batch's same-version tokens are compared in one flat tensor: this runs at the barrier,
     on the critical path of on-policy steps (~25 ms per 256 trajectories one by one, here)."""
     dtype = next(model.parameters()).dtype
     tol = tolerance if tolerance is not None else SAME_VERSION_TOLERANCE.get(dtype)
     lengths = {t.id: len(t.input_ids) for t in trajs}
-    logps = {i: lp for i, lp in (known or {}).items() if lengths.get(i) == len(lp)}  # whole trajectories only
-    missing = [t for t in trajs if t.id not in logps]
+    known = known or {}
+    logps = {i: lp for i, lp in known.items() if lp is not None and lengths.get(i) == len(lp)}  # whole trajectories
+    missing = [t for t in trajs if t.id not in logps and not (t.id in known and known[t.id] is None)]
     logps.update(zip((t.id for t in missing), learner_logprobs(model, missing)))
     owners, learner, behavior = [], [], []  # (first flat index, traj, positions); l_t; b_t
     for traj in trajs:
-        positions = _same_version_positions(traj, version)
+        positions = _same_version_positions(traj, version) if traj.id in logps else []
         if positions:
             owners.append((len(behavior), traj, positions))
             learner.append(logps[traj.id][torch.tensor(positions)])

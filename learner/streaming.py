@@ -123,6 +123,11 @@ class GradAccumulator:
             device = self.params[0].device
             torch._foreach_add_(self._global, [t.to(device) for t in sums.t])
 
+    def reset(self) -> None:
+        """Forget every open group and G (a batch abandoned without a step)."""
+        self._groups.clear()
+        torch._foreach_zero_(self._global)
+
     def finalize(self, normaliser: float) -> None:
         """Barrier: p.grad = normaliser · G in the parameter dtype, then G = 0 for the next batch."""
         if self._groups:

@@ -63,8 +63,12 @@ class ObservationFrame:
         base_msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _ASSISTANT_MARK}]
         render = lambda msgs, gen: tokenizer.apply_chat_template(  # noqa: E731
             msgs, tools=tools, add_generation_prompt=gen, tokenize=False)
-        base = render(base_msgs, False)
-        full = render([*base_msgs, {"role": "tool", "content": _TOOL_MARK}], True)
+        try:
+            base = render(base_msgs, False)
+            full = render([*base_msgs, {"role": "tool", "content": _TOOL_MARK}], True)
+        except Exception as err:  # jinja's TemplateError, or the template's own raise_exception
+            raise ValueError(f"model.policy: its chat template cannot render a tool message after an assistant "
+                             f"turn ({type(err).__name__}: {err}); tools need one that can") from None
         if not full.startswith(base) or _TOOL_MARK not in full[len(base):]:
             raise ValueError("model.policy: its chat template does not render a tool message after an assistant "
                              "turn without changing the earlier text; multi-turn tool use needs one that does")

@@ -94,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--rollout-slots", type=pos_int, metavar="N",
                    help="concurrent trajectories in the rollout fleet [one per trajectory]")
     m.add_argument("--learner-ranks", type=pos_int, metavar="N", help=f"data-parallel learner ranks [{PAPER_PRESET.learner_ranks}]")
-    m.add_argument("--assign", choices=ASSIGN_POLICIES, default="least-loaded",
-                   help="trajectory -> rank: first free rank, or static sharding by index [least-loaded]")
+    m.add_argument("--assign", choices=ASSIGN_POLICIES, default="group-affinity",
+                   help="trajectory -> rank: its group's owner rank (the data-parallel learner's map), "
+                        "the first free rank, or static sharding by index [group-affinity]")
     s = parser.add_argument_group("simulation")
     s.add_argument("--schedules", type=schedule_list, default=list(SCHEDULES), metavar="LIST",
                    help=f"comma list [{','.join(SCHEDULES)}]")

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
+from learner.distributed.assignment import assign_owners
 from learner.sim.workload import BatchWork, TrajWork, Workload
 from learner.timeline import Span
 
-ASSIGN_POLICIES = ("least-loaded", "round-robin")
+ASSIGN_POLICIES = ("least-loaded", "round-robin", "group-affinity")
 
 
 @dataclass
@@ -95,9 +97,12 @@ def train_batch(
 
     ``members`` are in dispatch order; round-robin shards them by that index (static
     data-parallel sharding), least-loaded hands each ready trajectory to the rank free
-    first. A group closes on the rank that finished its last backward, right after it.
+    first, group-affinity learns every member of a group on its owner rank, the data-parallel
+    learner's map (``learner.distributed.assignment``, docs/distributed.md). A group closes on
+    the rank that finished its last backward, right after it.
     """
     ranks = workload.learner_ranks
+    owners = assign_owners(dict(Counter(m.group for m in members)), ranks) if assign == "group-affinity" else {}
     free = [start] * ranks
     spans: list[Span] = []
     left: dict[int, int] = {}
@@ -106,7 +111,10 @@ def train_batch(
     last: dict[int, tuple[float, int]] = {}  # group -> (latest backward end, its rank)
     for i in sorted(range(len(members)), key=lambda i: (ready[i], i)):
         m = members[i]
-        r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
+        if assign == "group-affinity":
+            r = owners[m.group]
+        else:
+            r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
         t0 = max(ready[i], free[r])
         free[r] = t0 + m.work.backward_s
         spans.append(Span(step, "learner.backward", t0, free[r], f"learner/{r}", m.traj, m.group,
@@ -312,6 +320,6 @@ class _Run:
 
 
 def run_schedule(workload: Workload, schedule: str, steps: int, max_staleness: int = 2,
-                 assign: str = "least-loaded") -> SimRun:
+                 assign: str = "group-affinity") -> SimRun:
     """Simulate ``steps`` optimizer steps of ``schedule``; deterministic for a given workload."""
     return _Run(workload, schedule, steps, max_staleness, assign).run()

@@ -90,7 +90,7 @@ def rollout_spans(run: SimRun) -> list[Span]:
 
 
 def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2, max_staleness: int = 2,
-             assign: str = "least-loaded") -> ScheduleResult:
+             assign: str = "group-affinity") -> ScheduleResult:
     """Run ``schedule`` for ``steps`` optimizer steps and summarise steps ``warmup..steps-1``."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")

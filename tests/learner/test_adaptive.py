@@ -43,8 +43,7 @@ def arrivals(draw):
 def test_drain_learns_every_member_once_within_the_cap(case, cap, path):
     trajs, order, cuts, idles = case
     sizes = Counter(t.group for t in trajs)
-    planner = DrainPlanner(sizes, AdvantageConfig(), cap, bucket_by_reward=path == "adaptive",
-                           defer_equal=path == "adaptive")
+    planner = DrainPlanner(sizes, AdvantageConfig(), cap, lazy=path == "adaptive")
     learnt: Counter = Counter()
     open_sums: set[int] = set()
     arrived: Counter = Counter()
@@ -77,23 +76,29 @@ def test_drain_learns_every_member_once_within_the_cap(case, cap, path):
 
 def test_zero_variance_group_is_deferred_then_skipped_unless_the_learner_idles():
     trajs = [random_trajectory(random.Random(i), i, 0, 1.0) for i in range(3)]
-    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, bucket_by_reward=True, defer_equal=True)
-    assert planner.drain(trajs[:2]) == []  # all equal so far: deferred, not back-propagated
+    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
+    assert planner.drain(trajs[:2]) == []  # an open group: nothing is learnt while work arrives
     tasks = planner.drain(trajs[2:])
     assert [type(t) for t in tasks] == [Known] and tasks[0].advantages == [0.0, 0.0, 0.0]
-    idle = DrainPlanner({0: 3}, AdvantageConfig(), None, bucket_by_reward=True, defer_equal=True)
+    idle = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
     idle.drain(trajs[:2])
     speculative = idle.idle()  # nothing else to do: learn them anyway rather than sit idle
     assert [t.speculative for t in speculative] == [True] and len(speculative[0].trajs) == 2
 
 
-def test_a_second_distinct_reward_opens_sums_with_one_bucket_per_reward():
-    trajs = [random_trajectory(random.Random(i), i, 0, r) for i, r in enumerate([1.0, 1.0, 0.0, 1.0])]
-    planner = DrainPlanner({0: 4}, AdvantageConfig(), 2, bucket_by_reward=True, defer_equal=True)
-    tasks = planner.drain(trajs[:3])
-    assert sorted((t.reward, len(t.trajs)) for t in tasks) == [(0.0, 1), (1.0, 2)]
-    tasks = planner.drain(trajs[3:])
-    assert [type(t) for t in tasks] == [Close, Known]  # the last member goes in with its final advantage
+def test_idle_learns_the_largest_bucket_and_zero_variance_candidates_last():
+    rewards = {0: [1.0, 1.0, 1.0], 1: [1.0, 0.0, 1.0, 1.0], 2: [0.0, 1.0]}
+    trajs = [random_trajectory(random.Random(len(rewards) * g + i), 10 * g + i, g, r)
+             for g, rs in rewards.items() for i, r in enumerate(rs)]
+    planner = DrainPlanner({0: 4, 1: 5, 2: 3}, AdvantageConfig(), 2, lazy=True)
+    assert planner.drain(trajs) == []
+    first, second = planner.idle(), planner.idle()
+    assert (first[0].group, first[0].reward, len(first[0].trajs)) == (1, 1.0, 3)  # largest, two rewards seen
+    assert second[0].group == 1 and len(second[0].trajs) == 1
+    third = planner.idle()  # group 2 takes the second of K = 2 sums; group 0 (all 1.0 so far) waits
+    assert third[0].group == 2 and not third[0].speculative
+    planner.idle()
+    assert planner.idle() == []  # K = 2 groups hold sums: group 0 waits for its close
 
 
 # ---------------------------------------------------------------- exactness with real backward passes
@@ -238,3 +243,35 @@ def test_learner_path_auto_picks_the_best_learner_per_schedule_and_rejects_misfi
         parse_config({"train": {"schedule": "streaming"}, "learner": {"path": "micro-batched"}})
     with pytest.raises(ConfigError, match="learner.max_open_groups"):
         parse_config({"learner": {"max_open_groups": -1}})
+
+
+# ---------------------------------------------------------------- the trainer under each path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,learner", [
+    ("sync", {}), ("sync", {"path": "per-trajectory"}), ("async", {}),
+    ("streaming", {"max_open_groups": 2, "accumulator_device": "host"}),
+])
+def test_a_dumped_step_of_each_learner_path_passes_the_audit(tmp_path, schedule, learner):
+    import yaml
+
+    from learner.audit import audit_dump
+    from learner.cli import main
+
+    cfg = yaml.safe_load(open("configs/quickstart.yaml"))
+    cfg["train"] |= {"schedule": schedule, "prompts_per_step": 3, "micro_batch_tokens": 256}
+    cfg["learner"] = learner
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    events = tmp_path / "events.jsonl"
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--steps", "1", "--dump-step",
+                 str(tmp_path / "dump"), "--events", str(events), "--quiet"]) == 0
+    result = audit_dump(tmp_path / "dump")
+    assert result["passed"], result
+    import json
+
+    values = next(json.loads(line)["values"] for line in events.read_text().splitlines()
+                  if json.loads(line)["type"] == "metrics")
+    if "max_open_groups" in learner:
+        assert values["actor/peak_buffers"] <= 1 + 2 * 2
+    assert values["learner/micro_batches"] >= 1

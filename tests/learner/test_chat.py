@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerFast
 from learner.config import RunConfig
 from learner.rollout.chat import ChatFormat, parse_hermes, turn_stop_ids
 from learner.rollout.engine import Completion, TorchEngine
-from learner.rollout.env import ArithToolEnv, Task, ToolSpec, task_metrics
+from learner.rollout.env import ArithToolEnv, Task, ToolSpec, task_for_group, task_metrics
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.worker import AgentWorker
 
@@ -233,3 +233,42 @@ def test_a_local_chat_model_trains_on_data_with_its_own_template(tmp_path):
         assert "<|im_start|>user\n" in text and text.count("<|im_start|>assistant\n") >= 1
         first_scored = traj["loss_mask"].index(1)
         assert tok.decode(traj["input_ids"][:first_scored], skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+
+
+def test_a_dataset_task_calls_the_python_sandbox_in_the_hermes_format(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "What is 6*7?", "answer": "42"}\n')
+    cfg = config(name="dataset", path=str(data), tools=["python-sandbox"], max_turns=3)
+    tok = qwen_like_tokenizer()
+    call = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call><|im_end|>'
+    worker = AgentWorker(0, cfg, ScriptedPolicy(tok, [call, "It is 42<|im_end|>"]), tok, None, None, queue.Queue(),
+                         time.monotonic(), stop_ids=[tok.convert_tokens_to_ids("<|im_end|>")])
+    [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
+    observation = tok.decode(traj.input_ids[traj.turn_spans[0][1]:traj.turn_spans[1][0]], skip_special_tokens=False)
+    assert observation == "\n<|im_start|>user\n<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert traj.reward == 0.0 and traj.error is None  # exact-match: "It is 42" is not "42"
+
+
+def test_the_builtin_format_calls_the_python_sandbox_with_tags(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "6*7", "answer": "42"}\n')
+    cfg = config(name="dataset", path=str(data), tools=["python-sandbox"], max_turns=3)
+    tok = load_tokenizer(resolve_model_dir("builtin:tiny"))
+    turns = ["<call>print(6*7)</call>", "<ans>42</ans><eos>"]
+    worker = AgentWorker(0, cfg, ScriptedPolicy(tok, turns), tok, None, None, queue.Queue(), time.monotonic(),
+                         stop_ids=tok.convert_tokens_to_ids(["</call>", "<eos>"]))
+    [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
+    assert tok.decode(traj.input_ids, skip_special_tokens=False) == (
+        "<bos>Q:6*7\n<call>print(6*7)</call><obs>42\n</obs><ans>42</ans><eos>")
+    assert traj.reward == 1.0
+
+
+def test_a_template_without_tool_messages_is_named_before_any_rollout():
+    tok = qwen_like_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}"
+                         "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+                         "{% endif %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError) as err:
+        ChatFormat(tok, ArithToolEnv(config().task))
+    assert str(err.value) == ("model.policy: its chat template cannot render a tool message after an assistant turn "
+                              "(TemplateError: Conversation roles must alternate user/assistant); tools need one that can")

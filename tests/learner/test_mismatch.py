@@ -58,6 +58,15 @@ def test_flat_comparison_matches_the_definition(seed):
     assert m["mismatch/kl"] == pytest.approx(kl, rel=1e-9)
 
 
+def test_a_trajectory_the_learner_skipped_is_left_out_not_forwarded():
+    trajs, known = _batch()
+    skipped = trajs[3]
+    known[skipped.id] = None  # A = 0: the learner never forwarded it (LogprobLedger.skip)
+    m = step_mismatch(torch.nn.Linear(2, 2), trajs, VERSION, known=known)  # a Linear cannot forward ids
+    rest = {i: lp for i, lp in known.items() if lp is not None}
+    assert m["mismatch/tokens"] == _one_by_one([t for t in trajs if t.id in rest], rest)[2]
+
+
 def test_no_same_version_token_gives_nan():
     trajs, known = _batch()
     m = step_mismatch(torch.nn.Linear(2, 2), trajs, VERSION + 1, known=known)

@@ -96,7 +96,7 @@ def random_workload(data) -> Workload:
 def test_schedules_respect_capacity_staleness_and_streaming_beats_sync(data):
     workload = random_workload(data)
     k = data.draw(st.integers(0, 3))
-    assign = data.draw(st.sampled_from(["least-loaded", "round-robin"]))
+    assign = data.draw(st.sampled_from(["least-loaded", "round-robin", "group-affinity"]))
     res = simulate_all(workload, steps=5, warmup=1, max_staleness=k, assign=assign)
     assert res["sync"].staleness_max == 0 and res["streaming"].staleness_max == 0
     assert res["async"].staleness_max <= 1 and res["fully-async"].staleness_max <= k

@@ -1,0 +1,212 @@
+"""Rank 0's learner when a run has data-parallel ranks (``learner.world_size`` > 1 or
+``learner.engine: deepspeed``): the calls of ``StreamingLearner`` plus ``reduce``/``step``.
+
+Rank 0 is the driver process: it receives every trajectory from the rollout fleet, learns those
+of the groups it owns and forwards the others to their owner rank (``learner.distributed.worker``),
+so all W ranks stream backward passes at once. At the barrier every rank checks itself and joins
+the one integer all-reduce, then the gradient reduction and the optimizer step; rank 0 publishes.
+The other ranks' phases come back as spans on their own lanes, ``learner/<rank>``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from learner.config import RunConfig
+from learner.distributed.assignment import assign_owners
+from learner.distributed.ranks import free_port, init_rank, stop_processes
+from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
+from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
+from learner.trajectory import ScoredTurn, Trajectory
+
+RankPhase = Callable[[int, str, float, float, "int | None", "int | None"], None]
+
+
+class DataParallelLearner:
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase):
+        from learner.distributed.engines import make_engine
+        from learner.distributed.rank import RankLearner
+
+        self.cfg, self.world = cfg, cfg.learner.world_size
+        self.timeout_s = cfg.learner.timeout_s
+        self.on_rank_phase = on_rank_phase
+        ctx = multiprocessing.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.up_q = ctx.Queue()
+        self.cmd_qs = [ctx.Queue() for _ in range(1, self.world)]
+        self.procs = [ctx.Process(target=rank_main, name=f"thundersync-learner-rank-{r}", daemon=True,
+                                  args=(cfg.model_dump(), policy_dir, r, self.world, init_method, self.cmd_qs[r - 1],
+                                        self.up_q)) for r in range(1, self.world)]
+        for p in self.procs:
+            p.start()
+        try:
+            init_rank(0, self.world, init_method, self.timeout_s)
+            torch.set_num_threads(1)
+            self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
+                                     0, self.world)
+            lrn, train = cfg.learner, cfg.train
+            self.engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
+                                      lrn.zero_stage, lrn.offload_optimizer)
+            broadcast_from_rank0(model)
+        except BaseException:
+            self.close()
+            raise
+        self.rank_stats: dict[int, dict] = {}
+
+    # -- what StreamingLearner offers ------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self.local.learner.path
+
+    @property
+    def logprobs(self):
+        return self.local.learner.logprobs
+
+    @property
+    def owners(self) -> dict[int, int]:
+        return self.local.owners
+
+    def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
+        sizes = dict(group_sizes)
+        for q in self.cmd_qs:
+            q.put(("begin", sizes))
+        self.local.begin_batch(sizes)
+
+    def learn(self, items: Sequence[Trajectory | ScoredTurn], on_phase: PhaseCallback | None = None) -> dict:
+        owners = self.local.owners
+        by_rank: dict[int, list] = {}
+        for item in items:
+            by_rank.setdefault(owners.get(item.group, 0), []).append(item)
+        for rank, part in by_rank.items():
+            if rank:
+                self.cmd_qs[rank - 1].put(("learn", part))
+        stats = self.local.learn(by_rank.get(0, []), on_phase) if 0 in by_rank else {}
+        self.drain()
+        return stats
+
+    def on_trajectory(self, traj: Trajectory, on_phase: PhaseCallback | None = None) -> dict:
+        return self.learn([traj], on_phase)
+
+    def on_turn(self, turn: ScoredTurn, on_phase: PhaseCallback | None = None) -> dict:
+        return self.learn([turn], on_phase)
+
+    def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
+        self.drain()
+        return self.local.idle_work(on_phase)
+
+    def finish_batch(self) -> dict:
+        """Every rank's barrier (its own check + the integer all-reduce); raises on every rank alike."""
+        for q in self.cmd_qs:
+            q.put(("finish",))
+        self._check_alive()
+        stats = self.local.finish_batch()
+        self.rank_stats = {0: stats}
+        return stats
+
+    # -- the reduction and the step ----------------------------------------------------------
+    def reduce(self) -> None:
+        self.engine.reduce()
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        return self.engine.reduced_grads()
+
+    def step(self) -> float:
+        """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
+        norm = self.engine.step()
+        self.rank_stats[0]["param_digest"] = param_digest(self.local.learner.model)
+        deadline = time.monotonic() + self.timeout_s
+        while len(self.rank_stats) < self.world:
+            self._next_up(deadline)
+        digests = {r: s.get("param_digest") for r, s in self.rank_stats.items()}
+        if len(set(digests.values())) != 1:  # the invariant data parallelism rests on
+            raise RuntimeError(f"learner ranks diverged after the optimizer step: parameter digests {digests}")
+        return norm
+
+    # -- messages from the other ranks --------------------------------------------------------
+    def drain(self) -> None:
+        """Pass on every phase the other ranks reported so far."""
+        while True:
+            try:
+                msg = self.up_q.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(msg)
+
+    def _next_up(self, deadline: float) -> None:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"learner ranks {sorted(set(range(self.world)) - set(self.rank_stats))} did "
+                                   f"not finish their step within learner.timeout_s = {self.timeout_s:g} s")
+            try:
+                msg = self.up_q.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                self._check_alive()
+                continue
+            self._handle(msg)
+            return
+
+    def _handle(self, msg) -> None:
+        if msg[0] == "phase":
+            self.on_rank_phase(*msg[1:])
+        elif msg[0] == "stepped":
+            self.rank_stats[msg[1]] = msg[2]
+        elif msg[0] == "error":
+            raise RuntimeError(f"learner rank {msg[1]} failed: {msg[2]}")
+
+    def _check_alive(self) -> None:
+        for r, p in enumerate(self.procs, start=1):
+            if p.exitcode is not None and p.exitcode != 0:
+                raise RuntimeError(f"learner rank {r} exited with code {p.exitcode}")
+
+    def close(self) -> None:
+        """Stop every rank: ask, wait, then terminate and kill whichever is left; leave the group."""
+        import torch.distributed as dist
+
+        for q in self.cmd_qs:
+            try:
+                q.put(("stop",))
+            except (ValueError, OSError):
+                pass
+        stop_processes(self.procs, min(self.timeout_s, 30.0))
+        for q in [self.up_q, *self.cmd_qs]:
+            q.cancel_join_thread()
+            q.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def uses_ranks(cfg: RunConfig) -> bool:
+    """Does this run's learner go through ``DataParallelLearner`` (ranks or the DeepSpeed engine)?"""
+    return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
+
+
+def rank_lane(rank: int) -> str:
+    return f"learner/{rank}"
+
+
+def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
+    """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
+    trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
+    hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
+    of the step with no learner span on any rank."""
+    from learner.timeline import union_length
+
+    width = max(t_end - t_start, 1e-12)
+    out: dict[str, float] = {}
+    for r in range(world):
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == rank_lane(r) and s["kind"].startswith("learner.")]
+        out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
+        stats = rank_stats.get(r, {})
+        if stats:
+            out[f"learner/{r}/trajectories"] = float(stats.get("rank_trajectories", 0))
+            out[f"learner/{r}/backward_s"] = float(stats.get("backward_s", 0.0))
+    digests = {s.get("param_digest") for s in rank_stats.values()}
+    if len(rank_stats) == world:
+        out["learner/ranks_in_sync"] = 1.0 if len(digests) == 1 and None not in digests else 0.0
+    return out

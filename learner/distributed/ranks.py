@@ -1,0 +1,114 @@
+"""Rank processes: a free port, the c10d rendezvous, spawning W ranks with every wait bounded.
+
+On one node the ranks rendezvous at ``tcp://127.0.0.1:<free port>`` (a TCP store held by rank
+0); across nodes the same ``init_method`` names rank 0's host. The gloo process group carries
+the collective timeout, so an all-reduce whose peer died raises instead of hanging. On CPU each
+rank runs one torch thread.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class RankFailure(RuntimeError):
+    """One or more rank processes failed, died or ran past the timeout (all were stopped)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+              local_rank: int | None = None) -> None:
+    """Join the gloo process group (the rendezvous waits at most ``timeout_s``; so does every collective)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's accelerator when no GPU is used
+    # what a launcher would set; DeepSpeed reads them
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank if local_rank is None else local_rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def _rank_entry(target: Callable, rank: int, world_size: int, init_method: str, timeout_s: float,
+                args: tuple, results) -> None:
+    import torch.distributed as dist
+
+    try:
+        init_rank(rank, world_size, init_method, timeout_s)
+        results.put(("ok", rank, target(rank, world_size, *args)))
+    except BaseException as exc:  # reported to the parent, which stops every rank
+        last = traceback.format_exc().strip().splitlines()[-1]
+        results.put(("error", rank, f"{type(exc).__name__}: {exc}".splitlines()[0] or last))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn_ranks(target: Callable, world_size: int, args: tuple = (), timeout_s: float = DEFAULT_TIMEOUT_S,
+                collective_timeout_s: float | None = None) -> list:
+    """Run ``target(rank, world_size, *args)`` in ``world_size`` spawned processes joined in one
+    gloo group; returns each rank's result (rank order). Waits at most ``timeout_s`` in all; on
+    any failure every rank still running is terminated, then killed, and ``RankFailure`` names
+    each failed rank and its error."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    coll = collective_timeout_s if collective_timeout_s is not None else timeout_s
+    procs = [ctx.Process(target=_rank_entry, args=(target, r, world_size, init_method, coll, args, results),
+                         daemon=True, name=f"thundersync-rank-{r}") for r in range(world_size)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[str, object]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RankFailure(f"ranks {sorted(set(range(world_size)) - set(got))} did not finish within "
+                                  f"{timeout_s:g} s")
+            try:
+                status, rank, value = results.get(timeout=min(remaining, 1.0))
+                got[rank] = (status, value)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in got and p.exitcode is not None]
+                if dead:  # died without a word (killed, segfault): its peers would wait for it
+                    raise RankFailure(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} and no result")
+    finally:
+        stop_processes(procs, max(1.0, min(10.0, deadline - time.monotonic())))
+        results.close()
+        results.join_thread()
+    errors = {r: v for r, (s, v) in got.items() if s == "error"}
+    if errors:
+        raise RankFailure("; ".join(f"rank {r}: {v}" for r, v in sorted(errors.items())))
+    return [got[r][1] for r in range(world_size)]
+
+
+def stop_processes(procs: list, grace_s: float) -> None:
+    """Join every rank; terminate, then kill, whichever is still running after ``grace_s``."""
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5.0)
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)

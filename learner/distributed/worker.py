@@ -1,0 +1,119 @@
+"""Learner ranks 1..W−1 of a run: each loads the policy, streams the groups it owns and joins the
+barrier and the reduction; rank 0 (the driver) publishes (docs/distributed.md).
+
+Rank 0 sends, in order, per batch: ``("begin", {group: size})``, ``("learn", items)`` (only this
+rank's groups), ``("finish",)``; and ``("stop",)`` at the end. This rank answers on the shared
+up-queue with ``("phase", rank, kind, t0, t1, traj, group)`` for each backward / group close (raw
+``time.monotonic()``, the same clock in every process of the node), then ``("stepped", rank,
+stats)`` after its optimizer step, or ``("error", rank, message)`` before it exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+
+WAIT_SLICE_S = 0.05  # how long an idle rank blocks before looking for idle work again
+
+
+def build_rank(cfg, policy_dir: str, rank: int, world: int):
+    """(RankLearner, engine) over this process's own copy of the policy."""
+    import torch
+
+    from learner.distributed.engines import make_engine
+    from learner.distributed.rank import RankLearner
+    from learner.gradients import LearnerOptions, StreamingLearner
+    from learner.rollout.models import load_model
+
+    torch.manual_seed(cfg.seed)
+    dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
+    model = load_model(policy_dir, dtype).to(device).train()
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = load_model(policy_dir, dtype).to(device)
+        ref.requires_grad_(False)
+    learner = StreamingLearner(model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))
+    lrn, train = cfg.learner, cfg.train
+    engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
+                         lrn.zero_stage, lrn.offload_optimizer)
+    broadcast_from_rank0(model)
+    return RankLearner(learner, rank, world), engine
+
+
+def broadcast_from_rank0(model) -> None:
+    """Every rank starts from rank 0's weights (they load the same files; this makes it a fact)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+
+
+def param_digest(model) -> str:
+    """SHA-256 of every parameter's bytes: equal on all ranks iff their weights are bit-identical."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q) -> None:
+    """Entry point of a spawned rank process."""
+    from learner.config import RunConfig
+    from learner.distributed.ranks import init_rank
+
+    cfg = RunConfig.model_validate(cfg_dict)
+    try:
+        import os
+
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
+        init_rank(rank, world, init_method, cfg.learner.timeout_s)
+        rl, engine = build_rank(cfg, policy_dir, rank, world)
+        _serve(rl, engine, rank, cmd_q, up_q)
+    except BaseException as exc:  # rank 0 reports it and stops the run
+        up_q.put(("error", rank, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _serve(rl, engine, rank: int, cmd_q, up_q) -> None:
+    def on_phase(kind, t0, t1, traj, group) -> None:
+        up_q.put(("phase", rank, kind, t0, t1, traj, group))
+
+    parent = multiprocessing.parent_process()
+    in_batch = False
+    while True:
+        try:
+            msg = cmd_q.get(timeout=WAIT_SLICE_S)
+        except queue.Empty:
+            if in_batch and rl.idle_work(on_phase):
+                continue
+            if parent is not None and not parent.is_alive():  # rank 0 is gone: nobody will stop us
+                raise RuntimeError(f"rank {rank}: rank 0 (the driver) exited")
+            continue
+        if msg[0] == "begin":
+            rl.begin_batch(msg[1])
+            in_batch = True
+        elif msg[0] == "learn":
+            rl.learn(msg[1], on_phase)
+        elif msg[0] == "finish":
+            in_batch = False
+            stats = rl.finish_batch()
+            t0 = time.monotonic()
+            engine.reduce()
+            stats["grad_norm"] = engine.step()
+            stats["param_digest"] = param_digest(rl.learner.model)
+            on_phase("learner.optimizer", t0, time.monotonic(), None, None)
+            up_q.put(("stepped", rank, stats))
+        elif msg[0] == "stop":
+            return
+        else:
+            raise RuntimeError(f"rank {rank}: unknown command {msg[0]!r}")
