@@ -87,8 +87,9 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
 
     final = checkpoint_dir(out_dir, state.steps_done)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(".tmp-*"):  # a run killed while writing (one writer per directory)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     save_file(tensors, str(tmp / "model.safetensors"))
