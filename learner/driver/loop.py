@@ -24,7 +24,10 @@ from typing import Callable
 
 import torch
 
+from learner import stopping
+from learner.checkpoint import save_final_model
 from learner.config import RunConfig
+from learner.driver.resume import Checkpointer, ResumePoint, restore, weights_loader
 from learner.gradients import OffPolicyLearner, StreamingLearner
 from learner.evaluation import Evaluator
 from learner.lora import grad_buffer_mb, publish_view, save_policy, with_lora
@@ -59,8 +62,8 @@ class StepRecord:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, sink: EventSink, dump_dir: str | None = None,
-                 on_step: Callable[[dict], None] | None = None):
-        self.cfg, self.sink, self.dump_dir, self.on_step = cfg, sink, dump_dir, on_step
+                 on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
+        self.cfg, self.sink, self.dump_dir, self.on_step, self.resume = cfg, sink, dump_dir, on_step, resume
         self.origin = time.monotonic()
         self.seq = 0
         self.recent: list[dict] = []  # span events still inside a step window (metrics)
@@ -102,6 +105,7 @@ class Trainer:
         (``booted``: its workers, spawned by ``boot_fleet`` as early as possible, so they
         import torch beside us)."""
         cfg = self.cfg
+        resumed = restore(self, self.resume) if self.resume else None  # before the workers take the clock
         torch.manual_seed(cfg.seed)
         learner_core, _ = core_plan(len(booted.cmd_qs), cfg.rollout.pin_cores)
         if learner_core is not None:
@@ -119,15 +123,24 @@ class Trainer:
             ref.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        load_state = weights_loader(self.resume)
+        version = load_state(self.model, self.optimizer) if load_state else 0
         on_policy = cfg.train.schedule in ("sync", "streaming")
         self.learner = (StreamingLearner if on_policy else OffPolicyLearner)(self.model, cfg.algorithm, ref)
         self.env = make_env(cfg.task)
         self.evaluator = (Evaluator(cfg, self.env, self.model, self.tokenizer, turn_stop_ids(self.tokenizer, self.policy_dir))
                           if cfg.train.eval_every else None)
         self.store = WeightStore(publish_view(self.model), counters=booted.counters)
+        if version:
+            self.store.publish(publish_view(self.model), version)  # the workers start from the resumed version
         self.fleet = Fleet(cfg, str(self.policy_dir), str(teacher_dir) if teacher_dir else None,
                            self.store, self.origin, booted)
         gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
+        self.first_step = 0
+        if resumed is not None:
+            resumed.restore_rng()  # after the models were built (that seeded torch)
+            self.first_step = resumed.steps_done
+        self.checkpoints = Checkpointer(self)
         self.sink.emit({"type": "run", "status": "started", "t": self.now(), "config": cfg.model_dump(),
                         "policy_dir": str(self.policy_dir), "workers": len(booted.cmd_qs)})
 
@@ -307,8 +320,8 @@ class Trainer:
         P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
         opd = self.cfg.algorithm.objective == "opd"
         self.t_step_end = self.now()
-        groups = self.new_groups(P, 0)
-        for step in range(steps):
+        groups = self.new_groups(P, self.first_step)
+        for step in range(self.first_step, steps):
             self.rec = StepRecord(step, self.t_step_end)
             self.learner.begin_batch({g: G for g in groups})
             held: list = []
@@ -328,7 +341,7 @@ class Trainer:
                     held.append(item)
             if not streaming:
                 # sync: the learner starts only after the last reward of the batch
-                for item in sorted(held, key=lambda x: isinstance(x, Trajectory)):
+                for item in sorted(held, key=learn_order):
                     self.learn(item)
             else:
                 for item in held:
@@ -339,18 +352,20 @@ class Trainer:
             if step + 1 < steps:  # the next batch's first turn generates while this step's metrics are made
                 groups = self.new_groups(P, step + 1)
             self.finish_step(t_end=published)
+            self.checkpoints.at_boundary(step + 1)
 
     def train_off_policy(self) -> None:
         self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         self.optimizer_step(wait_for_replicas=False)
         self.finish_step()
+        self.checkpoints.at_boundary(self.rec.step + 1)
 
     def run_async(self) -> None:
         """One-step off-policy: batch s+1 rolls out with weights s while batch s trains."""
         P, G, steps = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.train.steps
         self.t_step_end = self.now()
-        self.new_groups(P, 0)
-        for step in range(steps):
+        self.new_groups(P, self.first_step)
+        for step in range(self.first_step, steps):
             self.rec = StepRecord(step, self.t_step_end)
             while len(self.rec.trajs) < P * G:
                 item = self.receive()
@@ -367,7 +382,7 @@ class Trainer:
         bound = self.cfg.train.max_staleness
         members: dict[int, list[Trajectory]] = {}
         complete: list[int] = []
-        dispatched, dropped = 0, 0
+        dispatched, dropped = self.first_step * P, 0  # a resumed run has nothing in flight
         self.t_step_end = self.now()
 
         def fresh(groups: list[int]) -> list[int]:
@@ -381,7 +396,7 @@ class Trainer:
                 self.rec.dropped_groups += 1
             return keep
 
-        for step in range(steps):
+        for step in range(self.first_step, steps):
             self.rec = StepRecord(step, self.t_step_end)
             # a group completed during the last step but not taken is trained one version later
             complete = fresh(complete)
@@ -416,22 +431,35 @@ class Trainer:
             else:
                 self.run_fully_async()
                 self.settle_fleet()
+        except stopping.Interrupted:
+            self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)  # the boundary before
+            raise
         finally:
             self.fleet.close()
         if self.cfg.train.output_dir:
-            save_policy(self.model, self.tokenizer, self.cfg.train.output_dir)
+            save_final_model(lambda tmp: save_policy(self.model, self.tokenizer, tmp), self.cfg.train.output_dir)
         summary = {"steps": self.cfg.train.steps, "schedule": schedule, "reward_curve": self.rewards,
                    "final_version": self.version, "spans": self.seq, "wall_s": self.now()}
         self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
         return summary
 
 
+def learn_order(item: Trajectory | ScoredTurn) -> tuple:
+    """What a step learns at its barrier, in an order that does not depend on arrival
+    (turns before trajectories, then by trajectory and turn): float sums in a fixed order
+    make a sync run, and one resumed from a checkpoint, reproducible bit for bit."""
+    if isinstance(item, ScoredTurn):
+        return (0, item.traj, item.turn)
+    return (1, item.id, 0)
+
+
 def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
           on_step: Callable[[dict], None] | None = None, booted: BootedWorkers | None = None,
-          ) -> tuple[Trainer, dict]:
+          resume: ResumePoint | None = None) -> tuple[Trainer, dict]:
     """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary.
-    ``booted``: the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None)."""
-    trainer = Trainer(cfg, sink, str(dump_dir) if dump_dir else None, on_step)
+    ``booted``: the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None);
+    ``resume``: continue from a checkpoint (learner/driver/resume.py)."""
+    trainer = Trainer(cfg, sink, str(dump_dir) if dump_dir else None, on_step, resume)
     booted = booted or boot_fleet(cfg)
     try:
         trainer.setup(booted)

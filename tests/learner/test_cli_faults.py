@@ -133,6 +133,10 @@ def final_weights(out_dir: Path) -> dict:
     return load_file(str(out_dir / "model.safetensors"))
 
 
+def curve(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1].split("reward per step:")[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["sync", "streaming"])
 def test_a_run_killed_after_step_2_resumes_to_the_same_weights(tmp_path, schedule):
@@ -143,6 +147,7 @@ def test_a_run_killed_after_step_2_resumes_to_the_same_weights(tmp_path, schedul
     a, b = tmp_path / "A", tmp_path / "B"
     r = thundersync(*base, "--output", str(a))
     assert r.returncode == 0, r.stderr
+    curve_a = curve(r.stderr)
     assert len(list((a / "checkpoints").glob("step-*"))) == 3  # keep_checkpoints: the last 3 of 4
     proc = subprocess.Popen(CLI + base + ["--output", str(b)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -160,7 +165,13 @@ def test_a_run_killed_after_step_2_resumes_to_the_same_weights(tmp_path, schedul
     r = thundersync("train", "--resume", str(b), "--quiet")
     assert r.returncode == 0, r.stderr
     assert tagged_semaphores(proc.pid) == []  # ...the next run swept them
+    assert curve(r.stderr) == curve_a  # the same tokens and rewards, step by step
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys()
     differing = {name: float((wa[name] - wb[name]).abs().max()) for name in wa if not torch.equal(wa[name], wb[name])}
-    assert differing == {}, differing
+    if schedule == "sync":
+        assert differing == {}, differing  # bit for bit
+    else:
+        # streaming learns each trajectory as it arrives, so its float sums follow the arrival
+        # order, which two uninterrupted runs do not share either (docs/checkpoints.md)
+        assert max(differing.values(), default=0.0) < 1e-6, differing
