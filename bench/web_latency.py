@@ -22,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.harness.web_harness import agent_run_events, asgi_server, bench_database, bench_run, launch_chromium, log_in  # noqa: E402
+from tests.harness.web_harness import (  # noqa: E402
+    DEBUG_FLAG, agent_run_events, asgi_server, bench_database, bench_run, launch_chromium, log_in,
+)
 
 TARGET_P95_MS = 250.0
 
@@ -92,6 +94,7 @@ def main() -> int:
         with asgi_server() as url, sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.add_init_script(DEBUG_FLAG)  # frame and draw timings (docs/pages.md, "Debug flag")
             log_in(page, url, "bench", "bench-password")
             page.goto(f"{url}/runs/{run.pk}/")
             page.wait_for_function("window.__thundersync.state().replayDone && window.__thundersync.state().open")

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.harness.web_harness import (  # noqa: E402
-    CHROMIUM, CHROMIUM_ARGS, agent_run_events, asgi_server, bench_database, bench_run, log_in,
+    CHROMIUM, CHROMIUM_ARGS, DEBUG_FLAG, agent_run_events, asgi_server, bench_database, bench_run, log_in,
 )
 
 TARGET_S = 1.5
@@ -78,6 +78,7 @@ def main() -> int:
         with asgi_server() as url, sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
             context = p.chromium.launch_persistent_context(
                 profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+            context.add_init_script(DEBUG_FLAG)  # frame and draw timings (docs/pages.md, "Debug flag")
             page = context.new_page()
             log_in(page, url, "bench", "bench-password")  # the login page does not load plotly.js
             times = []

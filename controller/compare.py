@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from learner.timeline import window_metrics
+from learner.timeline import Metric, window_metrics
 
 from .models import Run, Span, StepMetric
 
@@ -76,8 +76,8 @@ def phase_medians(rows: list[dict]) -> tuple[float | None, float | None]:
     (step end - first backward). In sync the phases do not overlap, so each ran alone."""
     rollout, learner = [], []
     for r in rows:
-        start, end = number(r, "step/t_start"), number(r, "step/t_end")
-        last_reward, first_backward = number(r, "step/last_reward_t"), number(r, "step/first_backward_t")
+        start, end = number(r, Metric.T_START), number(r, Metric.T_END)
+        last_reward, first_backward = number(r, Metric.LAST_REWARD_T), number(r, Metric.FIRST_BACKWARD_T)
         if start is not None and last_reward is not None:
             rollout.append(last_reward - start)
         if end is not None and first_backward is not None:
@@ -95,14 +95,14 @@ def step_rows(run_ids: list[int]) -> dict[int, list[dict]]:
 
 def run_table_figures(rows: list[dict]) -> dict:
     """What the runs table shows besides status: steps done, final reward, median step time."""
-    rewards = present(rows, "reward/mean")
+    rewards = present(rows, Metric.REWARD_MEAN)
     return {"steps_done": len(rows), "final_reward": rewards[-1] if rewards else None,
-            "step_s": median_of(rows, "timing_s/step")}
+            "step_s": median_of(rows, Metric.STEP_S)}
 
 
 def training_window(rows: list[dict]) -> tuple[float, float] | None:
-    starts = present(rows, "step/t_start")
-    ends = present(rows, "step/t_end")
+    starts = present(rows, Metric.T_START)
+    ends = present(rows, Metric.T_END)
     return (min(starts), max(ends)) if starts and ends and max(ends) > min(starts) else None
 
 
@@ -115,7 +115,7 @@ def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, floa
     lo, hi = window
     spans = Span.objects.filter(run_id=run_id, t1__gt=lo, t0__lt=hi).values("kind", "t0", "t1")
     idle = window_metrics(spans.iterator(chunk_size=5000), lo, hi)
-    return {"learner_idle": idle["trainer/idle_ratio"], "rollout_idle": idle["rollouter/idle_ratio"]}
+    return {"learner_idle": idle[Metric.TRAINER_IDLE], "rollout_idle": idle[Metric.ROLLOUT_IDLE]}
 
 
 def time_to_reward(rows: list[dict], level: float | None, start: float | None) -> tuple[float | None, int | None]:
@@ -124,7 +124,7 @@ def time_to_reward(rows: list[dict], level: float | None, start: float | None) -
     if level is None or start is None:
         return None, None
     for r in rows:
-        reward, end = number(r, "reward/mean"), number(r, "step/t_end")
+        reward, end = number(r, Metric.REWARD_MEAN), number(r, Metric.T_END)
         if reward is not None and end is not None and reward >= level:
             return end - start, r["step"]
     return None, None
@@ -134,7 +134,7 @@ def default_reward_level(all_rows: list[list[dict]]) -> float | None:
     """The highest reward/mean every run with rewards reached at least once."""
     bests = []
     for rows in all_rows:
-        rewards = present(rows, "reward/mean")
+        rewards = present(rows, Metric.REWARD_MEAN)
         if rewards:
             bests.append(max(rewards))
     return min(bests) if bests else None
@@ -142,8 +142,8 @@ def default_reward_level(all_rows: list[list[dict]]) -> float | None:
 
 def run_figures(run: Run, rows: list[dict], level: float | None) -> dict:
     window = training_window(rows)
-    staleness = present(rows, "staleness/mean")
-    worst = present(rows, "staleness/max")
+    staleness = present(rows, Metric.STALENESS_MEAN)
+    worst = present(rows, Metric.STALENESS_MAX)
     seconds, step = time_to_reward(rows, level, window[0] if window else None)
     return {
         "id": run.pk, "name": str(run), "status": run.status,
@@ -153,7 +153,7 @@ def run_figures(run: Run, rows: list[dict], level: float | None) -> dict:
         "training_s": window[1] - window[0] if window else None,
         "staleness_mean": statistics.fmean(staleness) if staleness else None,
         "staleness_max": max(worst) if worst else None,
-        "tail_s": median_of(rows, "timing_s/tail"),
+        "tail_s": median_of(rows, Metric.TAIL_S),
         "time_to_reward_s": seconds, "reward_step": step,
     }
 

@@ -2,27 +2,36 @@
 
 Protocol (docs/web-contract.md): connect to /ws/runs/<id>/?after=<seq>; the server replays
 every stored span with seq > after in batches, all metrics, the status and
-``replay_done``, then forwards live frames. Each span is delivered exactly once: the
-consumer joins the run's group before it reads the database, remembers the highest seq
-it sent, drops live spans at or below it, and reads a gap (a dropped live frame) back
-from the database, which the ingestor always writes before it publishes.
+``replay_done``, then forwards live frames; the client acknowledges the frames it has
+received, which paces the replay and bounds what a slow viewer can leave buffered. Each
+span is delivered exactly once: the consumer joins the run's group before it reads the
+database, remembers the highest seq it sent, drops live spans at or below it, and reads a
+gap (a dropped live frame) back from the database, which the ingestor always writes before
+it publishes.
 """
 
+import json
 import logging
+from collections import deque
 from urllib.parse import parse_qs
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.db import DatabaseError
 
 from .live import group_name
 from .models import Run, Span
-from .serializers import metrics_json, spans_json, status_frame
+from .runlog import log_tail
+from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame
+from .serializers import metrics_json, spans_json
 
 REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+CLOSE_TOO_SLOW = 4408  # the viewer fell THUNDERSYNC_WS_BACKLOG_BYTES behind: reconnect with ?after
 CLOSE_TRY_AGAIN_LATER = 1013  # an infrastructure outage (database, channel layer)
 log = logging.getLogger(__name__)
 
@@ -54,8 +63,19 @@ def after_param(query_string: bytes) -> int | None:
     return after if -1 <= after < 2**31 else None
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class RunConsumer(AsyncWebsocketConsumer):
+    """One viewer of one run. Frames go out as text encoded once by the publisher
+    (``live.publish``); every frame sent is counted, and the client acknowledges how many it has
+    received (``{"type": "ack", "frames": n}``), so the server knows each socket's backlog:
+    the replay is paced by it (it sends while less than half the limit is unacknowledged),
+    and a viewer whose live backlog passes ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with
+    ``CLOSE_TOO_SLOW``; the page then reconnects with ``?after`` and reads the rest from the
+    database (docs/controller.md, "Websocket")."""
+
     accepted = False
+    replaying = closing = False
+    live_error: Exception | None = None
+
     async def refuse(self, code: int) -> None:
         """Accept, then close with ``code``: a close before accept would reach the browser as
         a bare HTTP 403, and the page could not tell an expired session from a network drop."""
@@ -80,29 +100,21 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(CLOSE_NOT_FOUND)
             return
         self.run_id, self.sent_seq = run.pk, after
+        self.limit = settings.THUNDERSYNC_WS_BACKLOG_BYTES
+        self.frames_sent, self.unacked, self.backlog, self.replaying = 0, deque(), 0, True
         try:
             await self.channel_layer.group_add(group_name(run.pk), self.channel_name)
         except Exception as err:  # the channel layer is down: replay what is stored, then retry later
-            live_error = err
+            self.live_error = err
         else:
-            self.group, live_error = group_name(run.pk), None
-        try:
-            await self.accept()
-            await self.send_stored_spans()
-            metrics, status = await current_state(run.pk)
-        except DatabaseError as err:
-            await self.refuse_for_now("database", err)
-            return
-        if metrics:
-            await self.send_json({"type": "metrics", "metrics": metrics})
-        await self.send_json(status)
-        await self.send_json({"type": "replay_done", "last_seq": self.sent_seq})
-        if live_error is not None:
-            await self.refuse_for_now("channel layer", live_error)
+            self.group = group_name(run.pk)
+        await self.accept()
+        await self.continue_replay()
 
     async def refuse_for_now(self, what: str, err: Exception) -> None:
         """Close with 1013 (try again later): the page reconnects from its last seq."""
         log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
+        self.closing = True
         if self.accepted:
             await self.close(code=CLOSE_TRY_AGAIN_LATER)
         else:
@@ -116,25 +128,72 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def send_stored_spans(self, through: int | None = None) -> None:
-        """Every stored span after the last one sent (up to ``through``), in seq order."""
+    async def send_frame(self, text: str) -> None:
+        self.frames_sent += 1
+        self.unacked.append((self.frames_sent, len(text)))
+        self.backlog += len(text)
+        await self.send(text_data=text)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if not hasattr(self, "unacked"):  # a refused socket
+            return
+        try:
+            message = json.loads(text_data or "")
+            acked = int(message["frames"]) if message.get("type") == "ack" else None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return  # the page sends nothing else; anything malformed is ignored
+        while acked is not None and self.unacked and self.unacked[0][0] <= acked:
+            self.backlog -= self.unacked.popleft()[1]
+        if self.replaying and not self.closing:
+            await self.continue_replay()
+
+    async def continue_replay(self) -> None:
+        """Send stored spans while the client keeps up; at the end, metrics, log tail, status,
+        replay_done."""
+        try:
+            while batch := await stored_spans(self.run_id, self.sent_seq):
+                await self.send_frame(json.dumps(spans_frame(batch)))
+                self.sent_seq = batch[-1]["seq"]
+                if self.backlog >= self.limit // 2:
+                    return  # the client has not caught up: its next ack continues the replay
+            metrics, status = await current_state(self.run_id)
+        except DatabaseError as err:
+            await self.refuse_for_now("database", err)
+            return
+        self.replaying = False
+        if metrics:
+            await self.send_frame(json.dumps(metrics_frame(metrics)))
+        first, lines = await sync_to_async(log_tail)(self.run_id)
+        if lines:
+            await self.send_frame(json.dumps(log_frame(first, lines)))
+        await self.send_frame(json.dumps(status))
+        await self.send_frame(json.dumps(replay_done_frame(self.sent_seq)))
+        if self.live_error is not None:
+            await self.refuse_for_now("channel layer", self.live_error)
+
+    async def send_stored_spans(self, through: int) -> None:
+        """Every stored span after the last one sent, up to ``through``, in seq order."""
         while batch := await stored_spans(self.run_id, self.sent_seq, through):
-            await self.send_json({"type": "spans", "spans": batch})
+            await self.send_frame(json.dumps(spans_frame(batch)))
             self.sent_seq = batch[-1]["seq"]
 
     async def run_frame(self, event):
-        frame = event["frame"]
-        if frame["type"] != "spans":
-            await self.send_json(frame)
+        if self.replaying or self.closing:  # the replay reads these from the database
             return
-        fresh = [s for s in frame["spans"] if s["seq"] > self.sent_seq]
-        if not fresh:
+        first, last = event.get("first_seq"), event.get("last_seq")
+        if first is None:  # metrics, status, log: as published
+            await self.send_frame(event["text"])
+        elif last <= self.sent_seq:
             return
-        if fresh[0]["seq"] != self.sent_seq + 1:  # a frame went missing: the database has it
+        elif first == self.sent_seq + 1:
+            await self.send_frame(event["text"])
+            self.sent_seq = last
+        else:  # a frame went missing (or overlaps what was sent): the database has it
             try:
-                await self.send_stored_spans(through=fresh[-1]["seq"])
+                await self.send_stored_spans(through=last)
             except DatabaseError as err:
                 await self.refuse_for_now("database", err)
-            return
-        await self.send_json({"type": "spans", "spans": fresh})
-        self.sent_seq = fresh[-1]["seq"]
+                return
+        if self.backlog > self.limit:
+            self.closing = True
+            await self.close(code=CLOSE_TOO_SLOW)

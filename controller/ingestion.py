@@ -11,17 +11,20 @@ import json
 import logging
 import math
 import time
+from collections import deque
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from . import live
 from .models import Checkpoint, Run, Span, StepMetric
-from .serializers import SPAN_FIELDS, status_frame
+from .frames import log_frame, metrics_frame, spans_frame, status_frame
+from .serializers import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 
 OPTIONAL_INT_FIELDS = ("traj", "group", "turn", "policy_version")
+MIN_FLUSH_S = 0.02  # at most ~50 transactions a second for a run that writes line by line
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -64,6 +67,7 @@ class RunIngestor:
         self._metrics: dict[int, dict] = {}
         self._checkpoints: list[Checkpoint] = []
         self._became_running = False
+        self._log: deque[tuple[int, str]] = deque()  # (line number, text) from the stderr reader thread
         self._last_flush = time.monotonic()
         # What the stream said about the end of the run.
         self.finished = False
@@ -113,9 +117,26 @@ class RunIngestor:
         else:
             raise ValueError(f"run.status: unknown status {status!r}")
 
-    def flush_if_due(self) -> None:
-        pending = self._spans or self._metrics or self._checkpoints or self._became_running
-        if len(self._spans) >= self.flush_spans or (pending and time.monotonic() - self._last_flush >= self.flush_s):
+    def add_log(self, number: int, line: str) -> None:
+        """A line of the learner's log (called by the supervisor's stderr reader thread)."""
+        self._log.append((number, line))
+
+    def pending(self) -> bool:
+        return bool(self._spans or self._metrics or self._checkpoints or self._became_running or self._log)
+
+    def wait_s(self) -> float:
+        """How long the supervisor may wait for the next line before it must call flush_if_due."""
+        return MIN_FLUSH_S if self.pending() else self.flush_s
+
+    def flush_if_due(self, drained: bool = False) -> None:
+        """Flush at ``flush_spans`` spans, when the oldest buffered event is ``flush_s`` old, or
+        once the learner's last write is all fed (``drained``) and ``MIN_FLUSH_S`` has passed
+        since the last flush: the learner writes in bursts (learner.timeline.JsonlSink), so a
+        burst goes out whole and at once, and a trickle of lines still makes few transactions."""
+        if not self.pending():
+            return
+        age = time.monotonic() - self._last_flush
+        if len(self._spans) >= self.flush_spans or age >= self.flush_s or (drained and age >= MIN_FLUSH_S):
             self.flush()
 
     def flush(self) -> None:
@@ -143,10 +164,17 @@ class RunIngestor:
         if spans:
             frame_spans = sorted(({name: getattr(s, name) for name in SPAN_FIELDS} for s in spans),
                                  key=lambda s: s["seq"])
-            live.publish(self.run_id, {"type": "spans", "spans": frame_spans})
+            live.publish(self.run_id, spans_frame(frame_spans))
         if metrics:
-            live.publish(self.run_id, {"type": "metrics", "metrics": [
-                {"step": step, "values": values} for step, values in sorted(metrics.items())]})
+            live.publish(self.run_id, metrics_frame(
+                [{"step": step, "values": values} for step, values in sorted(metrics.items())]))
+        self.publish_log()
+
+    def publish_log(self) -> None:
+        """New log lines as one frame (the file already has them: see controller.runlog)."""
+        lines = [self._log.popleft() for _ in range(len(self._log))]
+        if lines:
+            live.publish(self.run_id, log_frame(lines[0][0], [text for _, text in lines]))
 
 
 def summarize(run_id: int, learner_summary: dict) -> dict:

@@ -10,7 +10,7 @@ from . import live, ownership
 from .config_merge import run_config
 from .models import Experiment, Run, Schedule
 from .quotas import check_config, check_queue
-from .serializers import status_frame
+from .frames import status_frame
 from .tasks import run_training
 
 

@@ -18,9 +18,17 @@ from django.core.exceptions import ValidationError
 THROTTLED = "throttled"
 
 
+def client_address(request) -> str:
+    """REMOTE_ADDR, or behind a reverse proxy the header it sets (e.g. X-Real-IP), named by
+    ``THUNDERSYNC_CLIENT_IP_HEADER``: else every client would share the proxy's address."""
+    header = settings.THUNDERSYNC_CLIENT_IP_HEADER
+    forwarded = request.META.get(header, "") if header else ""
+    return forwarded.split(",")[0].strip() or request.META.get("REMOTE_ADDR", "")
+
+
 def _keys(request, username: str) -> dict[str, str]:
     account = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
-    address = request.META.get("REMOTE_ADDR", "") if request is not None else ""
+    address = client_address(request) if request is not None else ""
     return {"account": f"login-failures:account:{account}", "address": f"login-failures:address:{address}"}
 
 

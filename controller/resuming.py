@@ -20,7 +20,7 @@ from django.db.models import F, Max
 from . import live
 from .models import Run, Span
 from .quotas import check_queue
-from .serializers import status_frame
+from .frames import status_frame
 
 DEFAULT_OUTPUT = "output"
 

@@ -58,11 +58,6 @@ def run_json(run: Run) -> dict:
     }
 
 
-def status_frame(run: Run) -> dict:
-    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
-            "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
-
-
 def spans_json(queryset, limit: int | None = None) -> list[dict]:
     rows = queryset.order_by("seq").values(*SPAN_FIELDS)
     return list(rows[:limit] if limit is not None else rows)

@@ -31,8 +31,9 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import ownership
+from . import ownership, runlog
 from .ingestion import RunIngestor, finish_run
+from .runlog import LOG_NAME, count_lines
 from .models import Run
 from .resuming import output_dir, resume_arguments
 
@@ -60,7 +61,8 @@ class LearnerProcess:
     leave the learner blocked on a full pipe): a failure to write the stderr log (a full
     disk) is recorded in ``reader_error``, for the supervisor to fail the run with."""
 
-    def __init__(self, command: list[str], cwd: Path, stderr_lines: int):
+    def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
+                 on_log: Callable[[int, str], None] = lambda number, line: None):
         self.proc = subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, bufsize=1, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -72,7 +74,7 @@ class LearnerProcess:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stdout_done = False
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(cwd / "learner.stderr.log",),
+        self._stderr_reader = threading.Thread(target=self._read_stderr, args=(cwd / LOG_NAME, on_log),
                                                daemon=True)
         self._stderr_reader.start()
 
@@ -85,8 +87,10 @@ class LearnerProcess:
         finally:
             self._lines.put(None)
 
-    def _read_stderr(self, log_path: Path) -> None:
-        log_file = None
+    def _read_stderr(self, log_path: Path, on_log: Callable[[int, str], None]) -> None:
+        """Appends each line to the log file and hands it, numbered as in the file, to ``on_log``
+        (the run page's log panel, controller/runlog.py)."""
+        log_file, number = None, count_lines(log_path)
         try:
             log_file = open(log_path, "a")
         except OSError as err:
@@ -94,10 +98,12 @@ class LearnerProcess:
         try:
             for line in self.proc.stderr:
                 self.stderr_tail.append(line.rstrip("\n"))
+                on_log(number, line.rstrip("\n"))
+                number += 1
                 if log_file is not None:
                     try:
-                        log_file.write(line)
-                        log_file.flush()
+                        log_file.write(line if line.endswith("\n") else line + "\n")
+                        log_file.flush()  # pages read the tail of this file on connect
                     except OSError as err:  # ENOSPC: keep draining the pipe, report it
                         self.reader_error = self.reader_error or f"cannot write {log_path}: {err.strerror}"
                         log_file = None
@@ -125,6 +131,10 @@ class LearnerProcess:
         if line is None:
             self._stdout_done = True
         return line
+
+    def drained(self) -> bool:
+        """Nothing read from stdout is waiting: the learner's last write has been fed."""
+        return self._lines.empty()
 
     def wait_for_stderr(self, timeout: float) -> None:
         """Let the reader take the last stderr lines (they make the error text)."""
@@ -159,7 +169,7 @@ def learner_command(config_path: Path) -> list[str]:
 def supervise(run: Run) -> Run:
     """Train ``run`` to the end (or until cancelled) and record its final state. A resumed
     attempt (``run.attempt`` > 0) continues from its latest checkpoint (controller/resuming.py)."""
-    run_dir = Path(settings.THUNDERSYNC_RUN_DIR) / f"run-{run.pk}"
+    run_dir = runlog.run_dir(run.pk)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     # every run keeps its final model (and checkpoints, if asked) under its run directory
@@ -169,14 +179,14 @@ def supervise(run: Run) -> Run:
         command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
     else:
         command = learner_command(config_path)
+    ingestor = RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S, settings.THUNDERSYNC_INGEST_FLUSH_SPANS)
     try:
-        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES)
+        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log)
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
     with ownership.supervising(run.pk):
         Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=ownership.me(), heartbeat=timezone.now())
-        watch = RunWatch(child, RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S,
-                                            settings.THUNDERSYNC_INGEST_FLUSH_SPANS), run.pk)
+        watch = RunWatch(child, ingestor, run.pk)
         try:
             watch.pump()
             watch.db.until_done("store the last events", watch.ingestor.flush)
@@ -184,6 +194,7 @@ def supervise(run: Run) -> Run:
             child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
             sweep_semaphores({child.pid})  # what a SIGKILLed group leaves in /dev/shm (learner/stopping.py)
         child.wait_for_stderr(timeout=2.0)
+        ingestor.publish_log()  # the last lines (a traceback) came after the last flush
         status, error = watch.outcome()
         return watch.db.until_done("record the final state",
                                    lambda: finish_run(run.pk, status, error, watch.ingestor.summary))
@@ -247,12 +258,12 @@ class RunWatch:
         """Feed events until the learner exits."""
         child = self.child
         while not child.exited():
-            line = child.next_line(timeout=settings.THUNDERSYNC_INGEST_FLUSH_S)
+            line = child.next_line(timeout=self.ingestor.wait_s())
             now = time.monotonic()
             if line:
                 self.ingestor.feed(line)
                 self.last_event = now
-            self.db.attempt("store events", self.ingestor.flush_if_due)
+            self.db.attempt("store events", lambda: self.ingestor.flush_if_due(drained=child.drained()))
             if now >= self.next_poll:
                 self.next_poll = now + settings.THUNDERSYNC_CANCEL_POLL_S
                 self.db.attempt("read the cancel flag", self.poll)
@@ -317,6 +328,9 @@ class RunWatch:
         details = [reason]
         if ingestor.rejected:
             details.append(f"{len(ingestor.rejected)} malformed event line(s), first: {ingestor.rejected[0]}")
-        if child.stderr_tail:
-            details.append("last stderr lines:\n" + "\n".join(child.stderr_tail))
+        tail = list(child.stderr_tail)
+        if tail and tail[-1].strip() == reason.strip():
+            tail.pop()  # a traceback ends with the error the learner reported: say it once
+        if tail:
+            details.append("last stderr lines:\n" + "\n".join(tail))
         return Run.Status.FAILED, "\n".join(details)

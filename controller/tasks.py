@@ -9,7 +9,7 @@ from . import live, ownership
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
-from .serializers import status_frame
+from .frames import status_frame
 from .supervisor import supervise
 
 log = logging.getLogger(__name__)

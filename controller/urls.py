@@ -42,6 +42,7 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=f"{settings.STATIC_URL}favicon.svg", permanent=True)),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
+    path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),
     path("compare/", views.compare, name="compare"),
     *api_urlpatterns,

@@ -5,7 +5,7 @@ import json
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -20,6 +20,8 @@ from .quotas import QuotaExceeded
 from .resuming import ResumeRefused, request_resume
 from .models import Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
+from .runlog import log_path, readable_log
+
 
 def owned_runs(user):
     return Run.objects.filter(experiment__owner=user).select_related("experiment", "schedule")
@@ -103,6 +105,22 @@ def run(request, run_id: int):
 
 
 @login_required
+def run_log(request, run_id: int):
+    """The learner's whole log as a download (empty before the learner wrote anything)."""
+    found = get_object_or_404(owned_runs(request.user), pk=run_id)
+    name, path = f"run-{found.pk}-learner.log", log_path(found.pk)
+    try:
+        if readable_log(path):
+            return FileResponse(open(path, "rb"), as_attachment=True, filename=name,
+                                content_type="text/plain; charset=utf-8")
+    except OSError:
+        pass
+    response = HttpResponse(b"", content_type="text/plain; charset=utf-8")  # nothing written yet
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@login_required
 @require_POST
 def resume(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
@@ -118,10 +136,12 @@ def resume(request, run_id: int):
 @require_POST
 def cancel(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
-    if request_cancel(found):
-        messages.info(request, f"Cancelling {found}.")
-    else:
+    if not request_cancel(found):
         messages.warning(request, f"{found} has already {found.status}.")
+    elif found.status == Run.Status.CANCELLED:  # it was still queued
+        messages.info(request, f"Cancelled {found}.")
+    else:  # the run page drops this message once the run has ended (static/js/live.js)
+        messages.info(request, f"Cancelling {found}.", extra_tags="until-finished")
     return redirect("run", found.pk)
 
 

@@ -15,7 +15,7 @@ from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
-from learner.timeline import EventsUnwritable, JsonlSink
+from learner.timeline import EventsUnwritable, JsonlSink, claim_stdout
 
 
 class UsageError(Exception):
@@ -52,6 +52,13 @@ def check_resolvable(cfg) -> None:
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
 
 
+def boot_phase(args, text: str) -> None:
+    """A line the run page shows while the run starts (controller: the log's "boot: " lines);
+    progress, like the bar: not with --quiet."""
+    if not args.quiet:
+        print(f"boot: {text}", file=sys.stderr, flush=True)
+
+
 def report_failure(events: str | None, error: str) -> None:
     """Tell whoever reads the event stream why there is no (more) run."""
     if not events:
@@ -73,6 +80,10 @@ def validated_config(args):
         overrides["train.steps"] = args.steps
     if args.engine:
         overrides["rollout.engine"] = args.engine
+    if args.tensorboard:
+        overrides["tracking.tensorboard"] = args.tensorboard
+    if args.wandb:
+        overrides["tracking.wandb"] = True
     if args.learner_world_size is not None:
         overrides["learner.world_size"] = args.learner_world_size
     if args.output:
@@ -87,6 +98,8 @@ def validated_config(args):
         raise ConfigError("--config: required (or --resume DIR)")
     cfg = load_config(source, overrides)
     preflight(cfg, dump_dir=args.dump_step, output_dir=cfg.train.output_dir, events=args.events)
+    if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
+        raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
     return cfg
 
 
@@ -105,16 +118,24 @@ def resume_source(args) -> Path:
 
 
 def cmd_train(args) -> int:
+    if args.events == "-":
+        claim_stdout()  # from here on only events reach stdout, from this process and its children
     stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
     stopping.tag_semaphores()
     stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
-    booted = None
+    booted, extra_sinks = None, []
     try:
         cfg = validated_config(args)
         if cfg.train.steps > 0:
             # the rollout workers import torch beside this process from here on
+            boot_phase(args, f"starting {cfg.rollout.workers if cfg.rollout.engine == 'torch' else cfg.rollout.replicas} "
+                       f"rollout worker(s)")
             booted = boot_fleet(cfg)
         check_resolvable(cfg)
+        if cfg.train.steps > 0:
+            from learner.tracking import tracking_sinks
+
+            extra_sinks = tracking_sinks(cfg)
     except ConfigError as err:
         if booted:
             booted.close()
@@ -124,24 +145,25 @@ def cmd_train(args) -> int:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0
     try:
-        return train_and_report(cfg, args, booted)
+        return train_and_report(cfg, args, booted, extra_sinks)
     except EventsUnwritable as err:
         booted.close()
         gc.unfreeze()  # set-up may have frozen the heap; exit-time leak checks must see it freed
         if args.events == "-":  # nobody reads stdout any more: no complaint at exit either
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), claim_stdout().fileno())
         print(f"thundersync: {err}", file=sys.stderr)
         return 1
 
 
-def train_and_report(cfg, args, booted) -> int:
+def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
+    boot_phase(args, f"loading torch and the policy {cfg.model.policy}")
     from tqdm import tqdm
 
     from learner.driver.loop import train
     from learner.driver.resume import ResumePoint
     from learner.timeline import FanoutSink, MemorySink
 
-    sinks = [JsonlSink(args.events)] if args.events else []
+    sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
     sink = FanoutSink(*sinks) if sinks else MemorySink()
     bar = tqdm(total=cfg.train.steps, desc=f"{cfg.train.schedule}", file=sys.stderr, disable=args.quiet)
 
@@ -155,7 +177,8 @@ def train_and_report(cfg, args, booted) -> int:
         write_run_config(cfg.train.output_dir, cfg.model_dump(mode="json"))
     resume = ResumePoint(latest_checkpoint(args.resume), args.seq_from, args.clock_from) if args.resume else None
     try:
-        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, resume=resume)
+        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at,
+                           resume=resume)
     except stopping.Interrupted as stop:  # the workers are stopped by now (Trainer.run's finally)
         sink.emit({"type": "run", "status": "failed", "error": str(stop)})
         print(f"thundersync: {stop}", file=sys.stderr)
@@ -210,7 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner-world-size", type=int, metavar="W",
                    help="override learner.world_size: data-parallel learner ranks (docs/distributed.md)")
     p.add_argument("--events", help="write JSONL events (spans, metrics) to FILE, or '-' for stdout")
-    p.add_argument("--dump-step", metavar="DIR", help="dump the first step (model, batch, gradient) for audit")
+    p.add_argument("--dump-step", metavar="DIR", help="dump one step (model, batch, gradient) for audit")
+    p.add_argument("--dump-at", metavar="STEP", type=int, default=0, help="the step --dump-step dumps [0]")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write step metrics as TensorBoard event files in DIR")
+    p.add_argument("--wandb", action="store_true", help="also log step metrics to W&B in offline mode")
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
                                                    "the run's config go here (train.output_dir)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")

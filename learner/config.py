@@ -154,8 +154,20 @@ class AlgorithmConfig(Strict):
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="k3 KL to the frozen initial policy")
     entropy_coef: float = Field(0.0, ge=0.0, le=100.0)
     clip_ratio: float = Field(0.2, gt=0.0, le=10.0, description="PPO clip for off-policy schedules")
-    ppo_epochs: int = Field(1, ge=1, le=64)
-    mini_batches: int = Field(1, ge=1, le=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_optimizer_step_per_batch(cls, data: Any) -> Any:
+        # Every schedule takes exactly one optimizer step per batch (docs/math.md): several
+        # PPO epochs or mini-batches are not implemented, so asking for them is an error
+        # rather than a silent single pass. 1 (the old default, in stored configs) is what runs.
+        if isinstance(data, dict) and ("ppo_epochs" in data or "mini_batches" in data):
+            data = dict(data)
+            for knob in ("ppo_epochs", "mini_batches"):
+                if knob in data and data.pop(knob) != 1:
+                    raise ValueError(f"algorithm.{knob}: every schedule takes exactly one optimizer step per "
+                                     "batch; several epochs or mini-batches are not implemented (leave it out or set 1)")
+        return data
 
 
 class TrainConfig(Strict):
@@ -213,6 +225,14 @@ class LearnerConfig(Strict):
                              description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
 
 
+class TrackingConfig(Strict):
+    """Step metrics also written for TensorBoard / W&B (learner/tracking.py)."""
+
+    tensorboard: str | None = Field(
+        None, max_length=500, description="directory for TensorBoard event files (relative: to the working directory)")
+    wandb: bool = Field(False, description="log to Weights & Biases in offline mode (needs the wandb package)")
+
+
 class RunConfig(Strict):
     name: str = Field("run", min_length=1, max_length=200)
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -221,6 +241,7 @@ class RunConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     def learner_path(self) -> str:
@@ -271,20 +292,6 @@ class RunConfig(Strict):
             raise ValueError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
         return self
 
-    @model_validator(mode="after")
-    def _streaming_takes_one_step(self) -> "RunConfig":
-        # Streaming's exactness rests on one optimizer step per batch (DESIGN §3).
-        if self.train.schedule in ("sync", "streaming"):
-            if self.algorithm.ppo_epochs != 1:
-                raise ValueError(
-                    f"algorithm.ppo_epochs: {self.train.schedule} takes exactly one optimizer step per batch, got {self.algorithm.ppo_epochs}"
-                )
-            if self.algorithm.mini_batches != 1:
-                raise ValueError(
-                    f"algorithm.mini_batches: {self.train.schedule} takes exactly one optimizer step per batch, got {self.algorithm.mini_batches}"
-                )
-        return self
-
 
 class ConfigError(ValueError):
     """A config that does not validate; ``str()`` is one line naming field and reason."""
@@ -295,6 +302,8 @@ def describe_validation_error(err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
+        if msg.startswith(f"{loc}."):  # the message names the exact field itself
+            loc, msg = msg.split(": ", 1)
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         parts.append(f"{loc}: {msg}")

@@ -78,12 +78,8 @@ class Evaluator:
         items = [(p * self.samples + j, p, task, 7_000_003 * p + j)
                  for p, task in enumerate(self.tasks) for j in range(self.samples)]
         worker.handle(("work", step, items))
-        deadline = time.monotonic() + timeout_s
         try:
-            while worker.loops:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"eval at step {step}: {len(worker.loops)} trajectories unfinished after {timeout_s:.0f}s")
-                worker.step_loops()
+            worker.run_loops(timeout_s)
         finally:
             worker.loops.clear()
             self.model.train(was_training)

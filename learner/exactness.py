@@ -1,4 +1,4 @@
-"""Randomised check that the streaming learner reproduces the batch-synchronous gradient (DESIGN §3).
+"""Randomised check that the streaming learner reproduces the batch-synchronous gradient (docs/math.md).
 
 For every objective × loss_agg_mode × advantage.std × dtype, seeded random batches (groups of
 size 1..5, all-equal / binary / continuous / offset-100 rewards, multi-turn masks with
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
 from learner.gradients import LEARNER_PATHS, LearnerOptions, StreamingLearner, reference_gradient
-from learner.objectives import OPD_LOSS_AGG_MODES, compute_dtype
+from learner.objectives import OPD_LOSS_AGG_MODES
+from learner.rollout.models import widen_norms
 from learner.trajectory import ScoredTurn, Trajectory
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
@@ -40,19 +40,6 @@ INIT_STD = 0.1
 REWARD_KINDS = ("binary", "continuous", "offset", "equal")
 
 
-class WideRMSNorm(LlamaRMSNorm):
-    """LlamaRMSNorm computed in float64 for float64 inputs.
-
-    HF's version always computes in float32, so a "float64" Llama carries float32 rounding
-    (~1e-7) that would make the float64 tolerance unreachable whatever the learner does.
-    """
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        h = hidden_states.to(compute_dtype(hidden_states.dtype))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(hidden_states.dtype)
-
-
 def tiny_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
     """A random 2-layer Llama (vocab 32, hidden 16) in ``dtype``, truly float64 when asked, in eval mode."""
     torch.manual_seed(seed)
@@ -61,11 +48,7 @@ def tiny_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, attn_implementation="sdpa",
         initializer_range=INIT_STD,
     )
-    model = LlamaForCausalLM(config).to(dtype).eval()
-    for module in model.modules():
-        if isinstance(module, LlamaRMSNorm):
-            module.__class__ = WideRMSNorm
-    return model
+    return widen_norms(LlamaForCausalLM(config).to(dtype).eval())
 
 
 def random_rewards(rng: random.Random, size: int, kind: str) -> list[float]:

@@ -63,6 +63,7 @@ from learner.objectives import (
     pg_token_loss,
 )
 from learner.streaming import GradAccumulator, OpenGroupError
+from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
 PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
@@ -289,7 +290,7 @@ class StreamingLearner:
                 state.opened.discard(task.group)
                 state.closes += 1
                 if on_phase:
-                    on_phase("learner.group_close", t0, time.monotonic(), None, task.group)
+                    on_phase(Kind.GROUP_CLOSE, t0, time.monotonic(), None, task.group)
             elif isinstance(task, Known):
                 for traj, adv in zip(task.trajs, task.advantages):
                     if adv == 0.0 and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0:
@@ -377,7 +378,7 @@ def _report(state: _Batch, rows: list[Row], t0: float, t1: float, on_phase: Phas
     if on_phase:
         share = (t1 - t0) / len(rows)
         for k, row in enumerate(rows):
-            on_phase("learner.backward", t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
+            on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
                      row.traj, row.group)
 
 

@@ -5,11 +5,11 @@ model's trainable parameters, stream and accumulate adapter gradients only: ever
 buffer (G, and S_k, T'_k per open group, docs/architecture.md) is adapter-sized
 (``grad_buffer_mb``). The base weights never change.
 
-Rollout engines get merged weights: for each adapted module W + (alpha/r)·B·A, published under
-the plain Hugging Face name (``...q_proj.weight``) and nothing else, so the torch engine and
-the vLLM engine load them like a full-weight publish of those modules (the other weights are
-the base model's, already loaded). vLLM's own LoRA serving is not used: one path for both
-engines, and the engine samples from exactly the learner's merged policy.
+Rollout engines get merged weights: every weight under its plain Hugging Face name, the
+adapted modules' as W + (alpha/r)·B·A, so the torch engine and the vLLM engine load them like
+a full-weight publish (vLLM's reload checks that every parameter was written). vLLM's own
+LoRA serving is not used: one path for both engines, and the engines sample from exactly the
+learner's merged policy.
 
 ``save_policy`` writes the final policy: the adapter (``adapter_config.json``,
 ``adapter_model.safetensors``, loadable with ``peft``) and, in ``merged/``, a plain HF model
@@ -54,13 +54,16 @@ def _adapted_modules(model: torch.nn.Module):
 
 
 def publish_view(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What the rollout engines load: every parameter of a plain model; for a LoRA model,
-    the merged weight of each adapted module under its plain HF name."""
+    """What the rollout engines load: every parameter under its plain HF name; for a LoRA
+    model the adapted modules' weights merged (the base weights are views, not copies)."""
     if not is_lora(model):
         return dict(model.named_parameters())
+    view = {name.replace(".base_layer.", "."): p for name, p in model.get_base_model().named_parameters()
+            if ".lora_" not in name}
     with torch.no_grad():
-        return {f"{name}.weight": module.base_layer.weight + module.get_delta_weight("default")
-                for name, module in _adapted_modules(model)}
+        for name, module in _adapted_modules(model):
+            view[f"{name}.weight"] = module.base_layer.weight + module.get_delta_weight("default")
+    return view
 
 
 def grad_buffer_mb(params: list[torch.nn.Parameter], buffers: float) -> float:

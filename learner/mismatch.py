@@ -28,6 +28,7 @@ import torch
 
 from learner.objectives import token_logprobs
 from learner.trajectory import Trajectory
+from learner.timeline import Metric
 
 # |l − b| above this on a same-version token cannot be float32 kernel noise (measured
 # ~1e-6 on the tiny model, docs/vllm.md) but is well below one optimizer step's change.
@@ -93,7 +94,7 @@ def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: 
             learner.append(logps[traj.id][torch.tensor(positions)])
             behavior.extend(traj.behavior_logprobs[t] for t in positions)
     if not owners:
-        return {"mismatch/kl": float("nan"), "mismatch/max_abs": float("nan"), "mismatch/tokens": 0.0}
+        return {Metric.MISMATCH_KL: float("nan"), Metric.MISMATCH_MAX_ABS: float("nan"), Metric.MISMATCH_TOKENS: 0.0}
     learner_t, behavior_t = torch.cat(learner), torch.tensor(behavior, dtype=torch.float64)
     diff = (learner_t - behavior_t).abs()
     worst_at = int(diff.argmax())
@@ -107,7 +108,7 @@ def step_mismatch(model: torch.nn.Module, trajs: Sequence[Trajectory], version: 
             f"log-prob at position {t} differs from the learner's version-{version} log-prob by {worst:.3g} "
             f"(> {tol:g}); the replica sampled with other weights")
     n = len(behavior)
-    return {"mismatch/kl": float(k3(learner_t, behavior_t).sum()) / n, "mismatch/max_abs": worst, "mismatch/tokens": float(n)}
+    return {Metric.MISMATCH_KL: float(k3(learner_t, behavior_t).sum()) / n, Metric.MISMATCH_MAX_ABS: worst, Metric.MISMATCH_TOKENS: float(n)}
 
 
 def check_sampled_versions(trajs: Sequence[Trajectory], expected: dict[int, int]) -> None:

@@ -1,4 +1,4 @@
-"""Spans, metrics and the sinks they flow into (DESIGN §6).
+"""Spans, metrics and the sinks they flow into (docs/spans.md).
 
 Every phase of a run is a ``Span`` with monotonic times in seconds from run start. Worker
 processes stamp spans with ``time.monotonic()`` (system-wide on Linux), so spans from the
@@ -9,19 +9,76 @@ number the app shows is always backed by what actually ran.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Protocol
 
 from learner.chrome_trace import chrome_trace  # noqa: F401  (the export lives there; re-exported)
 
-SPAN_KINDS: tuple[str, ...] = (
-    "rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score",
-    "learner.backward", "learner.group_close", "learner.optimizer", "learner.publish",
-)
-LEARNER_KINDS = tuple(k for k in SPAN_KINDS if k.startswith("learner."))
-ROLLOUT_KINDS = ("rollout.generate", "rollout.tool", "rollout.tool_wait", "rollout.verify", "teacher.score")
+
+class Kind:
+    """Span kinds (docs/spans.md). The learner, the controller and, through ``conventions()``
+    served to the pages, the JavaScript all name kinds through these."""
+
+    GENERATE = "rollout.generate"
+    TOOL = "rollout.tool"  # the tool's real time
+    TOOL_WAIT = "rollout.tool_wait"  # the modelled latency after it (task.tool_latency)
+    VERIFY = "rollout.verify"
+    TEACHER = "teacher.score"
+    BACKWARD = "learner.backward"
+    GROUP_CLOSE = "learner.group_close"
+    OPTIMIZER = "learner.optimizer"
+    PUBLISH = "learner.publish"
+
+
+SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER,
+                               Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
+LEARNER_KINDS = (Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
+ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER)
+
+
+class Metric:
+    """Per-step metric names (docs/spans.md; verl's where one exists)."""
+
+    STEP_S = "timing_s/step"
+    LEARNER_S = "timing_s/learner"
+    GEN_S = "timing_s/gen"
+    TAIL_S = "timing_s/tail"
+    TRAINER_IDLE = "trainer/idle_ratio"
+    TRAINER_WAIT = "trainer/wait_ratio"
+    ROLLOUT_IDLE = "rollouter/idle_ratio"
+    STALENESS_MEAN = "staleness/mean"
+    STALENESS_MAX = "staleness/max"
+    STALENESS_TURNS = "staleness/turns_"  # + k: how many trained turns had staleness k
+    REWARD_MEAN = "reward/mean"
+    T_START = "step/t_start"
+    T_END = "step/t_end"
+    LAST_REWARD_T = "step/last_reward_t"
+    FIRST_BACKWARD_T = "step/first_backward_t"
+    TURNS_MEAN = "response/turns_mean"
+    TOKENS = "response/tokens"
+    GRAD_NORM = "actor/grad_norm"
+    CLIP_FRAC = "actor/clip_frac"
+    PEAK_BUFFERS = "actor/peak_buffers"
+    PEAK_RSS_MB = "memory/peak_rss_mb"
+    GRAD_BUFFERS_MB = "memory/grad_buffers_mb"
+    VERSION = "policy/version"
+    DROPPED_GROUPS = "rollout/dropped_groups"
+    MISMATCH_KL = "mismatch/kl"
+    MISMATCH_MAX_ABS = "mismatch/max_abs"
+    MISMATCH_TOKENS = "mismatch/tokens"
+
+
+def conventions() -> dict[str, Any]:
+    """Span kinds and metric names as the pages read them (``controller`` serves this JSON)."""
+    def names(cls: type) -> dict[str, str]:
+        return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+    return {"kind": names(Kind), "metric": names(Metric), "span_kinds": list(SPAN_KINDS),
+            "learner_kinds": list(LEARNER_KINDS), "rollout_kinds": list(ROLLOUT_KINDS)}
 
 
 @dataclass
@@ -40,6 +97,12 @@ class Span:
 
     def to_event(self) -> dict[str, Any]:
         return {"type": "span", **vars(self)}  # flat fields: vars() is a cheap asdict()
+
+    def __reduce__(self):
+        # pickled as its field values: workers send thousands per step and the learner's
+        # core unpickles every one (a default dataclass pickle costs about twice as much)
+        return (Span, (self.step, self.kind, self.t0, self.t1, self.lane, self.traj, self.group, self.turn,
+                       self.policy_version, self.tokens, self.seq))
 
 
 @dataclass
@@ -71,63 +134,119 @@ class EventsUnwritable(OSError):
     """The event stream cannot be written (one line: where and why)."""
 
 
+_events_stdout: IO[str] | None = None  # see claim_stdout
+
+
+def claim_stdout() -> IO[str]:
+    """Keep stdout for events: ``JsonlSink('-')`` writes to a duplicate of fd 1, and fd 1 itself
+    now goes to stderr, so whatever else writes there (a library's logger, C code, processes
+    spawned later, such as the rollout workers) cannot corrupt the event stream."""
+    global _events_stdout
+    if _events_stdout is None:
+        sys.stdout.flush()
+        _events_stdout = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    return _events_stdout
+
+
 class JsonlSink:
     """One JSON object per line; ``path='-'`` writes to stdout (the controller reads that).
 
-    Serialising an event costs the learner's core ~25 µs, and a step of the bench workload
-    brings ~1,800 rollout spans through the learner. So events are queued and written when
-    the learner is about to wait for the rollout anyway (``idle``: the driver calls it before
-    it blocks, e.g. while the first turn of a step generates), in chunks, until a message
-    from the fleet is waiting. Once the oldest queued event is ``MAX_DELAY_S`` old, the next
-    event writes the queue (a learner that never waits still reports live); run status
-    events are written at once; the order is always kept.
+    Serialising an event costs ~25 µs of the learner's core, and a step of the bench workload
+    brings ~1,800 rollout spans through the learner, so ``emit`` only queues. The queue is
+    written when the learner is about to wait for the rollout anyway (``idle``: the driver
+    calls it before it blocks), in chunks, until a message from the fleet is waiting; and by
+    a flusher thread once the oldest queued event is ``max_delay_s`` old, so a learner busy
+    with backward passes still reports live (the page's span latency, docs/pages.md) without
+    writing on its own path. Run status events are written at once. The order is always
+    kept: whoever writes takes events from the head of the queue while holding the write lock.
     """
 
-    MAX_DELAY_S = 2.0
+    MAX_DELAY_S = 0.03
     CHUNK = 64  # events per write between checks for fleet messages
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, max_delay_s: float | None = MAX_DELAY_S):
         self._own = path != "-"
         self._name = "stdout" if path == "-" else path
-        self._broken = False
         try:
-            self._fh: IO[str] = open(path, "w") if self._own else sys.stdout
+            self._fh: IO[str] = open(path, "w") if self._own else (_events_stdout or sys.stdout)
         except OSError as err:
             raise EventsUnwritable(f"cannot write events to {path}: {err.strerror or err}") from None
         self._queue: list[dict[str, Any]] = []
         self._oldest = 0.0  # when the oldest queued event arrived
+        # None: writable; an EventsUnwritable the flusher met (raised on the learner's next write);
+        # False: already reported, events are dropped
+        self._error: EventsUnwritable | bool | None = None
+        self._queue_lock = threading.Lock()  # held for list operations only: emit never waits on I/O
+        self._write_lock = threading.Lock()  # one writer at a time, taking from the head: order kept
+        self._stop = threading.Event()
+        self._flusher = None
+        if max_delay_s is not None:  # None: written only in idle/close (tests of the idle path)
+            self._max_delay_s = max_delay_s
+            self._flusher = threading.Thread(target=self._flush_late, name="jsonl-flusher", daemon=True)
+            self._flusher.start()
 
     def emit(self, event: Span | StepMetrics | dict[str, Any]) -> None:
         event = as_event(event)
-        if not self._queue:
-            self._oldest = time.monotonic()
-        self._queue.append(event)
-        if event["type"] == "run" or time.monotonic() - self._oldest > self.MAX_DELAY_S:
-            self.idle(lambda: False)
+        with self._queue_lock:
+            if not self._queue:
+                self._oldest = time.monotonic()
+            self._queue.append(event)
+        if event["type"] == "run":
+            self._write(lambda: False, wait=True)
 
     def idle(self, busy: Callable[[], bool]) -> None:
-        if self._broken:  # reported once; nothing more can be written
-            self._queue.clear()
+        self._write(busy, wait=False)  # the flusher is writing: nothing to do here
+
+    def _write(self, busy: Callable[[], bool], wait: bool) -> None:
+        if self._error is not None:  # reported once; nothing more can be written
+            error, self._error = self._error, False
+            with self._queue_lock:
+                self._queue.clear()
+            if error:
+                raise error
             return
-        done = 0
+        if not self._write_lock.acquire(blocking=wait):
+            return
         try:
-            while done < len(self._queue) and (done == 0 or not busy()):
-                chunk = self._queue[done:done + self.CHUNK]
+            wrote = False
+            while not (wrote and busy()):
+                with self._queue_lock:
+                    chunk = self._queue[:self.CHUNK]
+                    del self._queue[:self.CHUNK]
+                    self._oldest = time.monotonic()
+                if not chunk:
+                    break
                 self._fh.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk))
-                done += len(chunk)
-            if done:
+                wrote = True
+            if wrote:
                 self._fh.flush()
         except OSError as err:  # a full disk, a reader that went away (EPIPE)
-            self._broken = True
-            self._queue.clear()
+            with self._queue_lock:
+                self._queue.clear()
+            self._error = False
             raise EventsUnwritable(f"cannot write events to {self._name}: {err.strerror or err}") from None
-        if done:
-            del self._queue[:done]
-            self._oldest = time.monotonic()
+        finally:
+            self._write_lock.release()
+
+    def _flush_late(self) -> None:
+        period = self._max_delay_s / 2
+        while not self._stop.wait(period):
+            with self._queue_lock:
+                late = bool(self._queue) and time.monotonic() - self._oldest >= self._max_delay_s
+            if late:
+                try:
+                    self._write(lambda: False, wait=True)
+                except EventsUnwritable as err:  # the learner's thread raises it on its next write
+                    self._error = err
+                    return
 
     def close(self) -> None:
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         try:
-            self.idle(lambda: False)
+            self._write(lambda: False, wait=True)
         finally:
             if self._own:
                 try:

@@ -108,6 +108,9 @@ THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
+# A viewer with more unacknowledged websocket bytes than this is closed (4408) and resumes with
+# ?after; the replay keeps at most half of it in flight (controller/consumers.py).
+THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES", 4 * 2**20))
 # No run without an owner (docs/controller.md): the supervisor stamps its run every
 # HEARTBEAT_S; a run whose stamp is older than STALE_S (and whose supervising process is
 # gone, where this host can tell) is ended or resumed by the reaper, which every worker runs
@@ -137,6 +140,9 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
 THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
+# Behind a reverse proxy: the META key of the header it sets to the client's address (e.g.
+# "HTTP_X_REAL_IP"); only a header the proxy overwrites, a client could forge any other.
+THUNDERSYNC_CLIENT_IP_HEADER = os.environ.get("THUNDERSYNC_CLIENT_IP_HEADER", "")
 
 LOGGING = {
     "version": 1,

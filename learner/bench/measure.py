@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.sim.workload import MODELLED_KINDS
-from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, window_metrics
+from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
 
 class BenchError(RuntimeError):
@@ -81,22 +81,22 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
     fully-async) have reached it. staleness_mean is the mean of the per-step means (every
     step trains the same number of trajectories).
     """
-    steps, idle_s, window_s = [], {"trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.0, "trainer/wait_ratio": 0.0}, 0.0
+    steps, idle_s, window_s = [], {Metric.TRAINER_IDLE: 0.0, Metric.ROLLOUT_IDLE: 0.0, Metric.TRAINER_WAIT: 0.0}, 0.0
     backward_s = []
     for events in runs:
         kept = measured_steps(events, warmup, end)
         steps += kept
         measured = {v["step"] for v in kept}
         backward_s += [e["t1"] - e["t0"] for e in events if e.get("type") == "span"
-                       and e["kind"] == "learner.backward" and e["step"] in measured]
-        t0, t1 = kept[0]["step/t_start"], kept[-1]["step/t_end"]
+                       and e["kind"] == Kind.BACKWARD and e["step"] in measured]
+        t0, t1 = kept[0][Metric.T_START], kept[-1][Metric.T_END]
         idle = window_metrics([e for e in events if e.get("type") == "span"], t0, t1)
         # blocked-on-data time is only known to the driver: per-step, weighted by step length
-        idle["trainer/wait_ratio"] = sum(v.get("trainer/wait_ratio", 0.0) * v["timing_s/step"] for v in kept) / (t1 - t0)
+        idle[Metric.TRAINER_WAIT] = sum(v.get(Metric.TRAINER_WAIT, 0.0) * v[Metric.STEP_S] for v in kept) / (t1 - t0)
         for key in idle_s:
             idle_s[key] += idle[key] * (t1 - t0)
         window_s += t1 - t0
-    step_s = [v["timing_s/step"] for v in steps]
+    step_s = [v[Metric.STEP_S] for v in steps]
     spread = _spread(step_s)
 
     def median_of(fn) -> float:
@@ -110,31 +110,31 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "step_s_min": spread["min"],
         "step_s_max": spread["max"],
         "step_s_all": step_s,
-        "learner_busy_s": median_of(lambda v: v["timing_s/learner"]),
+        "learner_busy_s": median_of(lambda v: v[Metric.LEARNER_S]),
         # nearly the same work in every schedule (one trajectory's forward + backward): the machine's
         # speed during this schedule's runs, to read speedups and efficiencies against
         "backward_ms": 1000.0 * statistics.median(backward_s) if backward_s else float("nan"),
-        "rollout_busy_s": median_of(lambda v: v["timing_s/gen"]),
-        "last_reward_s": median_of(lambda v: v["step/last_reward_t"] - v["step/t_start"]),
-        "first_backward_s": median_of(lambda v: v["step/first_backward_t"] - v["step/t_start"]),
-        "learner_phase_s": median_of(lambda v: v["step/t_end"] - v["step/first_backward_t"]),
+        "rollout_busy_s": median_of(lambda v: v[Metric.GEN_S]),
+        "last_reward_s": median_of(lambda v: v[Metric.LAST_REWARD_T] - v[Metric.T_START]),
+        "first_backward_s": median_of(lambda v: v[Metric.FIRST_BACKWARD_T] - v[Metric.T_START]),
+        "learner_phase_s": median_of(lambda v: v[Metric.T_END] - v[Metric.FIRST_BACKWARD_T]),
         # read on the sync runs only, where the two phases do not overlap: max(R_i, L_i) per step
-        "phase_max_s": median_of(lambda v: max(v["step/last_reward_t"] - v["step/t_start"],
-                                               v["step/t_end"] - v["step/first_backward_t"])),
-        "trainer_idle_ratio": idle_s["trainer/idle_ratio"] / window_s,
-        "rollouter_idle_ratio": idle_s["rollouter/idle_ratio"] / window_s,
-        "trainer_wait_ratio": idle_s["trainer/wait_ratio"] / window_s,
-        "staleness_mean": statistics.fmean(v["staleness/mean"] for v in steps),
-        "staleness_max": int(max(v["staleness/max"] for v in steps)),
-        "tail_s": median_of(lambda v: v["timing_s/tail"]),
-        "peak_rss_mb": max(v["memory/peak_rss_mb"] for v in steps),
+        "phase_max_s": median_of(lambda v: max(v[Metric.LAST_REWARD_T] - v[Metric.T_START],
+                                               v[Metric.T_END] - v[Metric.FIRST_BACKWARD_T])),
+        "trainer_idle_ratio": idle_s[Metric.TRAINER_IDLE] / window_s,
+        "rollouter_idle_ratio": idle_s[Metric.ROLLOUT_IDLE] / window_s,
+        "trainer_wait_ratio": idle_s[Metric.TRAINER_WAIT] / window_s,
+        "staleness_mean": statistics.fmean(v[Metric.STALENESS_MEAN] for v in steps),
+        "staleness_max": int(max(v[Metric.STALENESS_MAX] for v in steps)),
+        "tail_s": median_of(lambda v: v[Metric.TAIL_S]),
+        "peak_rss_mb": max(v[Metric.PEAK_RSS_MB] for v in steps),
         # the learner path's memory and the zero-variance skip (docs/learner.md)
-        "peak_buffers": max(v.get("actor/peak_buffers", 1.0) for v in steps),
+        "peak_buffers": max(v.get(Metric.PEAK_BUFFERS, 1.0) for v in steps),
         "peak_accumulator_mb": max(v.get("learner/peak_accumulator_mb", 0.0) for v in steps),
         "skipped_trajectories": median_of(lambda v: v.get("learner/skipped_trajectories", 0.0)),
-        "reward_mean": statistics.fmean(v["reward/mean"] for v in steps),
+        "reward_mean": statistics.fmean(v[Metric.REWARD_MEAN] for v in steps),
         # fully-async: groups found too stale over the measured steps (0 for the others)
-        "dropped_groups": int(sum(v.get("rollout/dropped_groups", 0.0) for v in steps)),
+        "dropped_groups": int(sum(v.get(Metric.DROPPED_GROUPS, 0.0) for v in steps)),
     }
 
 
@@ -164,7 +164,7 @@ def step_timeline(events: list[dict[str, Any]], step: int) -> dict[str, Any]:
     """Where one step's time went: merged learner and rollout busy intervals and reward
     times, in seconds from the step's start (for the report's timeline)."""
     values = next(e["values"] for e in events if e.get("type") == "metrics" and e["step"] == step)
-    t0, t1 = values["step/t_start"], values["step/t_end"]
+    t0, t1 = values[Metric.T_START], values[Metric.T_END]
     spans = [e for e in events if e.get("type") == "span" and e["t1"] > t0 and e["t0"] < t1]
 
     def merged(kinds: tuple[str, ...]) -> list[list[float]]:
@@ -176,7 +176,7 @@ def step_timeline(events: list[dict[str, Any]], step: int) -> dict[str, Any]:
                 out.append([a, b])
         return out
 
-    rewards = sorted(s["t1"] - t0 for s in spans if s["kind"] == "rollout.verify")
+    rewards = sorted(s["t1"] - t0 for s in spans if s["kind"] == Kind.VERIFY)
     return {"step": step, "step_s": t1 - t0, "learner": merged(LEARNER_KINDS),
             "rollout": merged(ROLLOUT_KINDS), "rewards": rewards}
 
@@ -186,7 +186,7 @@ def step_timeline(events: list[dict[str, Any]], step: int) -> dict[str, Any]:
 
 @dataclass
 class Calibration:
-    """R as a function of the tool-latency scale, from one sync run (DESIGN: the tool latency
+    """R as a function of the tool-latency scale, from one sync run (docs/bench.md: the tool latency
     is the only modelled quantity, so it is the one knob that sets R/L).
 
     For trajectory i of a measured step: end_i = its reward time from the step start,
@@ -236,12 +236,12 @@ def calibrate(events: list[dict[str, Any]], warmup: int, scale_run: float) -> Ca
             if e.get("type") != "span" or e["step"] != v["step"] or e["kind"] not in ROLLOUT_KINDS:
                 continue
             traj = e["traj"]
-            end[traj] = max(end.get(traj, 0.0), e["t1"] - v["step/t_start"])
+            end[traj] = max(end.get(traj, 0.0), e["t1"] - v[Metric.T_START])
             if e["kind"] in MODELLED_KINDS:
                 tool[traj] = tool.get(traj, 0.0) + e["t1"] - e["t0"]
         if not end:
             raise BenchError(f"calibration: step {v['step']} has no rollout spans")
         per_step.append([(end[t] - tool.get(t, 0.0), tool.get(t, 0.0) / scale_run) for t in end])
-    learner_s = statistics.median(v["step/t_end"] - v["step/first_backward_t"] for v in steps)
+    learner_s = statistics.median(v[Metric.T_END] - v[Metric.FIRST_BACKWARD_T] for v in steps)
     return Calibration(learner_s, scale_run, per_step)
 

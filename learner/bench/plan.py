@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from typing import Any
+from learner.timeline import Metric
 
 # the acceptance is 5 minutes; the plan keeps a margin for the VM's drift during the runs
 QUICK_BUDGET_S = 270.0
@@ -43,7 +44,7 @@ class RunCost:
 
 
 def run_cost(wall_s: float, events: list[dict[str, Any]]) -> RunCost:
-    return RunCost(wall_s, [e["values"]["timing_s/step"] for e in events if e.get("type") == "metrics"])
+    return RunCost(wall_s, [e["values"][Metric.STEP_S] for e in events if e.get("type") == "metrics"])
 
 
 def plan_steps(left_s: float, fixed_s: float, step_s: dict[str, float], drains: dict[str, int], rounds: int,

@@ -10,7 +10,9 @@ The other ranks' phases come back as spans on their own lanes, ``learner/<rank>`
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.connection
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from learner.config import RunConfig
-from learner.distributed.assignment import assign_owners
+from learner.distributed.barrier import DistributedBatchError
 from learner.distributed.ranks import free_port, init_rank, stop_processes
 from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
@@ -57,6 +59,11 @@ class DataParallelLearner:
             self.close()
             raise
         self.rank_stats: dict[int, dict] = {}
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of ranks 1..W−1 (rank 0 is this process)."""
+        return [p.pid for p in self.procs]
 
     # -- what StreamingLearner offers ------------------------------------------------------
     @property
@@ -104,20 +111,23 @@ class DataParallelLearner:
         for q in self.cmd_qs:
             q.put(("finish",))
         self._check_alive()
-        stats = self.local.finish_batch()
+        with self._naming_failed_peers():
+            stats = self.local.finish_batch()
         self.rank_stats = {0: stats}
         return stats
 
     # -- the reduction and the step ----------------------------------------------------------
     def reduce(self) -> None:
-        self.engine.reduce()
+        with self._naming_failed_peers():
+            self.engine.reduce()
 
     def reduced_grads(self) -> list[torch.Tensor]:
         return self.engine.reduced_grads()
 
     def step(self) -> float:
         """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
-        norm = self.engine.step()
+        with self._naming_failed_peers():
+            norm = self.engine.step()
         self.rank_stats[0]["param_digest"] = param_digest(self.local.learner.model)
         deadline = time.monotonic() + self.timeout_s
         while len(self.rank_stats) < self.world:
@@ -158,6 +168,20 @@ class DataParallelLearner:
             self.rank_stats[msg[1]] = msg[2]
         elif msg[0] == "error":
             raise RuntimeError(f"learner rank {msg[1]} failed: {msg[2]}")
+
+    @contextlib.contextmanager
+    def _naming_failed_peers(self):
+        """A collective that failed because a peer died or failed: say which rank and why."""
+        try:
+            yield
+        except DistributedBatchError:
+            raise  # every rank raised it together: its message already names the ranks
+        except Exception as exc:
+            # a dead peer's exit is seen a moment after its socket closed: wait for it, bounded
+            multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
+            self.drain()
+            self._check_alive()
+            raise exc
 
     def _check_alive(self) -> None:
         for r, p in enumerate(self.procs, start=1):

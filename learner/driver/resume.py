@@ -77,7 +77,7 @@ class Checkpointer:
     def save(self, steps_done: int) -> Path:
         t = self.trainer
         state = capture(t, steps_done, self.rng)
-        path = save_checkpoint(t.cfg.train.output_dir, t.model, t.optimizer, state, t.cfg.train.keep_checkpoints)
+        path = save_checkpoint(t.cfg.train.output_dir, t.model, t.parts.optimizer, state, t.cfg.train.keep_checkpoints)
         t.sink.emit({"type": "checkpoint", "step": steps_done - 1, "path": str(path)})
         return path
 
@@ -85,12 +85,12 @@ class Checkpointer:
 def capture(t, steps_done: int, rng: dict) -> RunState:
     """The state of trainer ``t`` at the boundary after ``steps_done`` steps."""
     P, G = t.cfg.train.prompts_per_step, t.cfg.train.group_size
-    if t.cfg.train.schedule == "fully-async":  # admitted groups are dropped on resume: numbers never reused
-        next_traj, next_group = t.next_traj, t.next_group
+    if t.schedule == "fully-async":  # admitted groups are dropped on resume: numbers are never reused
+        next_traj, next_group = t.rollouts.next_traj, t.rollouts.next_group
     else:  # the batch after the boundary is dispatched again: its numbers as before its dispatch
         next_traj, next_group = steps_done * P * G, steps_done * P
     return RunState(
-        steps_done=steps_done, version=t.version, seq=t.seq, clock=t.now(), next_traj=next_traj,
+        steps_done=steps_done, version=t.version, seq=t.recorder.seq, clock=t.now(), next_traj=next_traj,
         next_group=next_group, rewards=list(t.rewards[:steps_done]), schedule={"groups_taken": steps_done * P},
         **rng,
     )
@@ -98,11 +98,12 @@ def capture(t, steps_done: int, rng: dict) -> RunState:
 
 def restore(t, point: ResumePoint) -> RunState:
     """Put trainer ``t`` at the checkpoint's boundary, before its set-up (the workers take
-    the run clock's origin at set-up); the caller restores the RNG states once the models
-    are built (that seeds torch)."""
+    the run clock's origin at set-up). The caller sets the rollout counters once it has its
+    ``Rollouts``, and the RNG states after the models are built (that seeds torch)."""
     _, _, state = point.load()
     t.version, t.rewards = state.version, list(state.rewards)
-    t.seq = max(state.seq, point.seq_from)
-    t.origin = time.monotonic() - max(state.clock, point.clock_from)
-    t.next_traj, t.next_group = state.next_traj, state.next_group
+    t.recorder.seq = max(state.seq, point.seq_from)
+    t.recorder.origin = time.monotonic() - max(state.clock, point.clock_from)
+    t.gate.next_batch = t.gate.received = state.steps_done
+    t.pool.admitted = state.schedule.get("groups_taken", 0)
     return state

@@ -5,7 +5,7 @@ VM), and so does the driver. Spawned only once the driver has its model (the old
 the worker imported after the driver, and every run started ~7 s later than it had to.
 ``boot_workers`` spawns the workers first, from a module that needs only the standard
 library, so both processes import side by side on their own cores; each worker then waits
-for its ``("init", ...)`` command (config, model directories, the shared weight tensors,
+for its ``Init`` command (config, model directories, the shared weight tensors,
 the run clock's origin), which ``Fleet`` sends once the driver has built its weight store.
 
 The weight store's two version counters (``multiprocessing.Value``) can only reach a child
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from learner.rollout.cores import core_plan, pin_process
+from learner.rollout.messages import Failed, Init, Stop
 
 PR_SET_PDEATHSIG = 1
 
@@ -37,7 +38,7 @@ def die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        return  # not Linux: workers still stop on ("stop",) or when the driver terminates them
+        return  # not Linux: workers still stop on Stop() or when the driver terminates them
     parent = mp.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the driver died before the request took effect
         os._exit(1)
@@ -65,7 +66,7 @@ class BootedWorkers:
 def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
     """Ask every worker to stop; terminate those still alive after ``grace_s``."""
     for q in cmd_qs:
-        q.put(("stop",))  # a worker reading its commands exits on it
+        q.put(Stop())  # a worker reading its commands exits on it
     for p in procs:
         p.join(timeout=grace_s)
         if p.is_alive():
@@ -104,11 +105,10 @@ def worker_entry(wid: int, core: int | None, cmd_q, out_q, counters) -> None:
         from learner.rollout.worker import worker_main
 
         cmd = cmd_q.get()
-        if cmd[0] != "init":
-            return  # ("stop",): the driver gave up before it had a model
-        _, cfg_json, policy_dir, teacher_dir, tensors, origin = cmd
-        store = WeightStore.attach(tensors, *counters)
+        if not isinstance(cmd, Init):
+            return  # Stop: the driver gave up before it had a model
+        store = WeightStore.attach(cmd.tensors, *counters)
     except Exception as exc:  # the driver turns this into a failed run with this text
-        out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        out_q.put(Failed(wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
         return
-    worker_main(wid, cfg_json, policy_dir, teacher_dir, store, cmd_q, out_q, origin, core)
+    worker_main(wid, cmd.cfg_json, cmd.policy_dir, cmd.teacher_dir, store, cmd_q, out_q, cmd.origin, core)

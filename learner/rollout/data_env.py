@@ -50,11 +50,9 @@ class TagTurns:
     def run_tool(self, call: str) -> str:
         if self.config.tools == ["calculator"]:
             return calculator(call)
-        from learner.rollout.sandbox import run_python
+        from learner.rollout.sandbox_task import sandbox_tool
 
-        result = run_python(call)  # its own CPU, memory and wall-clock limits
-        text = result.stdout if result.exit_code == 0 else result.stdout + result.stderr
-        return text + (f"\n[killed: {result.killed_reason}]" if result.killed_reason else "")
+        return sandbox_tool(call)  # the call is a program: what it prints is the observation
 
     def observation_text(self, tool_output: str) -> str:
         return f"{OBS}{tool_output}{OBS_END}"

@@ -33,9 +33,11 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
 )
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import logging as hf_logging
 
 from learner.config import TaskConfig
+from learner.objectives import compute_dtype
 from learner.preflight import BUILTIN_PREFIX, is_model_dir  # noqa: F401  (re-exported: checked without torch)
 from learner.rollout.env import STOP_TOKENS, Environment
 from learner.rollout.tokenizer import build_char_tokenizer
@@ -92,7 +94,30 @@ def _offline_and_quiet() -> None:
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     _offline_and_quiet()
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return model.eval()
+    return widen_norms(model).eval()
+
+
+class WideRMSNorm(LlamaRMSNorm):
+    """LlamaRMSNorm computed in float64 for float64 inputs.
+
+    HF's version always computes in float32, so a "float64" Llama carries float32 rounding
+    (~1e-7) that would make the float64 tolerances (docs/math.md) unreachable whatever the
+    learner does.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        h = hidden_states.to(compute_dtype(hidden_states.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(hidden_states.dtype)
+
+
+def widen_norms(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 Llama that is float64 throughout (its norms included); other dtypes unchanged."""
+    if next(model.parameters()).dtype == torch.float64:
+        for module in model.modules():
+            if isinstance(module, LlamaRMSNorm):
+                module.__class__ = WideRMSNorm
+    return model
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

@@ -24,14 +24,20 @@ def program_for(call: str) -> str:
     return f"print({call})"
 
 
+def sandbox_tool(program: str) -> str:
+    """The observation of running ``program``: its output (stdout, then stderr on a failure),
+    and why it was killed if it was (this task's and the data tasks' python-sandbox tool)."""
+    result = run_python(program)
+    text = result.stdout if result.exit_code == 0 else result.stdout + result.stderr
+    return text.strip() + (f" [killed: {result.killed_reason}]" if result.killed_reason else "")
+
+
 class PythonSandboxEnv(ArithToolEnv):
     name = "python-sandbox"
     TOOLS = (ToolSpec("python", "code", "Run a Python program (or evaluate an expression) in a sandbox"),)
 
     def run_tool(self, call: str) -> str:
-        result = run_python(program_for(call))
-        text = result.stdout if result.exit_code == 0 else result.stdout + result.stderr
-        return text.strip() + (f" [killed: {result.killed_reason}]" if result.killed_reason else "")
+        return sandbox_tool(program_for(call))
 
 
 register_env(PythonSandboxEnv.name, PythonSandboxEnv)

@@ -9,9 +9,7 @@ engine call; a row that stops is handled at once (its tool starts, or it is veri
 sent to the learner) while the rest of the call decodes. Every phase is reported as a span
 on the trajectory's slot lane.
 
-Messages to the driver (``out_q``): ("spans", [dict]), ("turn", ScoredTurn, [dict]),
-("traj", Trajectory, [dict]) (with the spans recorded before it), ("ack", worker, version, t0, t1),
-("ready", worker), ("error", worker, text).
+Messages to the driver (``out_q``) and commands from it: ``rollout/messages.py``.
 Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
 """
 
@@ -22,6 +20,7 @@ import heapq
 import math
 import queue
 import random
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -33,8 +32,10 @@ from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.chat import ChatFormat, turn_stop_ids
 from learner.rollout.env import Task, make_env, score_final
+from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Wake, Work
 from learner.rollout.models import stop_token_ids
 from learner.rollout.tool_calls import ToolCalls
+from learner.timeline import Kind, Span
 from learner.trajectory import ScoredTurn, Trajectory
 
 IDLE_POLL_S = 0.05
@@ -76,7 +77,7 @@ class AgentWorker:
         self.chat = ChatFormat(tokenizer, self.env, cfg.task.tool_format)
         self.loops: dict[int, LoopState] = {}
         self.free_slots: list[int] = []  # heap of slot lanes given back; new ones are numbered on
-        self.spans: list[dict] = []
+        self.spans: list[Span] = []
         self.stop_ids = stop_ids if stop_ids is not None else stop_token_ids(tokenizer)
         model_config = getattr(getattr(engine, "model", None), "config", None)
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
@@ -87,22 +88,19 @@ class AgentWorker:
 
     # -- spans ---------------------------------------------------------------------
     def span(self, kind: str, t0: float, t1: float, loop: LoopState | None, turn=None, tokens=0, lane=None):
-        self.spans.append({  # the fields of timeline.Span, as a dict: cheap to pickle and emit
-            "step": loop.step if loop else -1, "kind": kind, "t0": t0, "t1": t1,
-            "lane": lane or f"rollout/{self.wid}/{loop.slot}", "traj": loop.traj if loop else None,
-            "group": loop.group if loop else None, "turn": turn, "policy_version": self.engine.version,
-            "tokens": tokens,
-        })
+        self.spans.append(Span(loop.step if loop else -1, kind, t0, t1, lane or f"rollout/{self.wid}/{loop.slot}",
+                               loop.traj if loop else None, loop.group if loop else None, turn,
+                               self.engine.version, tokens))
 
     def flush_spans(self) -> None:
         if self.spans:
-            self.out_q.put(("spans", self.spans))
+            self.out_q.put(Spans(self.spans))
             self.spans = []
 
-    def send(self, kind: str, item) -> None:
+    def send(self, item: Trajectory | ScoredTurn) -> None:
         """A finished trajectory or scored turn, with the spans recorded since the last send:
         one pipe message instead of two (the learner's core reads every message)."""
-        self.out_q.put((kind, item, self.spans))
+        self.out_q.put(Finished(item, self.spans))
         self.spans = []
 
     # -- weights -------------------------------------------------------------------
@@ -115,21 +113,18 @@ class AgentWorker:
         """fully-async: pick up newly published weights between turns."""
         if self.follow_latest and self.store.version > self.engine.version:
             t0, t1 = self.load(None)
-            self.span("learner.publish", t0, t1, None, lane=f"replica/{self.wid}")
+            self.span(Kind.PUBLISH, t0, t1, None, lane=f"replica/{self.wid}")
 
-    # -- commands ------------------------------------------------------------------
-    def handle(self, cmd) -> bool:
-        if cmd[0] == "stop":
+    def handle(self, cmd: Load | Work | Stop | Wake) -> bool:
+        if isinstance(cmd, Stop):
             return False
-        if cmd[0] == "wake":  # a tool call returned (ToolCalls)
-            return True
-        if cmd[0] == "load":
-            t0, t1 = self.load(cmd[1])
-            self.out_q.put(("ack", self.wid, self.engine.version, t0, t1))
-        elif cmd[0] == "work":
-            _, step, items = cmd
+        if isinstance(cmd, Load):
+            t0, t1 = self.load(cmd.version)
+            self.out_q.put(Ack(self.wid, self.engine.version, t0, t1))
+        elif isinstance(cmd, Work):  # (Wake: a tool call returned; the loop steps next)
+            step = cmd.step
             encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
-            for traj, group, task, seed in items:
+            for traj, group, task, seed in cmd.items:
                 prompt = self.chat.prompt_text(task)  # the policy's chat template, if it has one
                 if prompt not in encoded:
                     encoded[prompt] = self.tok.encode(prompt, add_special_tokens=False)
@@ -159,7 +154,7 @@ class AgentWorker:
             # direct answer is verified and shipped (and a tool call starts) without waiting
             # for the batch's longest row
             lp, turn = ready[i], len(ready[i].turn_spans)
-            self.span("rollout.generate", t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
+            self.span(Kind.GENERATE, t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
             start = len(lp.ids)
             lp.ids += out.token_ids
             lp.mask += [1] * len(out.token_ids)
@@ -167,29 +162,11 @@ class AgentWorker:
             lp.turn_spans.append((start, len(lp.ids)))
             lp.turn_versions.append(self.engine.version)
             if self.teacher is not None:
-                self.score_turn(lp, turn)
+                score_turn(self, lp, turn)
             self.advance(lp, out)
 
         self.engine.generate([lp.ids for lp in ready], params, seeds=seeds, on_done=turn_done)
         self.flush_spans()
-
-    def score_turn(self, lp: LoopState, turn: int) -> None:
-        """OPD: the teacher scores the turn now; the learner can run its backward while the
-        turn's tool call is still running."""
-        start, end = lp.turn_spans[turn]
-        t0 = self.now()
-        with torch.no_grad():
-            ids = torch.tensor([lp.ids[:end]], device=next(self.teacher.parameters()).device)
-            logits = self.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
-            tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
-        lp.teacher[start:end] = tlp
-        t1 = self.now()
-        self.span("teacher.score", t0, t1, lp, turn=turn, tokens=end - start)
-        self.send("turn", ScoredTurn(
-            traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
-            turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
-            policy_version=self.engine.version, t_scored=t1,
-        ))
 
     def advance(self, lp: LoopState, out) -> None:
         start, end = lp.turn_spans[-1]
@@ -206,8 +183,8 @@ class AgentWorker:
         if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
             error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
         t1 = self.now()
-        self.span("rollout.verify", t0, t1, lp, turn=len(lp.turn_spans) - 1)
-        self.send("traj", Trajectory(
+        self.span(Kind.VERIFY, t0, t1, lp, turn=len(lp.turn_spans) - 1)
+        self.send(Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
@@ -215,57 +192,101 @@ class AgentWorker:
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
 
-    def observe(self, lp: LoopState, t0: float, t1: float, output: str) -> None:
-        """The tool's answer joins the trajectory; the loop generates again after the
-        task's modelled latency. Spans: ``rollout.tool`` is the tool's real time,
-        ``rollout.tool_wait`` the modelled wait after it (TaskConfig.tool_latency)."""
-        start, end = lp.turn_spans[-1]
-        turn = len(lp.turn_spans) - 1
-        self.span("rollout.tool", t0, t1, lp, turn=turn)
-        latency = self.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
-        obs_ids = self.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
-        lp.ids += obs_ids
-        lp.mask += [0] * len(obs_ids)
-        lp.blogp += [0.0] * len(obs_ids)
-        if lp.teacher is not None:
-            lp.teacher += [None] * len(obs_ids)
-        lp.ready_at = t1 + latency
-        if latency > 0:
-            self.span("rollout.tool_wait", t1, lp.ready_at, lp, turn=turn)
-
-    def serve(self, cmd_q) -> None:
-        self.out_q.put(("ready", self.wid))
-        self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now,
-                               wake=lambda: cmd_q.put(("wake",)))
+    def run_loops(self, timeout_s: float) -> None:
+        """Run the loops already handed out (``handle(Work(...))``) to their end in this
+        thread, without a command queue: the learner's eval (learner.evaluation) and tests."""
+        woken = threading.Event()
+        self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now, wake=woken.set)
+        deadline = self.now() + timeout_s
         try:
-            self._serve(cmd_q)
+            while self.loops:
+                if self.now() > deadline:
+                    raise TimeoutError(f"{len(self.loops)} agent loops unfinished after {timeout_s:g}s")
+                for traj, t0, t1, output in self.tools.finished():
+                    observe(self, self.loops[traj], t0, t1, output)
+                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
+                if due > self.now():  # every loop waits on a tool or its modelled latency
+                    woken.wait(timeout=min(due - self.now(), deadline - self.now(), IDLE_POLL_S))
+                    woken.clear()
+                    continue
+                self.step_loops()
         finally:
             self.tools.close()
 
-    def _serve(self, cmd_q) -> None:
-        while True:
-            for traj, t0, t1, output in self.tools.finished():
-                self.observe(self.loops[traj], t0, t1, output)
-            if self.loops:
-                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
-                wait = max(0.0, due - self.now())
-            elif self.follow_latest:
-                wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
-            else:
-                wait = None  # idle: block until the driver says something
-            try:
-                cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
-                if not self.handle(cmd):
+
+def score_turn(worker: AgentWorker, lp: LoopState, turn: int) -> None:
+    """OPD: the teacher scores the turn now; the learner can run its backward while the
+    turn's tool call is still running."""
+    start, end = lp.turn_spans[turn]
+    t0 = worker.now()
+    with torch.no_grad():
+        ids = torch.tensor([lp.ids[:end]], device=next(worker.teacher.parameters()).device)
+        logits = worker.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
+        tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
+    lp.teacher[start:end] = tlp
+    t1 = worker.now()
+    worker.span(Kind.TEACHER, t0, t1, lp, turn=turn, tokens=end - start)
+    worker.send(ScoredTurn(
+        traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
+        turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
+        policy_version=worker.engine.version, t_scored=t1,
+    ))
+
+
+def observe(worker: AgentWorker, lp: LoopState, t0: float, t1: float, output: str) -> None:
+    """The tool's answer joins the trajectory; the loop generates again after the
+    task's modelled latency. Spans: ``rollout.tool`` is the tool's real time,
+    ``rollout.tool_wait`` the modelled wait after it (TaskConfig.tool_latency)."""
+    start, end = lp.turn_spans[-1]
+    turn = len(lp.turn_spans) - 1
+    worker.span(Kind.TOOL, t0, t1, lp, turn=turn)
+    latency = worker.env.tool_latency_s(random.Random(lp.seed * 1000 + len(lp.turn_spans)))
+    obs_ids = worker.chat.observation_ids(lp.ids[start:end], output)  # loss mask 0: template and tool text
+    lp.ids += obs_ids
+    lp.mask += [0] * len(obs_ids)
+    lp.blogp += [0.0] * len(obs_ids)
+    if lp.teacher is not None:
+        lp.teacher += [None] * len(obs_ids)
+    lp.ready_at = t1 + latency
+    if latency > 0:
+        worker.span(Kind.TOOL_WAIT, t1, lp.ready_at, lp, turn=turn)
+
+
+def serve(worker: AgentWorker, cmd_q) -> None:
+    """The worker process's main loop: take the driver's commands, step the agent loops."""
+    worker.out_q.put(Ready(worker.wid))
+    worker.tools = ToolCalls(worker.env.run_tool, worker.cfg.task.tool_timeout_s, worker.now,
+                             wake=lambda: cmd_q.put(Wake()))
+    try:
+        _serve(worker, cmd_q)
+    finally:
+        worker.tools.close()
+
+
+def _serve(worker: AgentWorker, cmd_q) -> None:
+    while True:
+        for traj, t0, t1, output in worker.tools.finished():
+            observe(worker, worker.loops[traj], t0, t1, output)
+        if worker.loops:
+            due = min(min(lp.ready_at for lp in worker.loops.values()), worker.tools.next_deadline())
+            wait = max(0.0, due - worker.now())
+        elif worker.follow_latest:
+            wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
+        else:
+            wait = None  # idle: block until the driver says something
+        try:
+            cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
+            if not worker.handle(cmd):
+                return
+            while True:  # drain everything already queued before generating
+                if not worker.handle(cmd_q.get_nowait()):
                     return
-                while True:  # drain everything already queued before generating
-                    if not self.handle(cmd_q.get_nowait()):
-                        return
-            except queue.Empty:
-                pass
-            if not self.loops:
-                self.maybe_follow_latest()
-                self.flush_spans()
-            self.step_loops()
+        except queue.Empty:
+            pass
+        if not worker.loops:
+            worker.maybe_follow_latest()
+            worker.flush_spans()
+        worker.step_loops()
 
 
 def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | None, store, cmd_q, out_q,
@@ -288,11 +309,11 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         # torch, transformers and the model are ~10^6 long-lived objects; a full collection
         # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
         gc.freeze()
-        worker.serve(cmd_q)
+        serve(worker, cmd_q)
         # the driver reads nothing more once it said stop: exit without waiting for the
         # queue's feeder to push what is left into a full pipe (that would hang the exit)
         out_q.cancel_join_thread()
         gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text
-        out_q.put(("error", wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        out_q.put(Failed(wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))

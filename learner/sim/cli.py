@@ -1,6 +1,6 @@
 """Simulate sync, async, fully-async and streaming on a recorded or modelled workload.
 
-`thundersync simulate` runs a discrete-event model of the four schedules (DESIGN §4) and
+`thundersync simulate` runs a discrete-event model of the four schedules (docs/schedules.md) and
 prints step time, the R/L bound, idle ratios and staleness per schedule. The Python API
 (``simulate``, ``simulate_all``, ``simulate_spans``, ``workload_from_spans``,
 ``synthetic_workload``) lives in learner/sim/results.py and learner/sim/workload.py and

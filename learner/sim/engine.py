@@ -1,4 +1,9 @@
-"""Discrete-event simulation of the four schedules (DESIGN §4) on a ``Workload``.
+"""Discrete-event simulation of the four schedules (docs/schedules.md) on a ``Workload``.
+
+Every schedule decision (dispatch gate, group admission, freshness and drops, staleness)
+is made by the driver's own rule functions and group pool (``driver/rules.py``,
+``driver/pipeline.py``); what is modelled here is time: slots, durations, the learner's
+ranks.
 
 Resources: ``rollout_slots`` slots (a trajectory holds one for its rollout duration;
 dispatch is FIFO onto the lowest free slot) and ``learner_ranks`` ranks (each runs its
@@ -14,7 +19,7 @@ What differs between schedules (``k``: how many versions the rollout may run ahe
   as soon as its reward arrives (and a rank is free).
 - async: batch d starts once version d-1 is published and batch d-1's rollout has
   finished (one generate call per batch), so it overlaps training of batch d-1 (k = 1).
-- fully-async, the driver's policy (``Trainer.run_fully_async``): no batch barrier. A group
+- fully-async, the driver's policy (``driver/pipeline.py:GroupPool``): no batch barrier. A group
   may start while the groups started so far and not dropped fit in the batches up to
   version ``now + max_staleness``; the learner takes the first ``prompts`` groups to complete; a
   group sampled more than ``max_staleness`` versions ago when it completes, or when a step
@@ -37,8 +42,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from learner.distributed.assignment import assign_owners
+from learner.driver import rules
+from learner.driver.pipeline import GroupPool
 from learner.sim.workload import BatchWork, TrajWork, Workload
-from learner.timeline import Span
+from learner.timeline import Kind, Span
 
 ASSIGN_POLICIES = ("least-loaded", "round-robin", "group-affinity")
 
@@ -67,7 +74,7 @@ class StepRecord:
 
     @property
     def staleness(self) -> list[int]:
-        return [self.step - t.version for t in self.trajs]
+        return [rules.staleness(self.step, t.version) for t in self.trajs]
 
 
 @dataclass
@@ -77,6 +84,11 @@ class SimRun:
     spans: list[Span] = field(default_factory=list)
     unfinished: list[SimTraj] = field(default_factory=list)  # started, never trained
     dropped_groups: int = 0  # fully-async: groups too stale to train
+    # In order, the inputs ("reward", traj, group, sampled version), ("publish", version) and
+    # the decisions ("dispatch", batch, version), ("admit", group, version), ("complete",
+    # group), ("drop", group, version), ("received", batch), ("step", j, groups):
+    # tests/learner/test_rules_agreement.py replays the inputs through the driver's pipeline.
+    decisions: list[tuple] = field(default_factory=list)
 
 
 @dataclass
@@ -117,7 +129,7 @@ def train_batch(
             r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
         t0 = max(ready[i], free[r])
         free[r] = t0 + m.work.backward_s
-        spans.append(Span(step, "learner.backward", t0, free[r], f"learner/{r}", m.traj, m.group,
+        spans.append(Span(step, Kind.BACKWARD, t0, free[r], f"learner/{r}", m.traj, m.group,
                           policy_version=step))
         if free[r] >= last.get(m.group, (-math.inf, 0))[0]:
             last[m.group] = (free[r], r)
@@ -127,15 +139,15 @@ def train_batch(
             done_at, rc = last[m.group]
             c0 = max(free[rc], done_at)
             free[rc] = c0 + workload.batch(m.dispatch).group_close_s[m.work.group]
-            spans.append(Span(step, "learner.group_close", c0, free[rc], f"learner/{rc}", group=m.group,
+            spans.append(Span(step, Kind.GROUP_CLOSE, c0, free[rc], f"learner/{rc}", group=m.group,
                               policy_version=step))
     barrier = max(free)
     grad_ready = barrier + workload.reduce_s
     opt_end = grad_ready + batch.optimizer_s
     publish_end = opt_end + batch.publish_s
     for r in range(ranks):  # the reduction is drawn inside the optimizer span, as recorded runs do
-        spans.append(Span(step, "learner.optimizer", barrier, opt_end, f"learner/{r}", policy_version=step))
-        spans.append(Span(step, "learner.publish", opt_end, publish_end, f"learner/{r}", policy_version=step + 1))
+        spans.append(Span(step, Kind.OPTIMIZER, barrier, opt_end, f"learner/{r}", policy_version=step))
+        spans.append(Span(step, Kind.PUBLISH, opt_end, publish_end, f"learner/{r}", policy_version=step + 1))
     return LearnerPass(grad_ready, publish_end, spans)
 
 
@@ -155,20 +167,12 @@ def learner_alone_s(workload: Workload, step: int, assign: str) -> float:
     return train_batch(members, [0.0] * len(members), 0.0, batch, workload, step, assign).publish_end
 
 
-@dataclass
-class _Group:
-    version: int  # policy version when its first member started; deadline = version + k
-    size: int
-    done: int = 0
-    members: list[SimTraj] = field(default_factory=list)
-
-
 class _Run:
     """Mutable state of one simulation; ``run()`` is the event loop."""
 
     def __init__(self, workload: Workload, schedule: str, steps: int, max_staleness: int, assign: str):
         self.w, self.schedule, self.n_steps, self.assign = workload, schedule, steps, assign
-        self.k = {"sync": 0, "streaming": 0, "async": 1, "fully-async": max_staleness}[schedule]
+        self.k = rules.lead(schedule, max_staleness)
         self.now = 0.0
         self.events: list[tuple[float, int, int, object]] = []  # (time, priority, seq, payload)
         self.seq = 0
@@ -183,11 +187,11 @@ class _Run:
         self.formed = 0  # learner steps formed (fully-async) / started
         self.records: list[StepRecord] = []
         self.spans: list[Span] = []
-        self.groups: dict[int, _Group] = {}  # fully-async: admitted groups
-        self.complete: list[int] = []  # fully-async: completed, not yet taken, in completion order
-        self.n_dropped = 0  # fully-async: groups too stale to train
+        self.pool = GroupPool(max_staleness, steps, self.groups_through)  # fully-async
+        self.admitted: set[int] = set()  # fully-async: groups admitted (started)
+        self.opened = 0  # batches whose dispatch gate has opened
+        self.decisions: list[tuple] = []
 
-    # -- events
     def push(self, t: float, priority: int, payload: object) -> None:
         heapq.heappush(self.events, (t, priority, self.seq, payload))
         self.seq += 1
@@ -200,14 +204,14 @@ class _Run:
             self.now, priority, _, payload = heapq.heappop(self.events)
             if priority == 0:
                 self.publish.append(self.now)
+                self.decisions.append(("publish", len(self.publish)))
             else:
                 self.on_reward(payload)
             self.try_train()
             self.dispatch()
         unfinished = [t for b in self.batches for t in b if t.step < 0 and not math.isnan(t.start)]
-        return SimRun(self.schedule, self.records, self.spans, unfinished, self.n_dropped)
+        return SimRun(self.schedule, self.records, self.spans, unfinished, self.pool.dropped, self.decisions)
 
-    # -- rollout side
     def enqueue_batch(self) -> None:
         d = self.next_dispatch
         batch = self.w.batch(d)
@@ -228,29 +232,15 @@ class _Run:
 
     def batch_gate_open(self, d: int) -> bool:
         """sync/streaming/async: may dispatch batch ``d`` start now?"""
-        if len(self.publish) < d - self.k:
-            return False
-        if self.schedule == "async" and d > 0:
-            return self.done_count[d - 1] == len(self.batches[d - 1])
-        return True
+        received = d == 0 or self.done_count[d - 1] == len(self.batches[d - 1])
+        return rules.batch_may_start(d, len(self.publish), self.k, received)
 
     def groups_through(self, step: int) -> int:
         """Groups in the batches of steps 0..step."""
         return sum(self.w.batch(j).n_groups for j in range(step + 1))
 
-    def group_admissible(self) -> bool:
-        """fully-async: a group started now is trained at a version >= its rank among the groups
-        not dropped // prompts; start it only if that is within max_staleness of now (and the
-        run still needs it). A dropped group frees its place, else drops would shrink the
-        pipeline for good and, past max_staleness batches of them, stall it."""
-        rank = len(self.groups) - self.n_dropped
-        return rank < min(self.groups_through(len(self.publish) + self.k), self.groups_through(self.n_steps - 1))
-
-    def fresh(self, gids: list[int]) -> list[int]:
-        """fully-async: those of ``gids`` within max_staleness at this version; drops the rest."""
-        keep = [g for g in gids if len(self.publish) - self.groups[g].version <= self.k]
-        self.n_dropped += len(gids) - len(keep)
-        return keep
+    def drops(self, groups: list[int]) -> None:
+        self.decisions += [("drop", g, len(self.publish)) for g in groups]
 
     def dispatch(self) -> None:
         while self.free_slots:
@@ -262,29 +252,34 @@ class _Run:
                 self.enqueue_batch()
             t = self.queue[self.qhead]
             if self.schedule == "fully-async":
-                if t.group not in self.groups:
-                    if not self.group_admissible():
+                if t.group not in self.admitted:
+                    if not self.pool.may_admit(len(self.publish)):
                         return
                     size = sum(1 for w in self.w.batch(t.dispatch).trajs if w.group == t.work.group)
-                    self.groups[t.group] = _Group(len(self.publish), size)
-                self.groups[t.group].members.append(t)
+                    self.pool.admit(t.group, size)
+                    self.admitted.add(t.group)
+                    self.decisions.append(("admit", t.group, len(self.publish)))
             elif not self.batch_gate_open(t.dispatch):
                 return
+            elif t.dispatch == self.opened:
+                self.decisions.append(("dispatch", t.dispatch, len(self.publish)))
+                self.opened += 1
             self.qhead += 1
             t.slot = heapq.heappop(self.free_slots)
             t.start, t.end, t.version = self.now, self.now + t.work.rollout_s, len(self.publish)
             self.push(t.end, 1, t)
 
     def on_reward(self, t: SimTraj) -> None:
+        self.decisions.append(("reward", t.traj, t.group, t.version))
         heapq.heappush(self.free_slots, t.slot)
         self.done_count[t.dispatch] += 1
-        group = self.groups.get(t.group)
-        if group is not None:
-            group.done += 1
-            if group.done == group.size:
-                self.complete += self.fresh([t.group])
+        if self.schedule == "fully-async":
+            self.drops(self.pool.add(t.group, t, t.version, len(self.publish)))
+            if t.group in self.pool.complete:
+                self.decisions.append(("complete", t.group))
+        elif self.done_count[t.dispatch] == len(self.batches[t.dispatch]):
+            self.decisions.append(("received", t.dispatch))
 
-    # -- learner side
     def try_train(self) -> None:
         j = self.formed
         if j >= self.n_steps or len(self.publish) < j:
@@ -299,8 +294,11 @@ class _Run:
                 return
             members = self.batches[j]
             last = max(t.end for t in members)
-            ready = [t.end for t in members] if self.schedule == "streaming" else [last] * len(members)
+            # OPD's per-turn streaming is modelled per trajectory (see the module's limits)
+            on_arrival = rules.learns_on_arrival(self.schedule, "grpo", is_turn=False)
+            ready = [t.end for t in members] if on_arrival else [last] * len(members)
         self.formed += 1
+        self.decisions.append(("step", j, tuple(sorted({t.group for t in members}))))
         start = self.publish[j - 1] if j else 0.0
         p = train_batch(members, ready, start, self.w.batch(j), self.w, j, self.assign)
         for t in members:
@@ -311,12 +309,12 @@ class _Run:
 
     def take_groups(self, j: int) -> list[SimTraj] | None:
         """The first groups to complete, once a batch of them is in; None to wait."""
-        want = self.w.batch(j).n_groups
-        self.complete = self.fresh(self.complete)  # one version later than when they completed
-        if len(self.complete) < want:
+        self.drops(self.pool.refresh(len(self.publish)))  # one version later than when they completed
+        chosen = self.pool.take(self.w.batch(j).n_groups)
+        if chosen is None:
             return None
-        chosen, self.complete = self.complete[:want], self.complete[want:]
-        return [t for g in chosen for t in self.groups[g].members]
+        # members in start order (round-robin sharding follows it)
+        return [t for g in chosen for t in sorted(self.pool.pop_members(g), key=lambda t: t.traj)]
 
 
 def run_schedule(workload: Workload, schedule: str, steps: int, max_staleness: int = 2,

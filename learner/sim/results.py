@@ -25,7 +25,7 @@ from typing import Any, Iterable
 from learner.config import SCHEDULES
 from learner.sim.engine import SimRun, learner_alone_s, rollout_alone_s, run_schedule
 from learner.sim.workload import Workload, workload_from_spans
-from learner.timeline import Span, window_metrics
+from learner.timeline import Kind, Metric, Span, window_metrics
 
 
 @dataclass
@@ -61,15 +61,15 @@ def step_metrics(run: SimRun, spans: list[Span]) -> list[dict[str, float]]:
         stale = rec.staleness
         out.append({
             **idle,
-            "timing_s/step": width,
-            "timing_s/learner": (1.0 - idle["trainer/idle_ratio"]) * width,
-            "timing_s/gen": (1.0 - idle["rollouter/idle_ratio"]) * width,
-            "timing_s/tail": rec.t_end - rec.last_reward,
-            "step/t_start": rec.t_start,
-            "step/t_end": rec.t_end,
-            "step/last_reward_t": rec.last_reward,
-            "staleness/mean": sum(stale) / len(stale),
-            "staleness/max": float(max(stale)),
+            Metric.STEP_S: width,
+            Metric.LEARNER_S: (1.0 - idle[Metric.TRAINER_IDLE]) * width,
+            Metric.GEN_S: (1.0 - idle[Metric.ROLLOUT_IDLE]) * width,
+            Metric.TAIL_S: rec.t_end - rec.last_reward,
+            Metric.T_START: rec.t_start,
+            Metric.T_END: rec.t_end,
+            Metric.LAST_REWARD_T: rec.last_reward,
+            Metric.STALENESS_MEAN: sum(stale) / len(stale),
+            Metric.STALENESS_MAX: float(max(stale)),
         })
     return out
 
@@ -82,7 +82,7 @@ def rollout_spans(run: SimRun) -> list[Span]:
             lane = f"rollout/0/{t.slot}"
             parts = t.work.segments or ()
             if not parts:
-                spans.append(Span(t.step, "rollout.generate", t.start, t.end, lane, t.traj, t.group, 0, t.version))
+                spans.append(Span(t.step, Kind.GENERATE, t.start, t.end, lane, t.traj, t.group, 0, t.version))
             for p in parts:
                 spans.append(Span(t.step, p.kind, t.start + p.t0, t.start + p.t1, lane, t.traj, t.group, p.turn,
                                   t.version, p.tokens))
@@ -115,8 +115,8 @@ def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2
         learner_s=learner_s,
         bound_s=bound,
         efficiency=bound / step_s,
-        trainer_idle_ratio=idle["trainer/idle_ratio"],
-        rollouter_idle_ratio=idle["rollouter/idle_ratio"],
+        trainer_idle_ratio=idle[Metric.TRAINER_IDLE],
+        rollouter_idle_ratio=idle[Metric.ROLLOUT_IDLE],
         staleness_mean=sum(stale) / len(stale),
         staleness_max=max(stale),
         tail_s=statistics.median(r.grad_ready - max(r.last_reward, r.t_start) for r in measured),

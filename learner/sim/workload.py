@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from learner.timeline import ROLLOUT_KINDS
+from learner.timeline import Kind, Metric, ROLLOUT_KINDS
 
 ROLLOUT_DISTS = ("lognormal", "uniform", "constant")
 
@@ -124,7 +124,8 @@ class SyntheticSpec:
             )
 
 
-# ThunderSyncRL paper (DESIGN §1): Qwen 27B, 32 prompts x 8 trajectories, 8xB200.
+# ThunderSyncRL paper (README.md, "Simulator"; `--preset paper`): Qwen 27B, 32 prompts x 8
+# trajectories, 8xB200.
 # Measured: rollout+verify makespan 650.0 s, learner 646.4 s; sync 1,296-1,314 s,
 # streaming 687.7 s, async 695.0 s, fully-async 690.0 s, 20.5 s of learner work after the
 # last reward. Assumptions that make the simulation reproduce them (the outputs are not
@@ -191,7 +192,7 @@ def with_overrides(spec: SyntheticSpec, **values: Any) -> SyntheticSpec:
 # rollout.tool_wait is that wait; rollout.tool is the tool's real work since the tool calls
 # left the agent loop's thread (microseconds for the calculator), and recordings made before
 # held the modelled wait in rollout.tool, so both count as modelled.
-MODELLED_KINDS = ("rollout.tool", "rollout.tool_wait")
+MODELLED_KINDS = (Kind.TOOL, Kind.TOOL_WAIT)
 
 
 def _traj_at_speed(t: TrajWork, slower: float) -> TrajWork:
@@ -278,7 +279,7 @@ def _learner_overheads(spans: list[dict[str, Any]], reward_at: dict[int, float])
         lane_spans.sort(key=lambda s: (s["t0"], s["t1"]))
         for prev, s in zip(lane_spans, lane_spans[1:]):
             traj = s.get("traj")
-            if s["kind"] != "learner.backward" or traj is None or traj in out:
+            if s["kind"] != Kind.BACKWARD or traj is None or traj in out:
                 continue
             out[traj] = max(0.0, s["t0"] - max(prev["t1"], reward_at.get(traj, prev["t1"])))
     return out
@@ -292,12 +293,12 @@ def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
     for s in spans:
         if s["kind"] in ROLLOUT_KINDS and s.get("traj") is not None:
             rollout.setdefault(s["traj"], []).append(s)
-        elif s["kind"] == "learner.backward":
+        elif s["kind"] == Kind.BACKWARD:
             if s.get("traj") is None or s.get("group") is None:
                 raise SimInputError(f"spans: learner.backward seq={s.get('seq')} of step {step} has no traj/group")
             backward[s["traj"]] = backward.get(s["traj"], 0.0) + s["t1"] - s["t0"]
             group_of[s["traj"]] = s["group"]
-        elif s["kind"] == "learner.group_close" and s.get("group") is not None:
+        elif s["kind"] == Kind.GROUP_CLOSE and s.get("group") is not None:
             closes.setdefault(s["group"], []).append(s)
     missing = [t for t in backward if not rollout.get(t)]
     if missing:
@@ -318,23 +319,23 @@ def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
     return BatchWork(
         [t for _, _, t in trajs],
         {g: _max_lane_total(closes.get(g, [])) for g in groups},
-        _max_lane_total([s for s in spans if s["kind"] == "learner.optimizer"]),
-        _max_lane_total([s for s in spans if s["kind"] == "learner.publish"]),
+        _max_lane_total([s for s in spans if s["kind"] == Kind.OPTIMIZER]),
+        _max_lane_total([s for s in spans if s["kind"] == Kind.PUBLISH]),
     )
 
 
 def _measured_steps(events: list[dict[str, Any]], spans: list[dict[str, Any]]) -> dict[int, float]:
     """Recorded step times: the ``timing_s/step`` metric, else publish end to publish end."""
     measured = {
-        e["step"]: float(e["values"]["timing_s/step"])
+        e["step"]: float(e["values"][Metric.STEP_S])
         for e in events
-        if e.get("type") == "metrics" and "timing_s/step" in e.get("values", {})
+        if e.get("type") == "metrics" and Metric.STEP_S in e.get("values", {})
     }
     if measured:
         return measured
     ends = {}
     for s in spans:
-        if s["kind"] == "learner.publish":
+        if s["kind"] == Kind.PUBLISH:
             ends[s["step"]] = max(ends.get(s["step"], 0.0), s["t1"])
     prev, out = 0.0, {}
     for step in sorted(ends):
@@ -346,7 +347,7 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
     """Replay a recording: events as in docs/architecture.md (or bare span dicts)."""
     events = list(events)
     spans = _span_list(events)
-    trained_steps = sorted({s["step"] for s in spans if s["kind"] == "learner.backward"})
+    trained_steps = sorted({s["step"] for s in spans if s["kind"] == Kind.BACKWARD})
     if not trained_steps:
         raise SimInputError("spans: no learner.backward spans, so no trained step to replay")
     # A trajectory belongs to the step that trained it (fully-async records rollout spans
@@ -358,7 +359,7 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
     batches = []
     for step in trained_steps:
         learner = [s for s in spans if s["step"] == step and s["kind"].startswith("learner.")]
-        trajs = {s["traj"] for s in learner if s["kind"] == "learner.backward"}
+        trajs = {s["traj"] for s in learner if s["kind"] == Kind.BACKWARD}
         batches.append(_recorded_batch(step, learner + [r for t in trajs for r in rollout_by_traj.get(t, [])]))
     slots = {s["lane"] for s in spans if s["kind"] in ROLLOUT_KINDS and s["lane"].startswith("rollout/")}
     ranks = {s["lane"] for s in spans if s["kind"].startswith("learner.") and s["lane"].startswith("learner/")}

@@ -1,6 +1,7 @@
 // "By trajectory" lanes for one step: one row per trajectory (its rollout turns, tool waits,
 // verify, then its learner.backward, on the same row), the learner's other spans of the step
 // (group close, optimizer, publish) on their own lanes above.
+import { KIND } from "./conventions.js";
 import { isLearnerKind, orderLanes } from "./spans.js";
 
 const trajLane = (traj) => `traj ${traj}`;
@@ -10,7 +11,7 @@ function trajectoriesOf(spans, step) {
   const trained = new Set(), rolled = new Set();
   for (const s of spans) {
     if (s.traj === null || s.traj === undefined || s.step !== step) continue;
-    (s.kind === "learner.backward" ? trained : rolled).add(s.traj);
+    (s.kind === KIND.BACKWARD ? trained : rolled).add(s.traj);
   }
   return trained.size ? trained : rolled;
 }

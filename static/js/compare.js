@@ -5,6 +5,7 @@ import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
 import { fetchSpans, getJSON } from "./api.js";
 import { drawSummary } from "./summary.js";
 import { MetricPanel, metricPoints } from "./metricpanel.js";
+import { METRIC } from "./conventions.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
 const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
@@ -35,8 +36,8 @@ async function loadSteps(run, lo, hi) {
 
 function drawMetricCharts() {
   const per = (key, scale = 1) => runs.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
-  drawFigure($("chart-step-time"), seriesFigure(per("timing_s/step"), { kind: "bar", yTitle: "seconds" }));
-  drawFigure($("chart-idle"), seriesFigure(per("trainer/idle_ratio", 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
+  drawFigure($("chart-step-time"), seriesFigure(per(METRIC.STEP_S), { kind: "bar", yTitle: "seconds" }));
+  drawFigure($("chart-idle"), seriesFigure(per(METRIC.TRAINER_IDLE, 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
 }
 
 /**
@@ -45,8 +46,8 @@ function drawMetricCharts() {
  * reward level, as a dotted line.
  */
 function drawReward(level) {
-  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, "reward/mean", { axis: "wall" }) }));
-  const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: "reward/mean" });
+  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) }));
+  const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: METRIC.REWARD_MEAN });
   if (level !== null) {
     figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
   }
@@ -54,36 +55,31 @@ function drawReward(level) {
 }
 
 /**
- * Staleness of each trained turn: the policy version of the learner's backward span for the
- * trajectory (the version trained on) minus the policy version of each rollout.generate span of
- * that trajectory (the version that sampled the turn) -- DESIGN §4, measured from spans.
+ * Staleness of the trained turns over the run's last few steps, from the learner's per-step
+ * histogram (``staleness/turns_<k>``: turns trained k versions after they were sampled;
+ * docs/schedules.md defines staleness once, the page only adds the counts up).
  */
-function turnStaleness(spans) {
-  const trained = new Map();
-  for (const s of spans) {
-    if (s.kind === "learner.backward" && s.traj !== null && s.policy_version !== null && !trained.has(s.traj)) {
-      trained.set(s.traj, s.policy_version);
+function stalenessCounts(metrics) {
+  const last = Math.max(...metrics.map((m) => m.step), 0);
+  const counts = new Map();
+  for (const m of metrics) {
+    if (m.step <= last - HISTOGRAM_STEPS) continue;
+    for (const [name, n] of Object.entries(m.values)) {
+      if (name.startsWith(METRIC.STALENESS_TURNS) && typeof n === "number") {
+        const k = Number(name.slice(METRIC.STALENESS_TURNS.length));
+        counts.set(k, (counts.get(k) ?? 0) + n);
+      }
     }
   }
-  const out = [];
-  for (const s of spans) {
-    if (s.kind === "rollout.generate" && trained.has(s.traj) && s.policy_version !== null) {
-      out.push(trained.get(s.traj) - s.policy_version);
-    }
-  }
-  return out;
+  return counts;
 }
 
-async function drawStaleness() {
-  const series = await Promise.all(runs.map(async (r) => {
-    const last = Math.max(...r.metrics.map((m) => m.step), 0);
-    const counts = new Map();
-    for (const v of turnStaleness(await loadSteps(r, Math.max(0, last - HISTOGRAM_STEPS + 1), last))) {
-      counts.set(v, (counts.get(v) ?? 0) + 1);
-    }
+function drawStaleness() {
+  const series = runs.map((r) => {
+    const counts = stalenessCounts(r.metrics);
     const x = [...counts.keys()].sort((a, b) => a - b);
     return { name: label(r), colour: r.colour, x, y: x.map((v) => counts.get(v)) };
-  }));
+  });
   const figure = seriesFigure(series, { kind: "bar", xTitle: "staleness (policy versions)", yTitle: "turns" });
   figure.layout.xaxis = { ...figure.layout.xaxis, dtick: 1, tickformat: "d" };
   drawFigure($("chart-staleness"), figure, "No trained turns in the loaded steps.");
@@ -96,7 +92,7 @@ async function drawTimelines(step) {
     const store = new SpanStore();
     store.add(await loadSteps(r, step, step));
     const metric = r.metrics.find((m) => m.step === step);
-    const start = metric?.values["step/t_start"] ?? store.steps.get(step)?.tStart ?? 0;
+    const start = metric?.values[METRIC.T_START] ?? store.steps.get(step)?.tStart ?? 0;
     return { run: r, store, start };
   }));
   // Off-policy rollouts of this step's batch ran before the step started: negative times, shown.

@@ -26,6 +26,7 @@ const el = {
   windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"), laneMode: $("lane-mode"),
   chartIdle: $("chart-idle"), chartStepTime: $("chart-step-time"),
   chartReward: $("chart-reward"), chartStaleness: $("chart-staleness"),
+  progress: $("progress"), log: $("log-tail"),
 };
 
 const store = new SpanStore();
@@ -34,12 +35,22 @@ const gantt = new GanttChart(el.gantt);
 new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note") });
 const trajSteps = new StepPicker($("traj-step"));
 const metrics = new Map(); // step -> values
+// Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
+// page loads (the browser tests and web benches set it) does the page log frame and draw timings
+// and expose window.__thundersync; a production page does neither.
+const DEBUG = window.THUNDERSYNC_DEBUG === true;
 const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
 const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
 let status = root.dataset.status;
 let ws = null, connects = 0, retryMs = 500, replayDone = false, connectedMs = 0;
 let spansDrawn = 0, barsDrawn = 0, draws = 0, chartsDrawnMs = null;
 let followEpoch = 0; // bumping it tells plotly to drop the user's zoom and follow again
+const totalSteps = Number(root.dataset.steps);
+const parseTime = (iso) => (iso ? Date.parse(iso) : null);
+let startedMs = parseTime(root.dataset.started), finishedMs = parseTime(root.dataset.finished);
+const closeCodes = []; // of every socket close, for the browser tests (4408: too slow, resumed)
+const logLines = new Map(); // line number in the learner's log -> text (the last LOG_KEEP lines)
+const LOG_KEEP = 200;
 
 const epochMs = () => performance.timeOrigin + performance.now();
 const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
@@ -76,8 +87,10 @@ async function drawGantt() {
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
   el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(lanes.length, "lane")}`;
   const drawnMs = epochMs();
-  drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
-  for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
+  if (DEBUG) {
+    drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
+    for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
+  }
   el.gantt.dataset.drawnSpans = String(spansDrawn);
   drawStats();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
@@ -152,16 +165,71 @@ const requestMetrics = throttledRedraw(async () => {
   await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
 }, 400);
 
+// ---- Progress and log --------------------------------------------------------------------
+const clock = (ms) => { // m:ss or h:mm:ss
+  const s = Math.max(0, Math.round(ms / 1000)), h = Math.floor(s / 3600), m = Math.floor(s / 60) % 60;
+  const two = (v) => String(v).padStart(2, "0");
+  return h ? `${h}:${two(m)}:${two(s % 60)}` : `${m}:${two(s % 60)}`;
+};
+
+/** The newest "boot: ..." line of the log: what the learner is doing before its first step. */
+function bootPhase() {
+  const numbers = [...logLines.keys()].sort((a, b) => b - a);
+  for (const n of numbers) if (logLines.get(n).startsWith("boot: ")) return logLines.get(n).slice(6);
+  return null;
+}
+
+/** Steps done (metrics received), elapsed and ETA (mean of the last 3 step times x steps left). */
+function progressText() {
+  const done = metrics.size, total = totalSteps;
+  const elapsed = startedMs === null ? null : (finishedMs ?? epochMs()) - startedMs;
+  const took = elapsed === null ? "" : ` in ${clock(elapsed)}`;
+  if (status === "queued") return "queued: waiting for a worker";
+  if (status === "succeeded") return `finished: ${done} / ${total} steps${took}`;
+  if (status === "failed") return `failed after ${done} / ${total} steps${took}`;
+  if (status === "cancelled") return `cancelled after ${done} / ${total} steps${took}`;
+  const since = elapsed === null ? "" : ` · ${clock(elapsed)} elapsed`;
+  if (!done) {
+    const phase = status === "running" && !store.size ? "first generate" : bootPhase();
+    return `${status === "running" ? "running" : "starting"}${phase ? `: ${phase}` : "…"}${since}`;
+  }
+  const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)["timing_s/step"]);
+  const perStep = recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length;
+  const eta = done < total && perStep > 0 ? ` · ETA ${clock((total - done) * perStep * 1000)}` : "";
+  return `step ${done} / ${total}${since}${eta}`;
+}
+const drawProgress = () => { el.progress.textContent = progressText(); };
+setInterval(() => { if (!TERMINAL.has(status)) drawProgress(); }, 1000);
+
+function addLog(first, lines) {
+  lines.forEach((line, i) => logLines.set(first + i, line));
+  const numbers = [...logLines.keys()].sort((a, b) => a - b);
+  for (const n of numbers.slice(0, Math.max(0, numbers.length - LOG_KEEP))) logLines.delete(n);
+  const atBottom = el.log.scrollTop + el.log.clientHeight >= el.log.scrollHeight - 4;
+  el.log.textContent = numbers.slice(-LOG_KEEP).map((n) => logLines.get(n)).join("\n") || "—";
+  if (atBottom) el.log.scrollTop = el.log.scrollHeight;
+  drawProgress();
+}
+
 // ---- Status ------------------------------------------------------------------------------
-function setStatus(next, error, resumable = false) {
+function setStatus(next, error, frame = {}) {
   status = next;
-  if (el.resume) el.resume.hidden = !resumable;
+  if (el.resume) el.resume.hidden = !frame.resumable;
+  if (frame.started !== undefined) startedMs = parseTime(frame.started);
+  if (frame.finished !== undefined) finishedMs = parseTime(frame.finished);
   if (!store.size) gantt.note(TERMINAL.has(next) ? "This run recorded no spans." : "Waiting for the first spans…");
   el.badge.textContent = next;
   el.badge.className = `badge status-${next}`;
   root.dataset.status = next;
   el.cancel.hidden = TERMINAL.has(next);
+  if (TERMINAL.has(next)) {
+    el.conn.textContent = `run ${next}`;
+    el.conn.className = "conn done";
+    document.querySelectorAll(".message.until-finished").forEach((m) => m.remove()); // "Cancelling …"
+  }
   if (error) { el.error.textContent = error; el.error.hidden = false; }
+  drawStats();
+  drawProgress();
 }
 
 // ---- Websocket ---------------------------------------------------------------------------
@@ -169,7 +237,7 @@ function handleFrame(frame) {
   switch (frame.type) {
     case "spans": {
       const spans = frame.spans || [];
-      if (spans.length) {
+      if (DEBUG && spans.length) {
         frameLog.push({ n: spans.length, firstSeq: spans[0].seq, lastSeq: spans[spans.length - 1].seq, recvMs: epochMs(), drawnMs: null });
       }
       if (store.add(spans) && (replayDone || epochMs() - connectedMs > REPLAY_PROGRESS_MS)) requestGantt();
@@ -179,9 +247,13 @@ function handleFrame(frame) {
     case "metrics":
       for (const m of frame.metrics || []) metrics.set(m.step, m.values);
       if (replayDone) requestMetrics(); // during a replay the Gantt goes first, at replay_done
+      drawProgress();
       break;
     case "status":
-      setStatus(frame.status, frame.error, frame.resumable);
+      setStatus(frame.status, frame.error, frame);
+      break;
+    case "log":
+      addLog(frame.first, frame.lines || []);
       break;
     case "replay_done":
       replayDone = true;
@@ -201,9 +273,15 @@ function connect() {
   ws = socket;
   connects++;
   replayDone = false;
-  socket.onopen = () => { el.conn.textContent = "live"; el.conn.className = "conn live"; retryMs = 500; connectedMs = epochMs(); };
-  socket.onmessage = (ev) => handleFrame(JSON.parse(ev.data));
+  socket.onopen = () => {
+    if (!TERMINAL.has(status)) { el.conn.textContent = "live"; el.conn.className = "conn live"; }
+    retryMs = 500;
+    connectedMs = epochMs();
+  };
+  let received = 0;
+  socket.onmessage = (ev) => { handleFrame(JSON.parse(ev.data)); received++; ackSoon(socket, () => received); };
   socket.onclose = (ev) => {
+    closeCodes.push(ev.code);
     if (ws !== socket) return; // replaced by reconnect()
     if (FINAL_CLOSES[ev.code]) {
       el.conn.textContent = "closed";
@@ -212,13 +290,27 @@ function connect() {
       el.error.hidden = false;
       return;
     }
+    // A finished run has nothing more to send once its replay is complete.
+    if (TERMINAL.has(status) && replayDone) return;
     el.conn.textContent = "disconnected, retrying…";
     el.conn.className = "conn down";
-    // A finished run has nothing more to send once its replay is complete.
-    if (TERMINAL.has(status) && replayDone) { el.conn.textContent = "complete"; return; }
     setTimeout(connect, retryMs);
     retryMs = Math.min(retryMs * 2, MAX_RETRY_MS);
   };
+}
+
+// The server paces its replay by these acks and closes (4408) a socket that falls too far behind,
+// after which the page resumes with ?after as after any drop (docs/controller.md, "Websocket").
+const ACK_EVERY_MS = 100;
+let ackTimer = null, lastAckMs = 0;
+function ackSoon(socket, count) {
+  const send = () => {
+    ackTimer = null;
+    lastAckMs = epochMs();
+    if (socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ type: "ack", frames: count() }));
+  };
+  if (!replayDone || epochMs() - lastAckMs >= ACK_EVERY_MS) send();
+  else if (ackTimer === null) ackTimer = setTimeout(send, ACK_EVERY_MS);
 }
 
 /** Drops the socket as a network failure would and reconnects at once (browser tests). */
@@ -229,11 +321,12 @@ function reconnect() {
   connect();
 }
 
-window.__thundersync = {
+if (DEBUG) window.__thundersync = {
   reconnect,
   state: () => ({
     spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,
     watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone, chartsDrawnMs,
+    logLines: logLines.size, stepsDone: metrics.size, closeCodes,
     open: !!ws && ws.readyState === WebSocket.OPEN,
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
@@ -244,5 +337,5 @@ window.__thundersync = {
 
 // The socket first: the server's replay overlaps the evaluation of plotly.js (deferred script).
 connect();
-setStatus(status, "", Boolean(el.resume && !el.resume.hidden));
+setStatus(status, "", { resumable: Boolean(el.resume && !el.resume.hidden) });
 watchUserZoom();

@@ -1,14 +1,15 @@
 // "Every metric" panel (run page and compare page): a picker over every metric name the runs
 // recorded, optional smoothing, step or wall-time axis; one chart per picked metric, one line
 // per run. Built from the stored per-step metrics ({step, values}); nothing is hard-coded.
+import { METRIC } from "./conventions.js";
 import { drawFigure, seriesFigure } from "./plots.js";
 
-const DEFAULT_PICKS = ["actor/grad_norm", "response/tokens"];
+const DEFAULT_PICKS = [METRIC.GRAD_NORM, METRIC.TOKENS];
 const WALL = "wall";
 
 /** The learner's clock when the run's first step started (after boot): min step/t_start. */
 export function firstStepStart(metrics) {
-  const starts = metrics.map((m) => m.values["step/t_start"]).filter((v) => typeof v === "number");
+  const starts = metrics.map((m) => m.values[METRIC.T_START]).filter((v) => typeof v === "number");
   return starts.length ? Math.min(...starts) : 0;
 }
 
@@ -24,7 +25,7 @@ export function metricPoints(metrics, key, { axis = "step", smoothing = 0 } = {}
   for (const m of [...metrics].sort((a, b) => a.step - b.step)) {
     const v = m.values[key];
     if (typeof v !== "number" || !Number.isFinite(v)) continue;
-    const end = m.values["step/t_end"];
+    const end = m.values[METRIC.T_END];
     if (axis === WALL && typeof end !== "number") continue;
     avg = avg === null || !(smoothing > 0) ? v : smoothing * avg + (1 - smoothing) * v;
     x.push(axis === WALL ? end - origin : m.step);

@@ -1,29 +1,30 @@
 // Span bookkeeping shared by the live run page and the compare page.
 // A span is the backend's JSON: {seq, step, kind, t0, t1, lane, traj, group, turn, policy_version, tokens}
-// with times in seconds since run start (DESIGN §6).
+// with times in seconds since run start (docs/spans.md).
+
+import { KIND, LEARNER_KINDS } from "./conventions.js";
 
 // Presentation only: one colour per kind and the legend order. Kinds the backend sends that are
 // not listed here still get drawn, with a fallback colour.
 const KIND_COLOURS = new Map([
-  ["rollout.generate", "#4c78a8"],
-  ["rollout.tool", "#f2a03d"],
-  ["rollout.tool_wait", "#f7c98b"],
-  ["rollout.verify", "#59a14f"],
-  ["teacher.score", "#b07aa1"],
-  ["learner.backward", "#e15759"],
-  ["learner.group_close", "#76b7b2"],
-  ["learner.optimizer", "#222a38"],
-  ["learner.publish", "#edc948"],
+  [KIND.GENERATE, "#4c78a8"],
+  [KIND.TOOL, "#f2a03d"],
+  [KIND.TOOL_WAIT, "#f7c98b"],
+  [KIND.VERIFY, "#59a14f"],
+  [KIND.TEACHER, "#b07aa1"],
+  [KIND.BACKWARD, "#e15759"],
+  [KIND.GROUP_CLOSE, "#76b7b2"],
+  [KIND.OPTIMIZER, "#222a38"],
+  [KIND.PUBLISH, "#edc948"],
 ]);
 const FALLBACK_COLOURS = ["#9c755f", "#bab0ac", "#ff9da7", "#8cd17d"];
-const LEARNER_PREFIX = "learner.";
 
 export function kindColour(kind, index = 0) {
   return KIND_COLOURS.get(kind) ?? FALLBACK_COLOURS[index % FALLBACK_COLOURS.length];
 }
 
 export function isLearnerKind(kind) {
-  return kind.startsWith(LEARNER_PREFIX);
+  return LEARNER_KINDS.has(kind);
 }
 
 /** Legend order: the known kinds in pipeline order, then any others alphabetically. */
@@ -107,7 +108,7 @@ export class SpanStore {
       const info = this.steps.get(s.step) ?? { tStart: Infinity, tEnd: -Infinity, optimizerStart: null };
       info.tStart = Math.min(info.tStart, s.t0);
       info.tEnd = Math.max(info.tEnd, s.t1);
-      if (s.kind === "learner.optimizer") {
+      if (s.kind === KIND.OPTIMIZER) {
         info.optimizerStart = info.optimizerStart === null ? s.t0 : Math.min(info.optimizerStart, s.t0);
       }
       this.steps.set(s.step, info);

@@ -2,6 +2,7 @@
 // that trajectory (rollout turns, tool waits, verify, its learner.backward) and its group's close
 // are painted over the faded chart, joined in time order by a connecting line; #traj-detail lists
 // exactly the highlighted spans.
+import { KIND } from "./conventions.js";
 import { isLearnerKind } from "./spans.js";
 
 const OUTLINE = "#111827";
@@ -10,7 +11,7 @@ const OUTLINE = "#111827";
 export function trajectoryBars(bars, traj) {
   const mine = bars.filter((b) => b.span && b.span.traj === traj);
   const groups = new Set(mine.map((b) => b.span.group).filter((g) => g !== null && g !== undefined));
-  const closes = bars.filter((b) => b.span && b.span.kind === "learner.group_close" && groups.has(b.span.group));
+  const closes = bars.filter((b) => b.span && b.span.kind === KIND.GROUP_CLOSE && groups.has(b.span.group));
   return [...mine, ...closes].sort((a, b) => a.t0 - b.t0 || a.t1 - b.t1);
 }
 
@@ -95,7 +96,7 @@ export class TrajectorySelection {
 /** "traj 12 · group 3 · 4 rollout spans · backward 35 ms after its last rollout span" */
 function summary(traj, spans) {
   const rollout = spans.filter((s) => s.traj === traj && !isLearnerKind(s.kind));
-  const backward = spans.find((s) => s.kind === "learner.backward");
+  const backward = spans.find((s) => s.kind === KIND.BACKWARD);
   const parts = [`trajectory ${traj}`, `group ${spans[0].group ?? "–"}`, `${rollout.length} rollout spans`];
   if (backward && rollout.length) {
     const gap = backward.t0 - Math.max(...rollout.map((s) => s.t1));

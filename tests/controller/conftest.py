@@ -128,3 +128,15 @@ def celery_worker(transactional_db, settings, tmp_path):
     yield worker
     Run.objects.exclude(status__in=Run.FINISHED).update(cancel_requested=True)
     worker.stop(timeout=60)
+
+
+def launch_from_page(page, base_url: str, experiment, schedule, steps: int) -> int:
+    """Launch a run from the experiment page's form (a logged-in browser page); the run's id."""
+    import re
+
+    page.goto(f"{base_url}/experiments/{experiment.pk}/")
+    page.select_option("#id_schedule", str(schedule.pk))
+    page.fill("#id_steps", str(steps))
+    page.click("#launch-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/runs/\d+/$"))
+    return int(re.search(r"/runs/(\d+)/$", page.url).group(1))

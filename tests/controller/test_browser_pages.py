@@ -59,7 +59,7 @@ def test_it_creates_an_experiment_launches_a_run_and_cancels_it(live_url, browse
     page.wait_for_function("window.__thundersync.state().status === 'cancelled'")
     assert Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED
     assert page.is_hidden("#cancel-form")
-    assert "Cancelling" in page.inner_text(".messages")
+    assert "Cancelled" in page.inner_text(".messages")  # it was still queued: no "Cancelling"
     screenshot(page, "run-cancelled")
 
     page.goto(f"{live_url}/experiments/{experiment.pk}/")

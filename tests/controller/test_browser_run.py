@@ -5,7 +5,6 @@ database, a real Celery worker running a real tiny training run. Screenshots go 
 artifacts/screenshots/.
 """
 
-import re
 import statistics
 from collections import Counter
 
@@ -14,7 +13,7 @@ from tests.harness.web_harness import browser_page, live_url, log_in, screenshot
 from controller.launching import launch_run
 from controller.models import Run, Span, StepMetric
 
-from .conftest import wait_for_status
+from .conftest import launch_from_page, wait_for_status
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,12 +31,7 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
 ):
     page, errors = browser_page
     log_in(page, live_url, "alice", "alice-password")
-    page.goto(f"{live_url}/experiments/{alice_experiment.pk}/")
-    page.select_option("#id_schedule", str(streaming_preset.pk))
-    page.fill("#id_steps", "6")
-    page.click("#launch-form button[type=submit]")
-    page.wait_for_url(re.compile(r"/runs/\d+/$"))
-    run_id = int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+    run_id = launch_from_page(page, live_url, alice_experiment, streaming_preset, steps=6)
     # A second, real run for the compare page; the solo worker runs it after the first.
     other = launch_run(alice_experiment, sync_preset, steps=2, name="sync baseline")
 

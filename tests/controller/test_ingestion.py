@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from controller import ingestion
 from controller.ingestion import RunIngestor, finish_run, span_from_event
 from controller.models import Checkpoint, Run, Span, StepMetric
 
@@ -71,6 +72,21 @@ def test_it_waits_for_the_interval_before_a_small_flush(alice_run):
     ing.feed(span_line(0))
     ing.flush_if_due()
     assert Span.objects.filter(run=alice_run).count() == 0
+
+
+def test_a_drained_burst_is_flushed_without_waiting_for_the_interval(alice_run, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("controller.ingestion.time.monotonic", lambda: clock[0])
+    ing = ingestor(alice_run, flush_spans=100)
+    for seq in range(3):  # one write of the learner: three lines, then nothing waiting
+        ing.feed(span_line(seq))
+        ing.flush_if_due(drained=False)
+    assert Span.objects.filter(run=alice_run).count() == 0 and ing.wait_s() == ingestion.MIN_FLUSH_S
+    ing.flush_if_due(drained=True)  # within MIN_FLUSH_S of the last flush: a trickle waits a little
+    assert Span.objects.filter(run=alice_run).count() == 0
+    clock[0] += 2 * ingestion.MIN_FLUSH_S
+    ing.flush_if_due(drained=True)
+    assert Span.objects.filter(run=alice_run).count() == 3 and ing.wait_s() == ing.flush_s
 
 
 @pytest.mark.parametrize("line, reason", [

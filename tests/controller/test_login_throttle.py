@@ -64,3 +64,13 @@ def test_the_admin_login_is_throttled_too(django_user_model):
     response = attempt(client, "root", "root-password", url="/admin/login/")
     assert b"Too many failed logins" in response.content
     assert "_auth_user_id" not in client.session
+
+
+def test_behind_a_proxy_the_configured_header_names_the_client(bob, settings):
+    settings.THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 3
+    settings.THUNDERSYNC_CLIENT_IP_HEADER = "HTTP_X_REAL_IP"
+    proxy = "10.9.9.9"
+    attacker = Client(REMOTE_ADDR=proxy, HTTP_X_REAL_IP="203.0.113.5")
+    assert [attempt(attacker, f"user{i}", "guess").status_code for i in range(4)] == [200, 200, 200, 429]
+    # Another client through the same proxy is not locked out with the attacker.
+    assert attempt(Client(REMOTE_ADDR=proxy, HTTP_X_REAL_IP="198.51.100.7"), "bob", "bob-password").status_code == 302

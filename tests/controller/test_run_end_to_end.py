@@ -52,8 +52,10 @@ async def test_a_launched_run_trains_and_streams_every_span_once(
     statuses = [f["status"] for f in frames if f["type"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
 
-    exported = await database_sync_to_async(alice_client.get)(f"/api/runs/{run_id}/trace.json")
-    trace = json.loads(b"".join(exported.streaming_content))  # streamed (controller/exports.py)
+    def export() -> bytes:  # streamed from a server-side cursor (controller/exports.py): read it off the loop
+        return b"".join(alice_client.get(f"/api/runs/{run_id}/trace.json").streaming_content)
+
+    trace = json.loads(await database_sync_to_async(export)())
     assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X") == len(stored)
 
 
@@ -69,14 +71,17 @@ def test_cancel_stops_the_whole_process_group(celery_worker, alice_client, alice
         os.killpg(leader, 0)
 
 
-def test_a_learner_failure_is_recorded_with_its_reason(celery_worker, alice, alice_client, streaming_preset):
+def test_a_learner_failure_is_recorded_with_its_reason(celery_worker, alice, alice_client, streaming_preset,
+                                                       settings, tmp_path):
+    settings.THUNDERSYNC_MODEL_ROOTS = [str(tmp_path)]  # allowed by the server, yet no model is there
+    missing = str(tmp_path / "nonexistent-model")
     broken = Experiment.objects.create(
-        owner=alice, name="broken", config={**QUICKSTART, "model": {"policy": "/nonexistent/model"}}
+        owner=alice, name="broken", config={**QUICKSTART, "model": {"policy": missing}}
     )
     run_id = launch(alice_client, broken, streaming_preset, 1)
     failed = wait_for_status(run_id, FINISHED, timeout=240)
     assert failed.status == "failed"
     # The reason comes from the learner (its failed event, or its exit code and message),
     # whichever layer of the learner rejects the model path.
-    assert "'/nonexistent/model'" in failed.error
+    assert repr(missing) in failed.error
     assert "last stderr lines:\n" in failed.error

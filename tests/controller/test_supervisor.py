@@ -78,3 +78,24 @@ def test_the_learner_gets_the_merged_config_file(shell_learner, alice_experiment
     run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
     assert supervise(run).status == "succeeded"
     assert (tmp_path / f"run-{run.pk}" / "config.yaml").exists()
+
+
+def test_log_lines_go_live_numbered_as_in_the_file_and_the_error_says_it_once(
+    shell_learner, alice_experiment, sync_preset, tmp_path, monkeypatch
+):
+    frames = []
+    monkeypatch.setattr("controller.ingestion.live.publish", lambda run_id, frame: frames.append(frame))
+    failed = json.dumps({"type": "run", "status": "failed", "error": "RuntimeError: boom"})
+    shell_learner(f"echo 'boot: starting 1 rollout worker(s)' >&2; echo '{STARTED}'; echo '{failed}'; "
+                  "printf 'Traceback (most recent call last):\\nRuntimeError: boom\\n' >&2; exit 1")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    finished = supervise(run)
+    assert finished.status == "failed"
+    assert finished.error == ("RuntimeError: boom\nlast stderr lines:\n"
+                              "boot: starting 1 rollout worker(s)\nTraceback (most recent call last):")
+    logged = {}
+    for frame in frames:
+        if frame["type"] == "log":
+            logged.update({frame["first"] + i: line for i, line in enumerate(frame["lines"])})
+    file_lines = (tmp_path / f"run-{run.pk}" / "learner.stderr.log").read_text().splitlines()
+    assert [logged[i] for i in sorted(logged)] == file_lines and sorted(logged) == list(range(3))

@@ -20,6 +20,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+# The run page's documented debug flag (docs/pages.md): frame/draw logs and window.__thundersync.
+DEBUG_FLAG = "window.THUNDERSYNC_DEBUG = true;"
 
 
 def free_port() -> int:
@@ -106,6 +108,7 @@ def browser_page(monkeypatch):
     with sync_playwright() as p:
         browser = launch_chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.add_init_script(DEBUG_FLAG)
         errors: list[str] = []
         page.on("pageerror", lambda err: errors.append(str(err)))
         yield page, errors

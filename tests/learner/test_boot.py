@@ -9,6 +9,7 @@ from learner.config import RunConfig
 from learner.rollout.boot import boot_workers
 from learner.rollout.cores import core_plan
 from learner.rollout.fleet import Fleet, RolloutError
+from learner.rollout.messages import Failed, Init
 from learner.rollout.weights import WeightStore
 
 
@@ -37,8 +38,8 @@ def test_unused_boot_stops_its_workers():
 def test_a_malformed_init_is_reported_and_the_worker_exits_cleanly():
     booted = boot_workers([None])
     # the worker reads its init only after its imports; a malformed one is an error, not a hang
-    booted.cmd_qs[0].put(("init", "{}", "", None, {}, 0.0))
-    assert booted.out_q.get(timeout=120)[0] == "error"
+    booted.cmd_qs[0].put(Init("{}", "", None, {}, 0.0))
+    assert isinstance(booted.out_q.get(timeout=120), Failed)
     # it leaves on its own (interpreter teardown after torch's imports can take seconds on a
     # loaded machine, longer than close()'s grace, so wait for it rather than close first)
     booted.procs[0].join(timeout=60)

@@ -21,8 +21,10 @@ from learner.config import RunConfig
 from learner.rollout.chat import ChatFormat, parse_hermes, turn_stop_ids
 from learner.rollout.engine import Completion, TorchEngine
 from learner.rollout.env import ArithToolEnv, Task, ToolSpec, task_for_group, task_metrics
+from learner.rollout.messages import Finished, Work, WorkItem
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.worker import AgentWorker
+from learner.trajectory import Trajectory
 
 QWEN_TEMPLATE = (Path(__file__).parents[1] / "fixtures" / "qwen2_5_chat_template.jinja").read_text()
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
@@ -59,15 +61,13 @@ class ScriptedPolicy:
 
 
 def run_loop(worker: AgentWorker, tasks: list[Task]) -> list:
-    worker.handle(("work", 0, [(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
-    deadline = time.monotonic() + 120
-    while worker.loops and time.monotonic() < deadline:
-        worker.step_loops()
-    assert not worker.loops, "the agent loops did not finish"
+    worker.handle(Work(0, [WorkItem(i, i, task, 7 + i) for i, task in enumerate(tasks)]))
+    worker.run_loops(timeout_s=120)
     msgs = []
     while not worker.out_q.empty():
         msgs.append(worker.out_q.get_nowait())
-    return sorted((m[1] for m in msgs if m[0] == "traj"), key=lambda t: t.id)
+    return sorted((m.item for m in msgs if isinstance(m, Finished) and isinstance(m.item, Trajectory)),
+                  key=lambda t: t.id)
 
 
 def config(**task) -> RunConfig:
@@ -245,7 +245,7 @@ def test_a_dataset_task_calls_the_python_sandbox_in_the_hermes_format(tmp_path):
                          time.monotonic(), stop_ids=[tok.convert_tokens_to_ids("<|im_end|>")])
     [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
     observation = tok.decode(traj.input_ids[traj.turn_spans[0][1]:traj.turn_spans[1][0]], skip_special_tokens=False)
-    assert observation == "\n<|im_start|>user\n<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert observation == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert traj.reward == 0.0 and traj.error is None  # exact-match: "It is 42" is not "42"
 
 
@@ -259,7 +259,7 @@ def test_the_builtin_format_calls_the_python_sandbox_with_tags(tmp_path):
                          stop_ids=tok.convert_tokens_to_ids(["</call>", "<eos>"]))
     [traj] = run_loop(worker, [task_for_group(worker.env, 0, seed=0)])
     assert tok.decode(traj.input_ids, skip_special_tokens=False) == (
-        "<bos>Q:6*7\n<call>print(6*7)</call><obs>42\n</obs><ans>42</ans><eos>")
+        "<bos>Q:6*7\n<call>print(6*7)</call><obs>42</obs><ans>42</ans><eos>")
     assert traj.reward == 1.0
 
 

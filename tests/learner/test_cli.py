@@ -1,5 +1,6 @@
 """The thundersync console script: config validation and exit codes."""
 
+import json
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ def test_steps_zero_only_validates_the_config():
     ("algorithm: {loss_agg_mode: mean}", "algorithm.loss_agg_mode"),
     ("model: {polcy: x}", "model.polcy"),
     ("train: {schedule: streaming}\nalgorithm: {ppo_epochs: 2}", "algorithm.ppo_epochs"),
+    ("train: {schedule: async}\nalgorithm: {mini_batches: 4}", "algorithm.mini_batches"),
     ("train: [1, 2", "not valid YAML"),
     ("- a list", "expected a mapping"),
     # what the schema cannot see: the env registry, the model dir, the turn budget
@@ -67,14 +69,51 @@ def test_it_rejects_a_negative_steps_override():
     assert r.returncode == 2 and "train.steps" in r.stderr
 
 
-def test_quickstart_trains_one_step_and_writes_events(tmp_path):
-    events = tmp_path / "events.jsonl"
-    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events), "--quiet")
+def test_quickstart_trains_one_step_and_writes_events_and_tensorboard_files(tmp_path):
+    events, board = tmp_path / "events.jsonl", tmp_path / "tb"
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events),
+                    "--tensorboard", str(board))
     assert r.returncode == 0, r.stderr
     import json
 
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["status"] == "started"
     assert lines[-1]["type"] == "run" and lines[-1]["status"] == "finished"
-    assert sum(1 for e in lines if e["type"] == "metrics") == 1
+    metrics = [e for e in lines if e["type"] == "metrics"]
+    assert len(metrics) == 1
     assert sum(1 for e in lines if e["type"] == "span" and e["kind"] == "learner.optimizer") == 1
+    backward = [e for e in lines if e["type"] == "span" and e["kind"] == "learner.backward"]
+    assert backward and all(e["tokens"] > 0 for e in backward)  # the tokens each backward trained on
+    # the boot phases the run page shows while the run starts, in order
+    boot = [line for line in r.stderr.splitlines() if line.startswith("boot: ")]
+    assert [b.split()[1] for b in boot] == ["starting", "loading"]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board_events = EventAccumulator(str(board))
+    board_events.Reload()
+    for name, value in metrics[0]["values"].items():
+        if isinstance(value, (int, float)):
+            [scalar] = board_events.Scalars(name)
+            assert scalar.step == 0 and scalar.value == pytest.approx(value, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_an_async_step_after_the_first_dumps_and_passes_the_audit(tmp_path):
+    """Step 1 of async trains batch 1, sampled by version 0, at version 1: ratios != 1."""
+    dump = tmp_path / "dump"
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--schedule", "async", "--steps", "2",
+                    "--dump-step", str(dump), "--dump-at", "1", "--quiet")
+    assert r.returncode == 0, r.stderr
+    batch = json.loads((dump / "batch.json").read_text())
+    assert batch["off_policy"] and batch["step"] == 1 and batch["trained_version"] == 1
+    assert {v for t in batch["trajectories"] for v in t["turn_versions"]} == {0}
+    audit = thundersync("audit", str(dump))
+    result = json.loads(audit.stdout)
+    assert audit.returncode == 0 and result["passed"] and result["max_abs_log_ratio"] > 0, audit.stdout + audit.stderr
+
+
+def test_it_rejects_a_dump_step_outside_the_run(tmp_path):
+    r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "2",
+                    "--dump-step", str(tmp_path / "dump"), "--dump-at", "5")
+    assert r.returncode == 2 and "--dump-at" in r.stderr, r.stderr

@@ -31,6 +31,8 @@ def test_an_example_trains_two_steps_and_its_dump_passes_the_audit(tmp_path, con
     assert r.returncode == 0, r.stderr
     steps = metrics(events)
     assert len(steps) == 2 and all(s["task/turn_errors"] >= 0 and s["task/reward_errors"] == 0 for s in steps)
+    if "jsonl-math" in config:  # train.eval_every: 2 -> greedy eval on the 12 held-out rows after step 1
+        assert "eval/reward" not in steps[0] and steps[1]["eval/prompts"] == 12 and 0 <= steps[1]["eval/pass@1"] <= 1
     grads = torch.load(dump / "grad.pt", weights_only=True)
     assert sum(float(g.square().sum()) for g in grads.values()) > 0  # the audit compares a real gradient
     audit = thundersync("audit", str(dump))

@@ -63,8 +63,11 @@ def test_streamed_adapter_gradient_matches_the_reference(seed):
 def test_the_engine_samples_from_the_merged_adapter_policy():
     model = lora_model(torch.float32, seed=3)
     view = publish_view(model)
-    assert set(view) == {f"model.layers.{i}.{m}.weight" for i in range(2)
-                         for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}
+    plain = tiny_llama(torch.float32, 3)
+    assert set(view) == {n for n, _ in plain.named_parameters()}  # every weight, plain names (vLLM reloads all)
+    merged = {n for n, p in plain.named_parameters() if not torch.equal(view[n], p)}
+    assert merged == {f"model.layers.{i}.{m}.weight" for i in range(2)
+                      for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}
     engine = TorchEngine(tiny_llama(torch.float32, 3), pad_id=0)
     before = engine.score([[1, 5, 9, 2, 7, 3]])[0]
     engine.load_weights(view, version=1)

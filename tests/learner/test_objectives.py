@@ -1,4 +1,4 @@
-"""Unit tests of the DESIGN §3 formulas in learner.objectives."""
+"""Unit tests of the docs/math.md formulas in learner.objectives."""
 
 import math
 

@@ -158,3 +158,20 @@ def test_streaming_with_vllm_rollouts_passes_the_gradient_audit(tmp_path):
         assert m["staleness/max"] == 0
         assert m["mismatch/tokens"] > 0 and m["mismatch/max_abs"] < 1e-4
         assert math.isfinite(m["mismatch/kl"]) and m["mismatch/kl"] < 1e-6
+
+
+def test_it_serves_a_lora_policy_from_its_merged_publish(engine, tok, policy_dir):
+    from learner.config import LoraSettings
+    from learner.lora import publish_view, with_lora
+
+    model = with_lora(load_model(policy_dir), LoraSettings(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    with torch.no_grad():  # moved adapters (B starts at 0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.2)
+    fixed = tok.encode(PROMPT + " 11", add_special_tokens=False)
+    engine.load_weights(publish_view(model), version=7)  # vLLM's reload checks every parameter was written
+    served = torch.tensor(engine.score([fixed])[0], dtype=torch.float64)
+    learner = learner_logp(model, fixed)
+    assert (learner - served).abs().max() < 1e-4
+    assert (learner - learner_logp(load_model(policy_dir), fixed)).abs().max() > 1e-3  # the adapters matter

@@ -1,0 +1,31 @@
+"""Every websocket frame the run page receives is built here (docs/web-contract.md,
+"Websocket"): the ingestor and the consumer only decide when to send which."""
+
+from .models import Run
+from .serializers import iso
+
+
+def spans_frame(spans: list[dict]) -> dict:
+    """Spans in seq order, each with the fields of ``serializers.SPAN_FIELDS``."""
+    return {"type": "spans", "spans": spans}
+
+
+def metrics_frame(metrics: list[dict]) -> dict:
+    """Per-step metrics: ``[{"step": int, "values": {name: number}}]`` in step order."""
+    return {"type": "metrics", "metrics": metrics}
+
+
+def status_frame(run: Run) -> dict:
+    return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
+            "started": iso(run.started), "finished": iso(run.finished),
+            "resumable": run.status in Run.RESUMABLE and run.checkpoints.exists()}
+
+
+def log_frame(first: int, lines: list[str]) -> dict:
+    """New lines of the run's log, the first of them line number ``first``."""
+    return {"type": "log", "first": first, "lines": lines}
+
+
+def replay_done_frame(last_seq: int) -> dict:
+    """The replay of stored spans is over; live frames follow."""
+    return {"type": "replay_done", "last_seq": last_seq}

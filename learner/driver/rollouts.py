@@ -1,0 +1,82 @@
+"""The driver's side of the rollout fleet: dispatching groups, receiving trajectories and
+scored turns (their spans recorded on the way), weight loads acknowledged by every replica."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from learner.config import RunConfig
+from learner.driver.recorder import Recorder
+from learner.rollout.env import Environment, task_for_group
+from learner.rollout.fleet import Fleet
+from learner.rollout.messages import WorkItem
+from learner.trajectory import ScoredTurn, Trajectory
+
+
+class Rollouts:
+    def __init__(self, cfg: RunConfig, fleet: Fleet, env: Environment, rec: Recorder):
+        self.cfg, self.fleet, self.env, self.rec = cfg, fleet, env, rec
+        self.pending: deque = deque()  # trajectories/turns read early (while draining spans)
+        self.next_traj = 0
+        self.next_group = 0
+        self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
+
+    def new_groups(self, n: int, step: int, version: int) -> list[int]:
+        """Dispatch ``n`` groups of ``group_size`` trajectories on one prompt each, for dispatch
+        batch ``step`` (-1: fully-async, assigned when a step takes the group)."""
+        G, items, groups = self.cfg.train.group_size, [], []
+        for _ in range(n):
+            g = self.next_group
+            self.next_group += 1
+            task = task_for_group(self.env, g, self.cfg.seed)
+            for _ in range(G):
+                items.append(WorkItem(self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
+                self.next_traj += 1
+            groups.append(g)
+        if step >= 0:
+            self.dispatch_versions[step] = version
+        self.fleet.dispatch(step, items)
+        return groups
+
+    def receive(self, timeout: float | None = None) -> Trajectory | ScoredTurn:
+        """Next trajectory or scored turn from the fleet; spans are emitted on the way."""
+        if self.pending:
+            return self.pending.popleft()
+        while True:
+            got = self.fleet.poll_data()
+            if got is None:  # about to wait: the sink writes its queued events meanwhile
+                self.rec.sink.idle(self.fleet.has_message)
+                t0 = self.rec.now()
+                got = self.fleet.get_data(timeout)
+                self.rec.waits.append((t0, self.rec.now()))
+            item, spans = got
+            self.rec.emit_spans(spans)
+            if item is not None:
+                return item
+
+    def drain_spans(self) -> None:
+        """Emit every span the fleet has already sent (async rollouts run beside the learner:
+        their spans belong in this step's metrics); keep trajectories for later."""
+        while (got := self.fleet.poll_data()) is not None:
+            item, spans = got
+            self.rec.emit_spans(spans)
+            if item is not None:
+                self.pending.append(item)
+
+    def ensure_version(self, version: int) -> None:
+        """Every replica loads ``version`` and acknowledges it (one span each)."""
+        def spans_only(item, spans) -> None:
+            if item is not None:
+                raise RuntimeError(f"rollout message {type(item).__name__} while replicas load weights")
+            self.rec.emit_spans(spans)
+
+        self.rec.replica_spans(self.fleet.load_all(version, on_other=spans_only), version)
+
+    def settle(self, version: int) -> None:
+        """End of an off-policy run (publishes there do not wait): every replica loads the
+        final version and acknowledges it, so each publish reaches each replica and shows as
+        its span; rollouts still in flight are discarded, no step would train them."""
+        def late(item, spans) -> None:
+            self.rec.emit_spans(spans)
+
+        self.rec.replica_spans(self.fleet.load_all(version, on_other=late), version)

@@ -1,0 +1,81 @@
+"""Model set-up of a run: pin, load the policy (and reference), optimizer, learner, weight
+store, and the rollout fleet that takes over the booted workers (docs/processes.md)."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from learner.config import RunConfig
+from learner.driver import rules
+from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
+from learner.evaluation import Evaluator
+from learner.gradients import OffPolicyLearner, StreamingLearner
+from learner.lora import publish_view, with_lora
+from learner.rollout.boot import BootedWorkers
+from learner.rollout.chat import turn_stop_ids
+from learner.rollout.cores import core_plan
+from learner.rollout.env import Environment, make_env
+from learner.rollout.fleet import Fleet
+from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.weights import WeightStore
+from learner.rollout.worker import pin_to_core
+
+
+@dataclass
+class RunParts:
+    """Everything the driver loop works with."""
+
+    policy_dir: Path
+    model: torch.nn.Module
+    tokenizer: Any
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    learner: StreamingLearner | OffPolicyLearner | DataParallelLearner
+    env: Environment
+    store: WeightStore
+    fleet: Fleet
+    evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
+
+
+def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase,
+              load_state: Callable[[torch.nn.Module, torch.optim.Optimizer], int] | None = None) -> RunParts:
+    """Load the models, build the learner and the weight store, start the rollout fleet
+    (``booted``: its workers, spawned by ``boot_fleet`` as early as possible, so they
+    import torch beside us). ``on_rank_phase``: the phases of the other data-parallel ranks.
+    ``load_state``: a resumed run's checkpoint into the model and the optimizer, before the
+    weights are published; returns their policy version (learner/driver/resume.py)."""
+    torch.manual_seed(cfg.seed)
+    learner_core, _ = core_plan(len(booted.cmd_qs), cfg.rollout.pin_cores)
+    if learner_core is not None:
+        pin_to_core(learner_core)
+    torch.set_num_threads(1)
+    policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
+    teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
+                   if cfg.algorithm.objective == "opd" else None)
+    dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
+    model = with_lora(load_model(policy_dir, dtype).to(device), cfg.model.lora).train()
+    tokenizer = load_tokenizer(policy_dir)
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = load_model(policy_dir, dtype).to(device)
+        ref.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    version = load_state(model, optimizer) if load_state else 0
+    learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(model, cfg.algorithm, ref)
+    if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
+        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
+    env = make_env(cfg.task)
+    evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
+                 if cfg.train.eval_every else None)
+    store = WeightStore(publish_view(model), counters=booted.counters)
+    if version:
+        store.publish(publish_view(model), version)  # the workers start from the resumed version
+    fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+    gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
+    return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet, evaluator)
