@@ -71,6 +71,10 @@ class DataParallelLearner:
         return self.local.learner.path
 
     @property
+    def ref_model(self):
+        return self.local.learner.ref_model
+
+    @property
     def logprobs(self):
         return self.local.learner.logprobs
 

@@ -14,6 +14,8 @@ import multiprocessing
 import queue
 import time
 
+from learner.timeline import Kind
+
 WAIT_SLICE_S = 0.05  # how long an idle rank blocks before looking for idle work again
 
 
@@ -111,7 +113,7 @@ def _serve(rl, engine, rank: int, cmd_q, up_q) -> None:
             engine.reduce()
             stats["grad_norm"] = engine.step()
             stats["param_digest"] = param_digest(rl.learner.model)
-            on_phase("learner.optimizer", t0, time.monotonic(), None, None)
+            on_phase(Kind.OPTIMIZER, t0, time.monotonic(), None, None)
             up_q.put(("stepped", rank, stats))
         elif msg[0] == "stop":
             return

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from learner import stopping
 from learner.checkpoint import save_final_model
 from learner.config import RunConfig
-from learner.distributed.front import DataParallelLearner, rank_lane, uses_ranks
+from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
 from learner.driver import rules
 from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
