@@ -87,8 +87,9 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
 
     final = checkpoint_dir(out_dir, state.steps_done)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(".tmp-*"):  # a run killed while writing (one writer per directory)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     save_file(tensors, str(tmp / "model.safetensors"))
@@ -129,6 +130,17 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, RunState]:
     optim = torch.load(path / "optimizer.pt", weights_only=True)
     state = RunState(**json.loads((path / "state.json").read_text()))
     return tensors, optim, state
+
+
+def write_run_config(out_dir: str | Path, config: dict) -> None:
+    """The run's config as trained, for ``--resume`` (written atomically)."""
+    import yaml
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{RUN_CONFIG}.{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, out / RUN_CONFIG)
 
 
 def save_final_model(save, out_dir: str | Path) -> Path:

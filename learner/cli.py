@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from learner import stopping
-from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint
+from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, write_run_config
 from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
@@ -160,6 +160,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
     from tqdm import tqdm
 
     from learner.driver.loop import train
+    from learner.driver.resume import ResumePoint
     from learner.timeline import FanoutSink, MemorySink
 
     sinks = ([JsonlSink(args.events)] if args.events else []) + extra_sinks
@@ -172,8 +173,12 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
 
     from learner.rollout.fleet import RolloutError
 
+    if cfg.train.output_dir:
+        write_run_config(cfg.train.output_dir, cfg.model_dump(mode="json"))
+    resume = ResumePoint(latest_checkpoint(args.resume), args.seq_from, args.clock_from) if args.resume else None
     try:
-        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at)
+        _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at,
+                           resume=resume)
     except stopping.Interrupted as stop:  # the workers are stopped by now (Trainer.run's finally)
         sink.emit({"type": "run", "status": "failed", "error": str(stop)})
         print(f"thundersync: {stop}", file=sys.stderr)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from learner import stopping
+from learner.checkpoint import save_final_model
 from learner.config import RunConfig
 from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
 from learner.driver import rules
@@ -35,6 +37,7 @@ from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
 from learner.driver.recorder import LEARNER_LANE, Recorder
+from learner.driver.resume import Checkpointer, ResumePoint, restore, weights_loader
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
@@ -45,8 +48,8 @@ from learner.trajectory import ScoredTurn, Trajectory
 
 class Trainer:
     def __init__(self, cfg: RunConfig, sink: EventSink, dump: tuple[str, int] | None = None,
-                 on_step: Callable[[dict], None] | None = None):
-        self.cfg, self.sink, self.dump, self.on_step = cfg, sink, dump, on_step
+                 on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
+        self.cfg, self.sink, self.dump, self.on_step, self.resume = cfg, sink, dump, on_step, resume
         self.schedule = cfg.train.schedule
         self.recorder = Recorder(sink)
         self.version, self.rewards = 0, []
@@ -67,9 +70,16 @@ class Trainer:
         self.on_phase(kind, t0, t1, traj, group, rank)
 
     def setup(self, booted: BootedWorkers) -> None:
-        self.parts = build_run(self.cfg, booted, self.recorder.origin, self.on_rank_phase)
+        resumed = restore(self, self.resume) if self.resume else None  # before the workers take the clock
+        self.parts = build_run(self.cfg, booted, self.recorder.origin, self.on_rank_phase, weights_loader(self.resume))
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
+        self.first_step = 0
+        if resumed is not None:
+            self.rollouts.next_traj, self.rollouts.next_group = resumed.next_traj, resumed.next_group
+            resumed.restore_rng()  # after build_run seeded torch
+            self.first_step = resumed.steps_done
+        self.checkpoints = Checkpointer(self)
         self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs), self.now()))
 
     def dispatch_open(self) -> None:
@@ -142,7 +152,7 @@ class Trainer:
             self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
             self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         else:
-            self.learn(sorted(held, key=lambda x: isinstance(x, Trajectory)))
+            self.learn(sorted(held, key=learn_order))
             self.rec.learner_stats = self.learner.finish_batch()
         self.version = barrier(self.parts, self.rec, self.version, self.recorder, self.rollouts, self.cfg,
                                self.dump, wait_for_replicas=not rules.off_policy(self.schedule))
@@ -168,7 +178,7 @@ class Trainer:
         try:
             self.t_step_end = self.now()
             self.dispatch_open()
-            for step in range(steps):
+            for step in range(self.first_step, steps):
                 self.rec = StepRecord(step, self.t_step_end)
                 self.recorder.begin_step(step)
                 held = self.collect_groups() if self.schedule == "fully-async" else self.collect_batch()
@@ -181,12 +191,15 @@ class Trainer:
                 self.after_step(step)
             if rules.off_policy(self.schedule):
                 self.rollouts.settle(self.version)
+        except stopping.Interrupted:  # keep the boundary before the step it stopped in
+            self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)
+            raise
         finally:
             self.parts.fleet.close()
             if isinstance(self.learner, DataParallelLearner):
                 self.learner.close()
         if self.cfg.train.output_dir:
-            save_policy(self.model, self.parts.tokenizer, self.cfg.train.output_dir)
+            save_final_model(lambda tmp: save_policy(self.model, self.parts.tokenizer, tmp), self.cfg.train.output_dir)
         summary = {"steps": steps, "schedule": self.schedule, "reward_curve": self.rewards,
                    "final_version": self.version, "spans": self.recorder.seq, "wall_s": self.now()}
         self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
@@ -196,6 +209,7 @@ class Trainer:
         """The step boundary: nothing in flight is half-learnt (the optimizer stepped and
         published), so this is where a run may checkpoint, evaluate or stop
         (docs/architecture.md, "Driver seams")."""
+        self.checkpoints.at_boundary(step + 1)
 
 
 def started_event(cfg: RunConfig, parts: RunParts, workers: int, now: float) -> dict:
@@ -224,13 +238,23 @@ def memory_mb(parts: RunParts, rec: StepRecord) -> dict[str, float]:
     return memory
 
 
+def learn_order(item: Trajectory | ScoredTurn) -> tuple:
+    """What a step learns at its barrier, in an order that does not depend on arrival
+    (turns before trajectories, then by trajectory and turn): float sums in a fixed order
+    make a sync run, and one resumed from a checkpoint, reproducible bit for bit."""
+    if isinstance(item, ScoredTurn):
+        return (0, item.traj, item.turn)
+    return (1, item.id, 0)
+
+
 def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
           on_step: Callable[[dict], None] | None = None, booted: BootedWorkers | None = None,
-          dump_at: int = 0) -> tuple[Trainer, dict[str, Any]]:
+          dump_at: int = 0, resume: ResumePoint | None = None) -> tuple[Trainer, dict[str, Any]]:
     """Run ``cfg`` to completion; returns the trainer (model, optimizer) and a summary.
     ``dump_dir``: write step ``dump_at``'s audit dump there (learner/audit.py); ``booted``:
-    the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None)."""
-    trainer = Trainer(cfg, sink, (str(dump_dir), dump_at) if dump_dir else None, on_step)
+    the run's rollout workers, from ``boot_fleet(cfg)`` (spawned here when None); ``resume``:
+    continue from a checkpoint (learner/driver/resume.py)."""
+    trainer = Trainer(cfg, sink, (str(dump_dir), dump_at) if dump_dir else None, on_step, resume)
     booted = booted or boot_fleet(cfg)
     try:
         trainer.setup(booted)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,10 +42,13 @@ class RunParts:
     evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
 
 
-def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase) -> RunParts:
+def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase,
+              load_state: Callable[[torch.nn.Module, torch.optim.Optimizer], int] | None = None) -> RunParts:
     """Load the models, build the learner and the weight store, start the rollout fleet
     (``booted``: its workers, spawned by ``boot_fleet`` as early as possible, so they
-    import torch beside us). ``on_rank_phase``: the phases of the other data-parallel ranks."""
+    import torch beside us). ``on_rank_phase``: the phases of the other data-parallel ranks.
+    ``load_state``: a resumed run's checkpoint into the model and the optimizer, before the
+    weights are published; returns their policy version (learner/driver/resume.py)."""
     torch.manual_seed(cfg.seed)
     learner_core, _ = core_plan(len(booted.cmd_qs), cfg.rollout.pin_cores)
     if learner_core is not None:
@@ -63,6 +66,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
         ref.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    version = load_state(model, optimizer) if load_state else 0
     learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
         model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
@@ -71,6 +75,8 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                  if cfg.train.eval_every else None)
     store = WeightStore(publish_view(model), counters=booted.counters)
+    if version:
+        store.publish(publish_view(model), version)  # the workers start from the resumed version
     fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
     gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
     return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet, evaluator)

@@ -20,7 +20,7 @@ from learner.rollout.sandbox import SANDBOX_TOKEN
 
 from .conftest import QUICKSTART
 from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
-                     live_processes, wait_final, wait_running_with_spans)
+                     live_processes, wait_final, wait_running_with_spans, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BOUND_S = 60.0
@@ -82,14 +82,13 @@ def test_kill_9_of_the_celery_pool_process_hands_the_run_to_the_redelivered_task
     no_run_without_owner()
 
 
-@pytest.mark.parametrize("how", ["kill -9", "SIGTERM then SIGKILL"])
-def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, how, alice_experiment, streaming_preset):
+def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment, streaming_preset):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 50)
     before = Span.objects.filter(run_id=run_id).count()
-    if how == "SIGTERM then SIGKILL":  # docker stop: warm shutdown waits for the run, the grace ends first
-        os.kill(worker.pid, signal.SIGTERM)
-        time.sleep(2.0)  # the stop's grace period, not a stand-in for work
+    # docker stop: SIGTERM (a warm shutdown would wait for the run), then SIGKILL after the grace
+    os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(2.0)  # the stop's grace period, not a stand-in for work
     worker.stop()  # SIGKILL main and pool
     t0 = time.monotonic()
     worker.another()
@@ -224,3 +223,31 @@ def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_ex
         worker.stop()
         with app.connection_for_write() as conn:  # the messages the worker never saw
             conn.default_channel.queue_purge("runs")
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, alice, alice_client, sync_preset):
+    from controller.models import Checkpoint, StepMetric
+
+    config = {**QUICKSTART, "train": {**QUICKSTART["train"], "checkpoint_every": 1}}
+    experiment = Experiment.objects.create(owner=alice, name="checkpointed", config=config)
+    run_id = launch(experiment, sync_preset, 5)
+    run = wait_running_with_spans(run_id, 1)
+    wait_until(lambda: Checkpoint.objects.filter(run_id=run_id, step__gte=1).exists(), 240, "two steps checkpointed")
+    os.kill(run.pids[0], signal.SIGKILL)
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "failed" and "killed by SIGKILL" in run.error
+    before = Span.objects.filter(run_id=run_id).count()
+    page = alice_client.get(f"/runs/{run_id}/").content.decode()
+    assert "killed by SIGKILL" in page and 'id="resume-form"' in page
+    assert 'id="resume-form" hidden' not in " ".join(page.split())
+    response = alice_client.post(f"/api/runs/{run_id}/resume/")
+    assert response.status_code == 202 and response.json()["attempt"] == 1
+    run = wait_final(run_id, 240)
+    assert run.status == "succeeded", run.error
+    assert [m.step for m in StepMetric.objects.filter(run_id=run_id).order_by("step")] == [0, 1, 2, 3, 4]
+    assert_spans_kept(run_id, before)  # the first attempt's spans, then the second's after them
+    spans = list(Span.objects.filter(run_id=run_id).order_by("seq").values("seq", "t0"))
+    resumed = [s for s in spans if s["seq"] >= before]
+    assert resumed and min(s["t0"] for s in resumed) >= max(s["t0"] for s in spans[:before]) - 1.0
+    assert (worker.log_path.parent / "runs" / f"run-{run_id}" / "output" / "model.safetensors").exists()
+    assert_nothing_left(run)
