@@ -102,16 +102,10 @@ class Trainer:
         if not rules.off_policy(self.schedule):
             self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
         held: list = []
+        idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None  # docs/learner.md
         while len(self.rec.trajs) < P * G:
-            # about to block on the fleet: the learner's deferred work instead, if it has any
-            idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None
-            item = self.rollouts.receive(on_idle=idle)
-            waiting = [item]
-            if streams:  # everything waiting goes to the learner in one call (it decides how to batch
-                self.rollouts.drain_spans()  # it, docs/learner.md); the spans queued behind reach the page now
-                waiting += self.rollouts.take_pending()
             arrived: list = []
-            for item in waiting:
+            for item in self.rollouts.receive_waiting(on_idle=idle, everything=streams):
                 is_turn = isinstance(item, ScoredTurn)
                 if not is_turn:
                     self.rec.trajs.append(item)

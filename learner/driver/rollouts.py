@@ -57,11 +57,15 @@ class Rollouts:
             if item is not None:
                 return item
 
-    def take_pending(self) -> list[Trajectory | ScoredTurn]:
-        """Everything read early (by ``drain_spans``), in arrival order."""
-        taken = list(self.pending)
-        self.pending.clear()
-        return taken
+    def receive_waiting(self, on_idle=None, everything: bool = False) -> list[Trajectory | ScoredTurn]:
+        """The next item (``receive``) and, with ``everything``, all already waiting behind it, for
+        the learner to batch as it sees fit (their spans reach the page now, not after its work)."""
+        items = [self.receive(on_idle=on_idle)]
+        if everything:
+            self.drain_spans()
+            items += self.pending
+            self.pending.clear()
+        return items
 
     def drain_spans(self) -> None:
         """Emit every span the fleet has already sent (async rollouts run beside the learner:
