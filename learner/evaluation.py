@@ -25,6 +25,7 @@ import time
 
 from learner.config import RunConfig
 from learner.rollout.env import Environment, Task
+from learner.rollout.messages import Finished, Work, WorkItem
 from learner.trajectory import Trajectory
 
 SOLVED = 1.0  # a trajectory counts as solved (pass@k) at full reward
@@ -75,9 +76,9 @@ class Evaluator:
         was_training = self.model.training
         worker = self._agent()
         self.model.eval()
-        items = [(p * self.samples + j, p, task, 7_000_003 * p + j)
+        items = [WorkItem(p * self.samples + j, p, task, 7_000_003 * p + j)
                  for p, task in enumerate(self.tasks) for j in range(self.samples)]
-        worker.handle(("work", step, items))
+        worker.handle(Work(step, items))
         try:
             worker.run_loops(timeout_s)
         finally:
@@ -86,8 +87,8 @@ class Evaluator:
         out = []
         while not worker.out_q.empty():
             msg = worker.out_q.get_nowait()
-            if msg[0] == "traj":
-                out.append(msg[1])
+            if isinstance(msg, Finished) and isinstance(msg.item, Trajectory):
+                out.append(msg.item)
         return sorted(out, key=lambda t: t.id)
 
     def run(self, step: int) -> dict[str, float]:
