@@ -132,9 +132,13 @@ class DrainPlanner:
                     tasks += self._buckets(g, group)
         return tasks
 
-    def idle(self) -> list[Task]:
+    def all_arrived(self) -> bool:
+        return all(len(g.arrived) == g.size for g in self.groups.values())
+
+    def idle(self, min_tokens: int = 0) -> list[Task]:
         """Nothing else waits: the largest bucket of an open group that holds (or may take) sums,
-        zero-variance candidates last and marked speculative; [] when there is none."""
+        zero-variance candidates last and marked speculative; [] when there is none with at
+        least ``min_tokens`` tokens (a smaller backward costs more per row than it saves)."""
         best: tuple | None = None
         for g in self.order:
             group = self.groups[g]
@@ -142,6 +146,8 @@ class DrainPlanner:
                 continue
             candidate = group.all_equal_so_far()
             for bucket in self._group_buckets(g, group.waiting):
+                if sum(len(t.input_ids) for t in bucket.trajs) < min_tokens:
+                    continue
                 key = (not candidate, len(bucket.trajs))
                 if best is None or key > best[0]:
                     best = (key, g, bucket, candidate)

@@ -244,6 +244,7 @@ def run_cases(seed: int = 0, cases_per_spec: int = 1, specs: list[CaseSpec] | No
 
 def main(json_out: bool = False) -> int:
     """Print the cases (JSON ``{"cases": [...]}`` or a table); 0 only if every case passes."""
+    torch.set_num_threads(1)  # tiny models: more threads only contend (and on a shared box, badly)
     cases = run_cases()
     if json_out:
         print(json.dumps({"cases": cases}))

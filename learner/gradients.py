@@ -89,6 +89,12 @@ class LearnerOptions:
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device)
 
     @property
+    def min_stream_tokens(self) -> int:
+        """Adaptive: the least work (tokens) a streaming backward starts with before the whole batch
+        has arrived; a smaller one costs more per row in fixed overhead than waiting does."""
+        return self.micro_batch_tokens // 4 if self.path == "adaptive" else 0
+
+    @property
     def budget(self) -> int:
         """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
         return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
@@ -158,6 +164,7 @@ class _Batch:
     scored_by_traj: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # OPD
     ended: set[int] = field(default_factory=set)  # OPD trajectories that ended
     opened: set[int] = field(default_factory=set)  # groups holding running sums now
+    ready: list[Row] = field(default_factory=list)  # adaptive: known-advantage rows not learnt yet
     n_tokens: int = 0
     peak_buffers: int = 1
     skipped: int = 0  # trajectories with A = 0 exactly and no KL/entropy term: no backward at all
@@ -234,6 +241,9 @@ class StreamingLearner:
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
         """Nothing waits: learn deferred work (adaptive: a zero-variance candidate, speculatively)."""
         state = self._state("idle_work")
+        if state.ready:  # known rows first: they share one backward whatever their groups
+            self._learn_ready(state, on_phase, flush=True)
+            return True
         tasks = state.planner.idle() if self.algo.objective == "grpo" else []
         self._run(state, tasks, on_phase)
         return bool(tasks)
@@ -270,6 +280,7 @@ class StreamingLearner:
         data-parallel rank's share of it (``learner.distributed``); default its own counts."""
         state = self._state("finish_batch")
         self.check_complete()
+        self._learn_ready(state, None, flush=True)
         n_tokens, n_traj = totals if totals is not None else self.batch_counts()
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
@@ -298,8 +309,8 @@ class StreamingLearner:
                         self.logprobs.skip(traj.id)
                     else:
                         known.append(grpo_row(traj, adv))
-        for rows in plan_micro_batches(known, self.options.budget):
-            self._micro_batch(state, rows, None, on_phase)
+        state.ready += known
+        self._learn_ready(state, on_phase, flush=state.planner.all_arrived())
         for task in tasks:
             if isinstance(task, Bucket):
                 if task.group not in state.opened:
@@ -310,6 +321,15 @@ class StreamingLearner:
                 rows = [grpo_row(t, 1.0) for t in task.trajs]
                 for part in plan_micro_batches(rows, self.options.budget):
                     self._micro_batch(state, part, task, on_phase)
+
+    def _learn_ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
+        """Known-advantage rows, in micro-batches: at once, or (adaptive, before the whole batch has
+        arrived) once they add up to ``min_stream_tokens``: rows of later closes join them."""
+        if not state.ready or (not flush and sum(len(r.ids) for r in state.ready) < self.options.min_stream_tokens):
+            return
+        rows, state.ready = state.ready, []
+        for part in plan_micro_batches(rows, self.options.budget):
+            self._micro_batch(state, part, None, on_phase)
 
     def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:

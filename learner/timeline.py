@@ -63,6 +63,11 @@ class Metric:
     GRAD_NORM = "actor/grad_norm"
     CLIP_FRAC = "actor/clip_frac"
     PEAK_BUFFERS = "actor/peak_buffers"
+    SKIPPED_TRAJECTORIES = "learner/skipped_trajectories"  # A = 0 exactly: no backward (docs/learner.md)
+    SPECULATIVE_TRAJECTORIES = "learner/speculative_trajectories"
+    MICRO_BATCHES = "learner/micro_batches"
+    PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
+    PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
     PEAK_RSS_MB = "memory/peak_rss_mb"
     GRAD_BUFFERS_MB = "memory/grad_buffers_mb"
     VERSION = "policy/version"

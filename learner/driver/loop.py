@@ -22,6 +22,7 @@ span; per-step metrics are a function of the spans of the step's window (driver/
 from __future__ import annotations
 
 import gc
+from functools import partial
 import resource
 import time
 from pathlib import Path
@@ -101,19 +102,17 @@ class Trainer:
         if not rules.off_policy(self.schedule):
             self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
         held: list = []
+        idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None  # docs/learner.md
         while len(self.rec.trajs) < P * G:
-            item = self.rollouts.receive()
-            if streams:  # take what is waiting in one go: the backward passes that follow run back to
-                self.rollouts.drain_spans()  # back, and the spans queued behind them reach the page now
-            is_turn = isinstance(item, ScoredTurn)
-            if not is_turn:
-                self.rec.trajs.append(item)
-            elif rules.off_policy(self.schedule):
-                continue  # the off-policy learner trains whole trajectories
-            if rules.learns_on_arrival(self.schedule, objective, is_turn):
-                self.learn(item)
-            else:
-                held.append(item)
+            arrived: list = []
+            for item in self.rollouts.receive_waiting(on_idle=idle, everything=streams):
+                is_turn = isinstance(item, ScoredTurn)
+                if not is_turn:
+                    self.rec.trajs.append(item)
+                elif rules.off_policy(self.schedule):
+                    continue  # the off-policy learner trains whole trajectories
+                (arrived if rules.learns_on_arrival(self.schedule, objective, is_turn) else held).append(item)
+            self.learn(arrived)
         self.gate.received += 1
         return held
 
@@ -132,11 +131,12 @@ class Trainer:
                 self.rec.trajs.append(t)
         return []
 
-    def learn(self, item: Trajectory | ScoredTurn) -> None:
-        """One trajectory's (GRPO) or scored turn's (OPD) backward into the open batch."""
-        self.recorder.expect_backward(item)
-        on_item = self.learner.on_turn if isinstance(item, ScoredTurn) else self.learner.on_trajectory
-        on_item(item, on_phase=self.on_phase)
+    def learn(self, items: list[Trajectory | ScoredTurn]) -> None:
+        """Hand the learner everything waiting; it decides how to batch it (docs/learner.md)."""
+        for item in items:
+            self.recorder.expect_backward(item)
+        if items:
+            self.learner.learn(items, on_phase=self.on_phase)
 
     def train_step(self, held: list[Trajectory | ScoredTurn]) -> None:
         """The learner's work for the step that formed: what was held (sync: all of it, turns
@@ -146,8 +146,7 @@ class Trainer:
             self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
             self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
         else:
-            for item in sorted(held, key=learn_order):
-                self.learn(item)
+            self.learn(sorted(held, key=learn_order))
             self.rec.learner_stats = self.learner.finish_batch()
         self.version = barrier(self.parts, self.rec, self.version, self.recorder, self.rollouts, self.cfg,
                                self.dump, wait_for_replicas=not rules.off_policy(self.schedule))

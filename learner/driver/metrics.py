@@ -66,7 +66,11 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
     })
     if schedule == "fully-async":
         values[Metric.DROPPED_GROUPS] = float(rec.dropped_groups)
-    for stat, name in (("clip_frac", Metric.CLIP_FRAC), ("peak_buffers", Metric.PEAK_BUFFERS)):
+    for stat, name in (("clip_frac", Metric.CLIP_FRAC), ("peak_buffers", Metric.PEAK_BUFFERS),
+                       ("skipped_trajectories", Metric.SKIPPED_TRAJECTORIES),
+                       ("speculative_trajectories", Metric.SPECULATIVE_TRAJECTORIES),
+                       ("micro_batches", Metric.MICRO_BATCHES), ("peak_accumulator_mb", Metric.PEAK_ACCUMULATOR_MB),
+                       ("peak_memory_mb", Metric.PEAK_LEARNER_MEMORY_MB)):
         if stat in rec.learner_stats:
             values[name] = float(rec.learner_stats[stat])
     return values

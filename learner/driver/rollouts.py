@@ -38,12 +38,15 @@ class Rollouts:
         self.fleet.dispatch(step, items)
         return groups
 
-    def receive(self, timeout: float | None = None) -> Trajectory | ScoredTurn:
-        """Next trajectory or scored turn from the fleet; spans are emitted on the way."""
+    def receive(self, timeout: float | None = None, on_idle=None) -> Trajectory | ScoredTurn:
+        """Next trajectory or scored turn from the fleet; spans are emitted on the way.
+        ``on_idle()``: called instead of blocking while it returns True (the learner's deferred work)."""
         if self.pending:
             return self.pending.popleft()
         while True:
             got = self.fleet.poll_data()
+            if got is None and on_idle is not None and on_idle():
+                continue
             if got is None:  # about to wait: the sink writes its queued events meanwhile
                 self.rec.sink.idle(self.fleet.has_message)
                 t0 = self.rec.now()
@@ -53,6 +56,16 @@ class Rollouts:
             self.rec.emit_spans(spans)
             if item is not None:
                 return item
+
+    def receive_waiting(self, on_idle=None, everything: bool = False) -> list[Trajectory | ScoredTurn]:
+        """The next item (``receive``) and, with ``everything``, all already waiting behind it, for
+        the learner to batch as it sees fit (their spans reach the page now, not after its work)."""
+        items = [self.receive(on_idle=on_idle)]
+        if everything:
+            self.drain_spans()
+            items += self.pending
+            self.pending.clear()
+        return items
 
     def drain_spans(self) -> None:
         """Emit every span the fleet has already sent (async rollouts run beside the learner:

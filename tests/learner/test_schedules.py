@@ -31,7 +31,11 @@ def test_sync_and_streaming_reach_the_same_weights(sync_run, streaming_run):
     a = dict(sync_run[0].model.named_parameters())
     b = dict(streaming_run[0].model.named_parameters())
     worst = max(float((a[n] - b[n]).abs().max() / (a[n].abs().max() + 1e-12)) for n in a)
-    assert worst < 1e-4, worst
+    # sync learns in padded micro-batches, streaming mostly row by row: float32 rounds the two
+    # differently (gradients agree to ~4e-7, check-exactness), and Adam's first steps move a
+    # weight by up to lr whatever the size of its gradient, so a near-zero gradient element can
+    # differ by up to 3 steps x lr (5e-4) = 1.5e-3; measured 2.7e-4
+    assert worst < 1.5e-3, worst
     init = dict(load_model(sync_run[0].policy_dir).named_parameters())
     moved = max(float((a[n] - init[n]).abs().max()) for n in a)
     assert moved > 1e-4, "three optimizer steps must move the weights"
@@ -62,11 +66,13 @@ def test_fully_async_respects_the_staleness_bound():
     # groups too stale are dropped and counted per step; every step still trains a full batch
     assert all(m["values"]["rollout/dropped_groups"] >= 0 for m in sink.metrics())
     train = trainer.cfg.train
-    per_step = {}
+    per_step = {m["step"]: set() for m in sink.metrics()}
     for s in sink.spans():
         if s["kind"] == "learner.backward":
-            per_step.setdefault(s["step"], set()).add(s["traj"])
-    assert [len(t) for t in per_step.values()] == [train.prompts_per_step * train.group_size] * train.steps
+            per_step[s["step"]].add(s["traj"])
+    # a trajectory with A = 0 exactly (a zero-variance group) has no backward: it is counted instead
+    skipped = [int(m["values"]["learner/skipped_trajectories"]) for m in sink.metrics()]
+    assert [len(t) + k for t, k in zip(per_step.values(), skipped)] == [train.prompts_per_step * train.group_size] * train.steps
 
 
 def test_every_step_emits_the_span_kinds_and_verl_metrics(streaming_run):
@@ -82,7 +88,8 @@ def test_every_step_emits_the_span_kinds_and_verl_metrics(streaming_run):
             assert name in m["values"]
         assert 0.0 <= m["values"]["trainer/idle_ratio"] <= 1.0
     backward = [s for s in sink.spans() if s["kind"] == "learner.backward"]
-    assert len(backward) == 3 * 4 * 4  # one per trajectory
+    skipped = sum(int(m["values"]["learner/skipped_trajectories"]) for m in sink.metrics())
+    assert len(backward) + skipped == 3 * 4 * 4  # one per trajectory, but none for A = 0 (skipped)
 
 
 def test_steps_tile_the_run_and_waiting_for_data_is_part_of_idle(sync_run, streaming_run):
