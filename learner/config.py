@@ -286,12 +286,6 @@ class RunConfig(Strict):
                              "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
         return self
 
-    @model_validator(mode="after")
-    def _checkpoints_need_a_place(self) -> "RunConfig":
-        if self.train.checkpoint_every and not self.train.output_dir:
-            raise ValueError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
-        return self
-
 
 class ConfigError(ValueError):
     """A config that does not validate; ``str()`` is one line naming field and reason."""

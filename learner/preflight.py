@@ -58,6 +58,8 @@ def check_writable_file(flag: str, path: str) -> None:
 def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | None = None,
               events: str | None = None) -> None:
     check_model_paths(cfg)
+    if cfg.train.checkpoint_every and not cfg.train.output_dir:  # the web app gives every run one
+        raise ConfigError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
     if dump_dir:
         check_writable_dir("--dump-step", dump_dir)
     if output_dir:
