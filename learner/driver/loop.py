@@ -66,12 +66,10 @@ class Trainer:
         """Learner phase callback (raw time.monotonic() stamps); other ranks on their own lanes."""
         self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank) if rank else LEARNER_LANE)
 
-    def on_rank_phase(self, rank: int, kind: str, t0: float, t1: float, traj, group) -> None:
-        self.on_phase(kind, t0, t1, traj, group, rank)
-
     def setup(self, booted: BootedWorkers) -> None:
         resumed = restore(self, self.resume) if self.resume else None  # before the workers take the clock
-        self.parts = build_run(self.cfg, booted, self.recorder.origin, self.on_rank_phase, weights_loader(self.resume))
+        self.parts = build_run(self.cfg, booted, self.recorder.origin,
+                               lambda rank, *phase: self.on_phase(*phase, rank=rank), weights_loader(self.resume))
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
         self.first_step = 0
@@ -168,11 +166,10 @@ class Trainer:
         return values
 
     def run(self) -> dict:
-        steps = self.cfg.train.steps
         try:
             self.t_step_end = self.now()
             self.dispatch_open()
-            for step in range(self.first_step, steps):
+            for step in range(self.first_step, self.cfg.train.steps):
                 self.rec = StepRecord(step, self.t_step_end)
                 self.recorder.begin_step(step)
                 held = self.collect_groups() if self.schedule == "fully-async" else self.collect_batch()
@@ -190,20 +187,26 @@ class Trainer:
             raise
         finally:
             self.parts.fleet.close()
-            if isinstance(self.learner, DataParallelLearner):
-                self.learner.close()
-        if self.cfg.train.output_dir:
-            save_final_model(lambda tmp: save_policy(self.model, self.parts.tokenizer, tmp), self.cfg.train.output_dir)
-        summary = {"steps": steps, "schedule": self.schedule, "reward_curve": self.rewards,
-                   "final_version": self.version, "spans": self.recorder.seq, "wall_s": self.now()}
-        self.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": self.now()})
-        return summary
+            isinstance(self.learner, DataParallelLearner) and self.learner.close()
+        return finish_run(self)
 
     def after_step(self, step: int) -> None:
         """The step boundary: nothing in flight is half-learnt (the optimizer stepped and
         published), so this is where a run may checkpoint, evaluate or stop
         (docs/architecture.md, "Driver seams")."""
         self.checkpoints.at_boundary(step + 1)
+
+
+def finish_run(trainer: Trainer) -> dict:
+    """The end of a run that trained every step: the final model (``train.output_dir``), then
+    the summary as the run's terminal event."""
+    if trainer.cfg.train.output_dir:
+        save_final_model(lambda tmp: save_policy(trainer.model, trainer.parts.tokenizer, tmp),
+                         trainer.cfg.train.output_dir)
+    summary = {"steps": trainer.cfg.train.steps, "schedule": trainer.schedule, "reward_curve": trainer.rewards,
+               "final_version": trainer.version, "spans": trainer.recorder.seq, "wall_s": trainer.now()}
+    trainer.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": trainer.now()})
+    return summary
 
 
 def started_event(cfg: RunConfig, parts: RunParts, workers: int, now: float) -> dict:
