@@ -38,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import AlgorithmConfig  # noqa: E402
 from learner.exactness import relative_error  # noqa: E402
-from learner.gradients import StreamingLearner, reference_gradient  # noqa: E402
+from learner.gradients import LearnerOptions, StreamingLearner, reference_gradient  # noqa: E402
 from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
 from learner.rollout.weights import WeightStore  # noqa: E402
+from learner.timeline import Kind  # noqa: E402
 from learner.trajectory import Trajectory  # noqa: E402
 
 # name -> (hidden, layers, heads, intermediate, vocab)
@@ -101,17 +102,22 @@ def rollout(engine: TorchEngine, vocab: int, groups: int, group_size: int, promp
 
 def learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: random.Random) -> dict:
     device = next(model.parameters()).device
-    learner = StreamingLearner(model, algo)
+    # one trajectory's backward at a time, as it arrives: what this check times
+    learner = StreamingLearner(model, algo, options=LearnerOptions(path="per-trajectory"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     backward, close = [], []
+
+    def on_phase(kind, t0, t1, traj, group):
+        if kind == Kind.GROUP_CLOSE:
+            close.append(t1 - t0)
+
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     for traj in rng.sample(trajs, len(trajs)):  # rewards arrive in any order
-        stats, s = timed(device, lambda: learner.on_trajectory(traj))
-        backward.append(s - stats["close_s"])
-        if stats["group_closed"]:
-            close.append(stats["close_s"])
+        closed_before = len(close)
+        _, s = timed(device, lambda: learner.on_trajectory(traj, on_phase))
+        backward.append(s - sum(close[closed_before:]))
 
     def barrier():
         out = learner.finish_batch()
