@@ -10,7 +10,10 @@ import os
 from .base import *  # noqa: F403
 from .base import redis_channel_layers
 
+# pytest-xdist workers share the controller's environment, so each adds its worker id.
 TEST_TAG = os.environ.setdefault("THUNDERSYNC_TEST_TAG", str(os.getpid()))
+if os.environ.get("PYTEST_XDIST_WORKER") and not TEST_TAG.endswith(os.environ["PYTEST_XDIST_WORKER"]):
+    TEST_TAG = os.environ["THUNDERSYNC_TEST_TAG"] = f"{TEST_TAG}_{os.environ['PYTEST_XDIST_WORKER']}"
 
 DATABASES = {
     "default": {
