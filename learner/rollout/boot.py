@@ -27,6 +27,9 @@ from learner.rollout.cores import core_plan, pin_process
 from learner.rollout.messages import Failed, Init, Stop
 
 PR_SET_PDEATHSIG = 1
+# "spawn": a fresh interpreter imports beside the driver (above). A run forked from the warm
+# runner (learner/warm/server.py) has everything imported already and forks its workers.
+START_METHOD = "spawn"
 
 
 def die_with_parent() -> None:
@@ -83,7 +86,7 @@ def boot_fleet(cfg) -> BootedWorkers:
 
 def boot_workers(cores: list[int | None]) -> BootedWorkers:
     """Spawn one worker process per entry of ``cores`` (its core, or None)."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(START_METHOD)
     booted = BootedWorkers(out_q=ctx.Queue(), cmd_qs=[ctx.Queue() for _ in cores],
                            counters=(ctx.Value("q", 0), ctx.Value("q", 0)))
     booted.procs = [
