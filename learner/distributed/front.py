@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
+import sys
 import time
+from multiprocessing.connection import Listener
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -22,6 +25,7 @@ import torch
 from learner.config import RunConfig
 from learner.distributed.barrier import DistributedBatchError
 from learner.distributed.ranks import free_port, init_rank, stop_processes
+from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, run_key
 from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
@@ -37,16 +41,11 @@ class DataParallelLearner:
         self.cfg, self.world = cfg, cfg.learner.world_size
         self.timeout_s = cfg.learner.timeout_s
         self.on_rank_phase = on_rank_phase
-        ctx = multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        self.up_q = ctx.Queue()
-        self.cmd_qs = [ctx.Queue() for _ in range(1, self.world)]
-        self.procs = [ctx.Process(target=rank_main, name=f"thundersync-learner-rank-{r}", daemon=True,
-                                  args=(cfg.model_dump(), policy_dir, r, self.world, init_method, self.cmd_qs[r - 1],
-                                        self.up_q)) for r in range(1, self.world)]
-        for p in self.procs:
-            p.start()
+        self.up_q = multiprocessing.get_context("spawn").Queue()
+        self.cmd_qs: list = []  # ranks 1..W−1: a queue (this node) or a RemoteRank (another node)
+        self.procs: list = []  # this node's rank processes
         try:
+            init_method = start_peers(cfg, policy_dir, self.up_q, self.cmd_qs, self.procs)
             init_rank(0, self.world, init_method, self.timeout_s)
             torch.set_num_threads(1)
             self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
@@ -178,8 +177,11 @@ class DataParallelLearner:
         """A collective that failed because a peer died or failed: say which rank and why."""
         try:
             yield
-        except DistributedBatchError:
-            raise  # every rank raised it together: its message already names the ranks
+        except DistributedBatchError as exc:  # every rank raised it together: add what each said
+            peers = self._peer_errors(wait_s=min(self.timeout_s, 5.0))
+            if peers:
+                raise DistributedBatchError("; ".join([str(exc), *peers])) from None
+            raise
         except Exception as exc:
             # a dead peer's exit is seen a moment after its socket closed: wait for it, bounded
             multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
@@ -187,10 +189,27 @@ class DataParallelLearner:
             self._check_alive()
             raise exc
 
+    def _peer_errors(self, wait_s: float) -> list[str]:
+        """The other ranks' own errors after a barrier that failed on all (each reports once)."""
+        said: dict[int, str] = {}
+        deadline = time.monotonic() + wait_s
+        while len(said) < self.world - 1 and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.up_q.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                continue
+            if msg[0] == "error":  # "...; rank r: <its own reason>" (barrier.exchange_counts)
+                own = f"; rank {msg[1]}: "
+                said[msg[1]] = msg[2].split(own, 1)[1] if own in msg[2] else msg[2]
+        return [f"rank {r}: {reason}" for r, reason in sorted(said.items())]
+
     def _check_alive(self) -> None:
-        for r, p in enumerate(self.procs, start=1):
+        for p in self.procs:
             if p.exitcode is not None and p.exitcode != 0:
-                raise RuntimeError(f"learner rank {r} exited with code {p.exitcode}")
+                raise RuntimeError(f"learner rank {p.rank} exited with code {p.exitcode}")
+        for q in self.cmd_qs:
+            if isinstance(q, RemoteRank) and q.lost:
+                raise RuntimeError(f"learner rank {q.rank} (node {q.node}): the connection to it was lost")
 
     def close(self) -> None:
         """Stop every rank: ask, wait, then terminate and kill whichever is left; leave the group."""
@@ -198,15 +217,49 @@ class DataParallelLearner:
 
         for q in self.cmd_qs:
             try:
-                q.put(("stop",))
+                q.close() if isinstance(q, RemoteRank) else q.put(("stop",))
             except (ValueError, OSError):
                 pass
         stop_processes(self.procs, min(self.timeout_s, 30.0))
         for q in [self.up_q, *self.cmd_qs]:
-            q.cancel_join_thread()
-            q.close()
+            if not isinstance(q, RemoteRank):
+                q.cancel_join_thread()
+                q.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def start_peers(cfg: RunConfig, policy_dir: str, up_q, cmd_qs: list, procs: list) -> str:
+    """Ranks 1..W−1, appended to ``cmd_qs`` (and ``procs``) as they start: spawned here for this
+    node's ranks; a control port that the ranks of other nodes join (learner.distributed.remote).
+    Returns the rendezvous ``init_method`` (a TCP store held by rank 0, at this node's address)."""
+    lrn = cfg.learner
+    here = lrn.node_of(0)
+    remote = {r: lrn.node_of(r) for r in range(1, lrn.world_size) if lrn.node_of(r) != here}
+    addr = os.environ.get(ADDR_ENV, "127.0.0.1") if remote else "127.0.0.1"
+    init_method = f"tcp://{addr}:{free_port(addr)}"
+    ctx = multiprocessing.get_context("spawn")
+    peers: dict[int, object] = {}
+    for r in range(1, lrn.world_size):
+        if r not in remote:
+            peers[r] = ctx.Queue()
+            proc = ctx.Process(target=rank_main, name=f"thundersync-learner-rank-{r}", daemon=True,
+                               args=(cfg.model_dump(), policy_dir, r, lrn.world_size, init_method, peers[r], up_q))
+            proc.rank = r
+            proc.start()
+            procs.append(proc)
+    if remote:
+        key, port = run_key(), int(os.environ.get(PORT_ENV) or 0)
+        with Listener((addr, port), authkey=key) as listener:
+            if KEY_ENV not in os.environ:  # no controller placed the ranks: say how to start them
+                host, port = listener.address
+                for r, node in remote.items():
+                    print(f"thundersync: waiting for rank {r} on node {node}: {KEY_ENV}={key.hex()} thundersync "
+                          f"join-rank --control {host}:{port} --rank {r} --node {node}", file=sys.stderr)
+            peers.update(accept_ranks(listener, remote, (cfg.model_dump(), lrn.world_size, init_method), up_q,
+                                      lrn.timeout_s))
+    cmd_qs.extend(peers[r] for r in range(1, lrn.world_size))
+    return init_method
 
 
 def uses_ranks(cfg: RunConfig) -> bool:
@@ -214,11 +267,12 @@ def uses_ranks(cfg: RunConfig) -> bool:
     return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
 
 
-def rank_lane(rank: int) -> str:
-    return f"learner/{rank}"
+def rank_lane(rank: int, node: str | None = None) -> str:
+    """A learner rank's Gantt lane; in a run that spans nodes it names the rank's node."""
+    return f"learner/{rank}@{node}" if node else f"learner/{rank}"
 
 
-def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
+def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig, rank_stats: dict[int, dict]) -> dict:
     """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
     trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
     hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
@@ -227,8 +281,10 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, ra
 
     width = max(t_end - t_start, 1e-12)
     out: dict[str, float] = {}
+    world = cfg.learner.world_size
     for r in range(world):
-        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == rank_lane(r) and s["kind"].startswith("learner.")]
+        lane = rank_lane(r, cfg.learner.node_of(r))
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == lane and s["kind"].startswith("learner.")]
         out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
         stats = rank_stats.get(r, {})
         if stats:
