@@ -294,9 +294,10 @@ class RunConfig(Strict):
                              "(float64 runs on learner.engine torch)")
         if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
             raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
-        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.checkpoint_every:
-            raise ValueError("train.checkpoint_every: checkpoints hold one process's optimizer; data-parallel "
-                             "ranks (learner.world_size > 1, engine deepspeed) do not checkpoint yet")
+        if lrn.engine == "deepspeed" and self.train.checkpoint_every:
+            raise ValueError("train.checkpoint_every: learner.engine deepspeed keeps the optimizer state inside "
+                             "DeepSpeed (partitioned over the ranks under ZeRO 1/2), which checkpoints do not hold; "
+                             "data-parallel runs checkpoint with learner.engine torch")
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
             raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):

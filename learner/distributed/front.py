@@ -17,15 +17,15 @@ import os
 import queue
 import sys
 import time
-from multiprocessing.connection import Listener
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Listener
 
 import torch
 
 from learner.config import RunConfig
 from learner.distributed.barrier import DistributedBatchError
-from learner.distributed.ranks import free_port, init_rank, stop_processes
-from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, run_key
+from learner.distributed.ranks import init_rank, stop_processes
+from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, free_port, run_key
 from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
@@ -34,8 +34,9 @@ RankPhase = Callable[[int, str, float, float, "int | None", "int | None"], None]
 
 
 class DataParallelLearner:
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase):
-        from learner.distributed.engines import make_engine
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase,
+                 optimizer: torch.optim.Optimizer | None = None):
+        from learner.distributed.engines import broadcast_optimizer_state, make_engine
         from learner.distributed.rank import RankLearner
 
         self.cfg, self.world = cfg, cfg.learner.world_size
@@ -52,8 +53,9 @@ class DataParallelLearner:
                                      0, self.world)
             lrn, train = cfg.learner, cfg.train
             self.engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
-                                      lrn.zero_stage, lrn.offload_optimizer)
+                                      lrn.zero_stage, lrn.offload_optimizer, optimizer)
             broadcast_from_rank0(model)
+            broadcast_optimizer_state(self.engine)  # a resumed run: rank 0 loaded its checkpoint
         except BaseException:
             self.close()
             raise

@@ -23,7 +23,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     """(RankLearner, engine) over this process's own copy of the policy."""
     import torch
 
-    from learner.distributed.engines import make_engine
+    from learner.distributed.engines import broadcast_optimizer_state, make_engine
     from learner.distributed.rank import RankLearner
     from learner.gradients import LearnerOptions, StreamingLearner
     from learner.rollout.models import load_model
@@ -40,6 +40,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
                          lrn.zero_stage, lrn.offload_optimizer)
     broadcast_from_rank0(model)
+    broadcast_optimizer_state(engine)
     return RankLearner(learner, rank, world), engine
 
 
