@@ -28,6 +28,11 @@ from learner.rollout.messages import Failed, Init, Stop
 from learner.rollout.outbox import Outbox
 
 PR_SET_PDEATHSIG = 1
+# "spawn": a fresh interpreter imports beside the driver (above). A run forked from the warm
+# runner (learner/warm/server.py) has everything imported already and forks its workers at
+# boot, before it starts any thread; a worker respawned mid-run is always spawned (forking a
+# driver whose threads may hold locks is not safe).
+START_METHOD = "spawn"
 
 
 def die_with_parent() -> None:
@@ -97,16 +102,17 @@ def boot_workers(cores: list[int | None]) -> BootedWorkers:
     ctx = mp.get_context("spawn")
     booted = BootedWorkers(conns=[], cmd_qs=[], counters=(ctx.Value("q", 0), ctx.Value("q", 0)), cores=list(cores))
     for w, core in enumerate(cores):
-        proc, cmd_q, conn = spawn_worker(w, core, booted.counters)
+        proc, cmd_q, conn = spawn_worker(w, core, booted.counters, START_METHOD)
         booted.procs.append(proc)
         booted.cmd_qs.append(cmd_q)
         booted.conns.append(conn)
     return booted
 
 
-def spawn_worker(wid: int, core: int | None, counters) -> tuple[Any, Any, Any]:
-    """Worker ``wid``'s process, its command queue and the reading end of its pipe."""
-    ctx = mp.get_context("spawn")
+def spawn_worker(wid: int, core: int | None, counters, method: str = "spawn") -> tuple[Any, Any, Any]:
+    """Worker ``wid``'s process, its command queue and the reading end of its pipe. The
+    counters are always spawn-context values: a forked child inherits them just as well."""
+    ctx = mp.get_context(method)
     cmd_q = ctx.Queue()
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=worker_entry, daemon=True, name=f"rollout-{wid}", args=(wid, core, cmd_q, send, counters))

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('controller', '0005_run_attempt'),
+        ('controller', '0006_run_start_task'),
     ]
 
     operations = [
