@@ -98,8 +98,8 @@ def run_rank_on_this_node(run_id: int, rank: int, node: str, control: str, key: 
             env={**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
     try:
         code = _watch(child, run_id, rank)
-    finally:
-        _kill_group(child.pid)
+    finally:  # whatever is left of the rank's process group, waited for
+        ownership.signal_group(child.pid, signal.SIGKILL, 10.0)
     tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
     status = RunNode.Status.SUCCEEDED if code == 0 else RunNode.Status.FAILED
     error = "" if code == 0 else (f"exit code {code}: " + " | ".join(tail))[:2000]
@@ -120,14 +120,7 @@ def _watch(child: subprocess.Popen, run_id: int, rank: int) -> int:
         run = Run.objects.only("status", "cancel_requested").get(pk=run_id)
         if kill_at is None and (run.status in Run.FINISHED or run.cancel_requested):
             log.info("run %s ended (%s): stopping learner rank %s", run_id, run.status, rank)
-            os.killpg(child.pid, signal.SIGTERM)
+            ownership.signal_group(child.pid, signal.SIGTERM, 0.0)
             kill_at = time.monotonic() + settings.THUNDERSYNC_CANCEL_GRACE_S
         if kill_at is not None and time.monotonic() > kill_at:
-            _kill_group(child.pid)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+            ownership.signal_group(child.pid, signal.SIGKILL, 0.0)
