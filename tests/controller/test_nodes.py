@@ -36,7 +36,8 @@ def two_nodes(tmp_path):
             w.stop()
 
 
-def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes, alice, streaming_preset):
+def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes, alice, alice_client,
+                                                                      streaming_preset):
     node_a, node_b = two_nodes
     experiment = Experiment.objects.create(owner=alice, name="two nodes", config=TWO_NODES)
     assert run_config(experiment.config, streaming_preset.overrides(), 1, "")["learner"]["nodes"] == ["a", "b"]
@@ -45,6 +46,8 @@ def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes
     assert run.status == "succeeded", run.error
     lanes = set(Span.objects.filter(run=run, kind="learner.backward").values_list("lane", flat=True))
     assert lanes == {"learner/0@a", "learner/1@b"}  # each node's rank learnt its groups
+    served = alice_client.get(f"/api/runs/{run.pk}/spans/?limit=5000").json()["spans"]  # what pages replay
+    assert {s["lane"] for s in served if s["kind"] == "learner.backward"} == lanes
     assert run.summary["steps"] == 1
     rank1 = RunNode.objects.get(run=run)
     assert (rank1.rank, rank1.node, rank1.status) == (1, "b", "succeeded")
