@@ -45,6 +45,18 @@ def how_it_ended(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def complete_messages(conn) -> list:
+    """What a dead worker's pipe still holds, but a message cut off by the kill: its writing
+    end is closed, so this ends and never blocks."""
+    messages = []
+    try:
+        while conn.poll():
+            messages.append(conn.recv())
+    except (EOFError, OSError):
+        pass
+    return messages
+
+
 class Fleet:
     """Takes over the workers ``booted`` (``learner.rollout.boot``): sends each its init
     command and waits until every one is ready. Every receive has a limit
@@ -109,12 +121,9 @@ class Fleet:
         """Worker ``w`` died: keep every message it sent completely, then respawn it and
         dispatch its trajectories in flight again (same ids, seeds, dispatch batch), or fail
         the run past ``rollout.max_worker_restarts`` failures in this step."""
-        conn, proc = self.booted.conns[w], self.booted.procs[w]
-        try:
-            while conn.poll():  # its writing end is closed: this ends, never blocks
-                self._accept(w, conn.recv())
-        except (EOFError, OSError):
-            pass  # a message cut off by the kill
+        proc = self.booted.procs[w]
+        for msg in complete_messages(self.booted.conns[w]):
+            self._accept(w, msg)
         proc.join(timeout=10)
         how = how_it_ended(proc.exitcode)
         self.restarts += 1
