@@ -7,11 +7,12 @@ integers are summed exactly, so the sum is the same whatever the order.
 
     y  = x · 2^16                   exact (a power of two)
     hi = round(y)                   |x| ≤ 2^32, so |hi| ≤ 2^48: 2^15 such contributions fit in int64
-    lo = round((y − hi) · 2^32)     y − hi is exact (the fractional part), |lo| ≤ 2^31
+    lo = round((y − hi) · 2^44)     y − hi is exact (the fractional part), |lo| ≤ 2^43: 2^20 fit
 
-x ≈ hi · 2^-16 + lo · 2^-48: the one rounding is at 2^-49 absolute per contribution and
-element (float32 itself rounds at 2^-24 relative, i.e. coarser for every |x| > 2^-25).
-At the barrier the limbs become float64 (hi · 2^-16 + lo · 2^-48), are multiplied by the
+x ≈ hi · 2^-16 + lo · 2^-60: the one rounding is at 2^-61 absolute per contribution and
+element (float32 itself rounds at 2^-24 relative, coarser for every |x| > 2^-37; float64's
+2^-53 relative is coarser for every |x| > 2^-8). A batch's micro-batches are far fewer than
+2^15. At the barrier the limbs become float64 (hi · 2^-16 + lo · 2^-60), are multiplied by the
 batch normaliser and cast to the parameter dtype. Memory: 16 bytes per trainable parameter
 (four float32 gradient copies) for the one global sum G, whatever the number of open groups.
 """
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 Grads = Sequence["torch.Tensor | None"]
-HI_BITS, LO_BITS = 16, 32
+HI_BITS, LO_BITS = 16, 44
 LIMIT = 2.0**32  # the largest |element| of one contribution
 
 
