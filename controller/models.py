@@ -139,6 +139,9 @@ class Run(models.Model):
     heartbeat = models.DateTimeField(null=True, blank=True)
     enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
     attempt = models.PositiveIntegerField(default=0)  # resumes from a checkpoint so far (controller/resuming.py)
+    # the Celery task (message) whose delivery claimed the run: with fair dispatch a message
+    # may start another user's run, so a redelivery adopts exactly this run (controller/tasks.py)
+    start_task_id = models.CharField(max_length=64, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -5,7 +5,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from . import live, ownership
+from . import live, ownership, warm
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
@@ -15,19 +15,23 @@ from .supervisor import supervise
 log = logging.getLogger(__name__)
 
 
-def adopt(run_id: int) -> bool:
+def adopt(task_id: str | None) -> bool:
     """A redelivered message (its worker was lost: acks_late + reject_on_worker_lost) finds
-    its run still starting/running under a supervisor that is certainly gone: end it now
-    rather than wait for the reaper. A live owner's run is left alone."""
-    run = Run.objects.filter(pk=run_id, status__in=Run.ACTIVE).first()
+    the run its first delivery claimed (``Run.start_task_id``: with fair dispatch that need
+    not be the run the message was sent for) still starting/running under a supervisor that
+    is certainly gone: end it now rather than wait for the reaper. A live owner's run, and
+    any other run, are left alone."""
+    if not task_id:
+        return False
+    run = Run.objects.filter(start_task_id=task_id, status__in=Run.ACTIVE).first()
     if run is None:
         return False
     reason = ownership.owner_dead(run.supervisor, run.pk)
     return reason is not None and ownership.abandon(run, reason)
 
 
-@shared_task(name="controller.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
-def run_training(slot_run_id: int) -> str:
+@shared_task(bind=True, name="controller.tasks.run_training", acks_late=True, reject_on_worker_lost=True)
+def run_training(self, slot_run_id: int) -> str:
     """Claim the fairest queued run (queued -> starting, atomically) and supervise the learner.
 
     A message is a slot, not a run: the run launched with it may wait while another user's
@@ -36,8 +40,8 @@ def run_training(slot_run_id: int) -> str:
     run, never the same one twice; a redelivery whose run lost its supervisor ends that run
     first (controller/ownership.py).
     """
-    adopted = adopt(slot_run_id)
-    run_id = claim_next_run()
+    adopted = adopt(self.request.id)
+    run_id = claim_next_run(self.request.id)
     if run_id is None:
         log.info("slot of run %s: no queued run may start now, nothing to do", slot_run_id)
         return "adopted" if adopted else "skipped"
@@ -60,9 +64,11 @@ def start_reaping(**_):
     """Every ``celery worker`` reaps at start (runs a killed worker left) and then
     periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
     _reaper["stop"] = ownership.start_reaper()
+    warm.start()  # runs fork from it (controller/warm.py)
 
 
 @worker_shutdown.connect
 def stop_reaping(**_):
     if "stop" in _reaper:
         _reaper.pop("stop").set()
+    warm.stop()

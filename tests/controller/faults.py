@@ -32,6 +32,12 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped."""
+    stat = proc_stat(pid)
+    return stat is None or stat[0] == "Z"
+
+
 def live_processes() -> list[tuple[int, list[str]]]:
     found = []
     for entry in Path("/proc").iterdir():
