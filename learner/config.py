@@ -283,8 +283,9 @@ class RunConfig(Strict):
     def deterministic_learner(self) -> bool:
         """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""
         wanted = self.learner.deterministic
-        if wanted is None:
-            wanted = bool(self.train.checkpoint_every) and self.learner.path == "auto"
+        if wanted is None:  # data-parallel ranks have none: they checkpoint with the streaming learner
+            wanted = (bool(self.train.checkpoint_every) and self.learner.path == "auto"
+                      and self.learner.world_size == 1 and self.learner.engine == "torch")
         return wanted and self.train.schedule == "streaming"
 
     @model_validator(mode="after")
