@@ -36,7 +36,7 @@ from learner.driver import rules
 from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
-from learner.driver.recorder import LEARNER_LANE, Recorder
+from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer, ResumePoint, restore, weights_loader
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
@@ -51,7 +51,7 @@ class Trainer:
                  on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
         self.cfg, self.sink, self.dump, self.on_step, self.resume = cfg, sink, dump, on_step, resume
         self.schedule = cfg.train.schedule
-        self.recorder = Recorder(sink)
+        self.recorder = Recorder(sink, rank_lane(0, cfg.learner.node_of(0)))
         self.version, self.rewards = 0, []
         # in-flight schedule state (plain data: what a checkpoint of a running schedule holds)
         t = cfg.train
@@ -64,7 +64,7 @@ class Trainer:
 
     def on_phase(self, kind: str, t0: float, t1: float, traj, group, rank: int = 0) -> None:
         """Learner phase callback (raw time.monotonic() stamps); other ranks on their own lanes."""
-        self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank) if rank else LEARNER_LANE)
+        self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank, self.cfg.learner.node_of(rank)))
 
     def setup(self, booted: BootedWorkers) -> None:
         resumed = restore(self, self.resume) if self.resume else None  # before the workers take the clock
@@ -222,7 +222,7 @@ def run_metrics(parts: RunParts, rec: StepRecord, spans: list[dict], t_end: floa
     (``train.eval_every``, after the step's publish)."""
     values = {}
     if isinstance(parts.learner, DataParallelLearner):
-        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.world, parts.learner.rank_stats))
+        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.cfg, parts.learner.rank_stats))
     if parts.evaluator is not None and parts.evaluator.due(rec.step):
         values.update(parts.evaluator.run(rec.step))
     return values

@@ -70,7 +70,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
         model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
-        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
+        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
     env = make_env(cfg.task)
     evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                  if cfg.train.eval_every else None)
