@@ -215,6 +215,11 @@ class LearnerConfig(Strict):
         None, ge=0, le=1_000_000,
         description="K: most groups holding running sums at once (null: unlimited); a member of a group "
                     "without sums waits and is learnt with its final advantage when the group closes")
+    deterministic: bool | None = Field(
+        None, description="streaming: learn each group at its close into a fixed-point sum, so that the weights "
+                           "are a function of the data alone (bit-identical run to run and across a resume); "
+                           "null: on when train.checkpoint_every is set and learner.path is auto "
+                           "(docs/learner.md); the other schedules are deterministic either way")
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
@@ -278,6 +283,24 @@ class RunConfig(Strict):
         """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
         path = self.learner.path
         return BEST_LEARNER_PATH[self.train.schedule] if path == "auto" else path
+
+    def deterministic_learner(self) -> bool:
+        """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""
+        wanted = self.learner.deterministic
+        if wanted is None:
+            wanted = bool(self.train.checkpoint_every) and self.learner.path == "auto"
+        return wanted and self.train.schedule == "streaming"
+
+    @model_validator(mode="after")
+    def _deterministic_fits(self) -> "RunConfig":
+        if self.learner.deterministic and self.train.schedule == "streaming":
+            if self.learner.path != "auto":
+                raise ValueError(f"learner.deterministic: streaming's deterministic learner batches its own way; "
+                                 f"learner.path {self.learner.path} depends on arrival order (leave it auto)")
+            if self.learner.world_size > 1 or self.learner.engine != "torch":
+                raise ValueError("learner.deterministic: data-parallel ranks (learner.world_size > 1, engine "
+                                 "deepspeed) have no deterministic streaming learner")
+        return self
 
     @model_validator(mode="after")
     def _learner_path_fits_schedule(self) -> "RunConfig":

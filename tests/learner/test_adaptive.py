@@ -125,7 +125,7 @@ def test_adaptive_is_exact_under_drawn_arrival_and_queue_interleavings(seed, fee
     model, ref = tiny_llama(torch.float64, rng.randrange(2**31)), tiny_llama(torch.float64, rng.randrange(2**31))
     algo = AlgorithmConfig(kl_coef=kl, entropy_coef=kl / 3)
     trajs = rng.choice((random_batch, zero_variance_batch))(rng)
-    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc, speculate))
+    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc, speculate_zero_variance=speculate))
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     order, (cuts, idles), i = rng.sample(trajs, len(trajs)), feed, 0
     for cut, idle in zip(cuts, idles):
