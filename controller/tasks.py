@@ -53,7 +53,8 @@ def run_training(self, slot_run_id: int) -> str:
     try:
         first, _ = nodes.placement(run.config)
         if first is not None and first != settings.THUNDERSYNC_NODE:  # rank 0 runs on the run's first node
-            Run.objects.filter(pk=run_id).update(supervisor="", heartbeat=timezone.now())
+            Run.objects.filter(pk=run_id).update(supervisor=ownership.HANDED_OFF + nodes.queue_of(first),
+                                                 heartbeat=timezone.now())
             supervise_on_node.apply_async(args=[run_id], queue=nodes.queue_of(first))
             return "handed to node " + first
         return supervise_and_finish(run)
@@ -76,7 +77,8 @@ def supervise_on_node(self, run_id: int) -> str:
     adoption after a lost worker), and supervise it as any run (controller/nodes.py)."""
     if adopt(self.request.id):
         return "adopted"
-    if not Run.objects.filter(pk=run_id, status=Run.Status.STARTING, supervisor="").update(
+    handed = ownership.HANDED_OFF + nodes.queue_of(settings.THUNDERSYNC_NODE)
+    if not Run.objects.filter(pk=run_id, status=Run.Status.STARTING, supervisor=handed).update(
             supervisor=ownership.me(), heartbeat=timezone.now(), start_task_id=self.request.id):
         return "skipped"
     return supervise_and_finish(Run.objects.select_related("experiment", "schedule").get(pk=run_id))

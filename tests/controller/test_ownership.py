@@ -97,6 +97,16 @@ def test_the_reaper_waits_two_passes_for_a_remote_owner_with_a_stale_heartbeat(
     assert fresh.status == "running"
 
 
+def test_a_run_handed_to_a_node_nobody_serves_fails_naming_the_queue(alice_experiment, sync_preset, settings):
+    # a run that spans nodes, handed to its first node's queue (controller/nodes.py), never taken
+    run = running(alice_experiment, sync_preset, ownership.HANDED_OFF + "runs.a",
+                  heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
+    ownership.reap()
+    assert ownership.reap()[0] == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and "no worker took it from queue runs.a" in run.error, run.error
+
+
 def test_an_owner_that_stamps_between_two_passes_keeps_its_run(alice_experiment, sync_preset, settings):
     run = running(alice_experiment, sync_preset, "other-node:12:34", heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
     ownership.reap()
