@@ -24,6 +24,9 @@ and ``learner.group_close`` phase. A micro-batch of n rows is one forward and on
 its interval is reported as n consecutive equal shares, one per trajectory (padded rows cost
 the same), so every trajectory keeps its backward span.
 
+``StreamingLearner`` keeps the batch's life (begin, learn, idle work, barrier) and ``_Batch`` what
+the batch has seen; ``OnPolicyBackward`` runs its forwards and backwards into the running sums.
+
 Conventions are in ``learner.objectives``; the accumulators in ``learner.streaming``.
 """
 
@@ -38,9 +41,9 @@ import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
 from learner.drain import Bucket, Close, DrainPlanner, Known
+from learner.fixed_point import FixedPointSum
 from learner.microbatch import (
     Row,
-    Forward,
     check_trajectory,
     check_turn,
     forward,
@@ -78,6 +81,8 @@ class LearnerOptions:
     micro_batch_tokens: int = 4096
     max_open_groups: int | None = None  # K; None = unlimited
     accumulator_device: str = "device"  # or "host"
+    deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
+    speculate_zero_variance: bool = True  # adaptive: learn zero-variance candidates in idle time
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -86,7 +91,9 @@ class LearnerOptions:
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
-                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device)
+                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
+                   deterministic=cfg.deterministic_learner(),
+                   speculate_zero_variance=cfg.learner.speculate_zero_variance)
 
     @property
     def min_stream_tokens(self) -> int:
@@ -99,7 +106,9 @@ class LearnerOptions:
         """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
         return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
 
-    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator:
+    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator | FixedPointSum:
+        if self.deterministic:
+            return FixedPointSum(params)
         return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
 
 
@@ -158,6 +167,8 @@ class LogprobLedger:
 
 @dataclass
 class _Batch:
+    """What one on-policy batch has seen so far and its counters; checks every item handed in."""
+
     group_sizes: dict[int, int]
     planner: DrainPlanner
     turns: set[tuple[int, int]] = field(default_factory=set)  # OPD (traj, turn) seen
@@ -174,9 +185,55 @@ class _Batch:
     closes: int = 0
     backward_s: float = 0.0
 
+    def counters(self) -> tuple:
+        return self.rows, self.micro_batches, self.backward_s, self.n_tokens, self.closes
+
+    def counted_since(self, before: tuple) -> dict:
+        now = self.counters()
+        names = ("rows", "micro_batches", "backward_s", "n_tokens", "groups_closed")
+        return {name: b - a for name, a, b in zip(names, before, now)}
+
+    def missing_groups(self) -> dict[int, int]:
+        """GRPO: groups not complete yet, with how many of their members arrived."""
+        return {g: len(grp.arrived) for g, grp in self.planner.groups.items() if len(grp.arrived) < grp.size}
+
+    def admit_turns(self, turns: list[ScoredTurn], one_row_per_turn: bool) -> list[Row]:
+        """OPD: check and count scored turns; the rows to learn (the turns of one trajectory in one
+        row, or each turn its own)."""
+        by_traj: dict[int, list[ScoredTurn]] = defaultdict(list)
+        for turn in turns:
+            owner = f"turn {turn.turn} of trajectory {turn.traj}"
+            if turn.group not in self.group_sizes:
+                raise ValueError(f"{owner}: group {turn.group} is not in this batch's group_sizes")
+            if (turn.traj, turn.turn) in self.turns or turn.traj in self.ended:
+                raise ValueError(f"{owner}: already fed in this batch")
+            check_turn(turn)
+            self.turns.add((turn.traj, turn.turn))
+            by_traj[turn.traj].append(turn)
+        rows = [opd_row([turn]) for turn in turns] if one_row_per_turn else [opd_row(ts) for ts in by_traj.values()]
+        for turn in turns:
+            n = turn.turn_span[1] - turn.turn_span[0]
+            self.n_tokens += n
+            self.scored_by_traj[turn.traj] += n
+        return rows
+
+    def end_opd_trajectory(self, traj: Trajectory) -> None:
+        owner = f"trajectory {traj.id}"
+        if traj.group not in self.group_sizes:
+            raise ValueError(f"{owner}: group {traj.group} is not in this batch's group_sizes")
+        if traj.id in self.ended:
+            raise ValueError(f"{owner}: already fed in this batch")
+        got = self.scored_by_traj.get(traj.id, 0)
+        if got != traj.n_scored:
+            raise ValueError(f"{owner}: {got} of its {traj.n_scored} scored tokens arrived as turns before it ended")
+        self.ended.add(traj.id)
+
 
 class StreamingLearner:
-    """Exact on-policy GRPO / OPD (sync and streaming): one optimizer step per batch, zero staleness."""
+    """Exact on-policy GRPO / OPD (sync and streaming): one optimizer step per batch, zero staleness.
+
+    The batch's life (begin, learn, idle work, barrier) is here; the forwards and backwards
+    into the running sums are ``OnPolicyBackward``'s."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
                  options: LearnerOptions | None = None):
@@ -186,6 +243,7 @@ class StreamingLearner:
         self.acc = self.options.accumulator(_trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
+        self.backward = OnPolicyBackward(self)
 
     @property
     def path(self) -> str:
@@ -204,7 +262,8 @@ class StreamingLearner:
             p.grad = None
         opts = self.options
         cap = 0 if opts.path == "micro-batched" else opts.max_open_groups
-        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory")
+        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory",
+                               speculate=opts.speculate_zero_variance)
         self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner)
         if self.acc.params[0].device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)
@@ -218,13 +277,14 @@ class StreamingLearner:
     def learn(self, items: Sequence[Trajectory | ScoredTurn], on_phase: PhaseCallback | None = None) -> dict:
         """Learn everything handed over (all that is waiting); returns this call's counts."""
         state = self._state("learn")
-        before = (state.rows, state.micro_batches, state.backward_s, state.n_tokens, state.closes)
+        before = state.counters()
         turns = [x for x in items if isinstance(x, ScoredTurn)]
         trajs = [x for x in items if not isinstance(x, ScoredTurn)]
         if self.algo.objective == "opd":
-            self._learn_turns(state, turns, on_phase)
+            rows = state.admit_turns(turns, one_row_per_turn=self.path == "per-trajectory")
+            self.backward.rows(state, rows, on_phase)
             for traj in trajs:
-                self._end_opd_trajectory(state, traj)
+                state.end_opd_trajectory(traj)
         else:
             if turns:
                 raise ValueError(f"turn {turns[0].turn} of trajectory {turns[0].traj}: scored turns are for "
@@ -233,19 +293,17 @@ class StreamingLearner:
                 check_trajectory(traj)
             tasks = state.planner.drain(trajs)  # validates membership before any work
             state.n_tokens += sum(t.n_scored for t in trajs)
-            self._run(state, tasks, on_phase)
-        return {"rows": state.rows - before[0], "micro_batches": state.micro_batches - before[1],
-                "backward_s": state.backward_s - before[2], "n_tokens": state.n_tokens - before[3],
-                "groups_closed": state.closes - before[4]}
+            self.backward.tasks(state, tasks, on_phase)
+        return state.counted_since(before)
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
         """Nothing waits: learn deferred work (adaptive: a zero-variance candidate, speculatively)."""
         state = self._state("idle_work")
         if state.ready:  # known rows first: they share one backward whatever their groups
-            self._learn_ready(state, on_phase, flush=True)
+            self.backward.ready(state, on_phase, flush=True)
             return True
         tasks = state.planner.idle() if self.algo.objective == "grpo" else []
-        self._run(state, tasks, on_phase)
+        self.backward.tasks(state, tasks, on_phase)
         return bool(tasks)
 
     def on_trajectory(self, traj: Trajectory, on_phase: PhaseCallback | None = None) -> dict:
@@ -258,7 +316,7 @@ class StreamingLearner:
         """The barrier's own check: every group of the batch complete; raises ``OpenGroupError``."""
         state = self._state("check_complete")
         if self.algo.objective == "grpo":
-            missing = {g: len(grp.arrived) for g, grp in state.planner.groups.items() if len(grp.arrived) < grp.size}
+            missing = state.missing_groups()
             if missing:
                 detail = ", ".join(f"{g} ({n}/{state.group_sizes[g]})" for g, n in missing.items())
                 raise OpenGroupError(f"finish_batch: groups not complete: {detail}")
@@ -280,7 +338,7 @@ class StreamingLearner:
         data-parallel rank's share of it (``learner.distributed``); default its own counts."""
         state = self._state("finish_batch")
         self.check_complete()
-        self._learn_ready(state, None, flush=True)
+        self.backward.ready(state, None, flush=True)
         n_tokens, n_traj = totals if totals is not None else self.batch_counts()
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
@@ -290,9 +348,19 @@ class StreamingLearner:
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path}
 
-    # -- GRPO --------------------------------------------------------------------------------
-    def _run(self, state: _Batch, tasks: list, on_phase: PhaseCallback | None) -> None:
-        """Closes and known-advantage rows first (finished groups first), then the open buckets."""
+
+class OnPolicyBackward:
+    """The on-policy learner's work through the model: the drain's tasks (group closes,
+    known-advantage rows, open-group buckets) and OPD rows, in micro-batches under the token
+    budget, into the accumulator's running sums (docs/learner.md)."""
+
+    def __init__(self, learner: StreamingLearner):
+        self.model, self.ref_model, self.algo = learner.model, learner.ref_model, learner.algo
+        self.options, self.acc, self.logprobs = learner.options, learner.acc, learner.logprobs
+        self.one_pass = learner.path != "per-trajectory"
+
+    def tasks(self, state: _Batch, tasks: list, on_phase: PhaseCallback | None) -> None:
+        """GRPO: closes and known-advantage rows first (finished groups first), then the open buckets."""
         known: list[Row] = []
         for task in tasks:
             if isinstance(task, Close):
@@ -310,7 +378,7 @@ class StreamingLearner:
                     else:
                         known.append(grpo_row(traj, adv))
         state.ready += known
-        self._learn_ready(state, on_phase, flush=state.planner.all_arrived())
+        self.ready(state, on_phase, flush=state.planner.all_arrived())
         for task in tasks:
             if isinstance(task, Bucket):
                 if task.group not in state.opened:
@@ -322,12 +390,16 @@ class StreamingLearner:
                 for part in plan_micro_batches(rows, self.options.budget):
                     self._micro_batch(state, part, task, on_phase)
 
-    def _learn_ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
+    def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
         """Known-advantage rows, in micro-batches: at once, or (adaptive, before the whole batch has
         arrived) once they add up to ``min_stream_tokens``: rows of later closes join them."""
         if not state.ready or (not flush and sum(len(r.ids) for r in state.ready) < self.options.min_stream_tokens):
             return
         rows, state.ready = state.ready, []
+        self.rows(state, rows, on_phase)
+
+    def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
+        """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
         for part in plan_micro_batches(rows, self.options.budget):
             self._micro_batch(state, part, None, on_phase)
 
@@ -336,58 +408,19 @@ class StreamingLearner:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
         fwd = forward(self.model, self.ref_model, self.algo, rows)
-        self._keep_logprobs(fwd)
+        for b, row in enumerate(fwd.rows):
+            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
         pg = on_policy_pg_loss(fwd, self.algo.objective)
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         if bucket is None:
             self.acc.add_direct(grads_of(pg if aux is None else pg + aux, self.acc.params))
         else:
-            pg_grads, aux_grads = split_grads(pg, aux, self.acc.params, one_pass=self.path != "per-trajectory")
+            pg_grads, aux_grads = split_grads(pg, aux, self.acc.params, one_pass=self.one_pass)
             self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
             if aux_grads is not None:
                 self.acc.add_direct(aux_grads)
         del fwd, pg, aux
         _report(state, rows, t0, time.monotonic(), on_phase)
-
-    def _keep_logprobs(self, fwd: Forward) -> None:
-        for b, row in enumerate(fwd.rows):
-            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
-
-    # -- OPD ---------------------------------------------------------------------------------
-    def _learn_turns(self, state: _Batch, turns: list[ScoredTurn], on_phase: PhaseCallback | None) -> None:
-        """Every scored turn is known work (the teacher's log-probs are its weights): straight into G,
-        the turns of one trajectory in one row (per-trajectory: each turn its own)."""
-        by_traj: dict[int, list[ScoredTurn]] = defaultdict(list)
-        for turn in turns:
-            owner = f"turn {turn.turn} of trajectory {turn.traj}"
-            if turn.group not in state.group_sizes:
-                raise ValueError(f"{owner}: group {turn.group} is not in this batch's group_sizes")
-            if (turn.traj, turn.turn) in state.turns or turn.traj in state.ended:
-                raise ValueError(f"{owner}: already fed in this batch")
-            check_turn(turn)
-            state.turns.add((turn.traj, turn.turn))
-            by_traj[turn.traj].append(turn)
-        if self.path == "per-trajectory":
-            rows = [opd_row([turn]) for turn in turns]
-        else:
-            rows = [opd_row(ts) for ts in by_traj.values()]
-        for turn in turns:
-            n = turn.turn_span[1] - turn.turn_span[0]
-            state.n_tokens += n
-            state.scored_by_traj[turn.traj] += n
-        for part in plan_micro_batches(rows, self.options.budget):
-            self._micro_batch(state, part, None, on_phase)
-
-    def _end_opd_trajectory(self, state: _Batch, traj: Trajectory) -> None:
-        owner = f"trajectory {traj.id}"
-        if traj.group not in state.group_sizes:
-            raise ValueError(f"{owner}: group {traj.group} is not in this batch's group_sizes")
-        if traj.id in state.ended:
-            raise ValueError(f"{owner}: already fed in this batch")
-        got = state.scored_by_traj.get(traj.id, 0)
-        if got != traj.n_scored:
-            raise ValueError(f"{owner}: {got} of its {traj.n_scored} scored tokens arrived as turns before it ended")
-        state.ended.add(traj.id)
 
 
 def _report(state: _Batch, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:

@@ -6,5 +6,8 @@
                  (``torch``: torch.distributed, float64 too; ``deepspeed``: ZeRO 0/1/2)
     rank         ``RankLearner``: the streaming learner on one rank's groups, then the barrier
     ranks        process groups: free port, rendezvous, spawning W rank processes with timeouts
+    front        ``DataParallelLearner``: rank 0 (the driver process) routing items to owners, the step
+    peers        ``RankPeers``: rank 0's handle on ranks 1..W−1 (queues, reports, stopping them)
+    worker       what ranks 1..W−1 run: build their learner, serve rank 0's commands
     exactness    ``thundersync check-exactness --world-size``: reduced vs single-process gradient
 """

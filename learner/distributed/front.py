@@ -5,65 +5,60 @@ Rank 0 is the driver process: it receives every trajectory from the rollout flee
 of the groups it owns and forwards the others to their owner rank (``learner.distributed.worker``),
 so all W ranks stream backward passes at once. At the barrier every rank checks itself and joins
 the one integer all-reduce, then the gradient reduction and the optimizer step; rank 0 publishes.
-The other ranks' phases come back as spans on their own lanes, ``learner/<rank>``.
+The other ranks' phases come back as spans on their own lanes, ``learner/<rank>`` (``learner/<rank>@<node>``
+in a run that spans nodes, whose other nodes' ranks ``RankPeers`` reaches through ``learner.distributed.remote``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import multiprocessing.connection
-import queue
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from learner.config import RunConfig
-from learner.distributed.barrier import DistributedBatchError
-from learner.distributed.ranks import free_port, init_rank, stop_processes
-from learner.distributed.worker import broadcast_from_rank0, param_digest, rank_main
+from learner.distributed.peers import RankPeers, RankPhase
+from learner.distributed.ranks import init_rank
+from learner.distributed.worker import broadcast_from_rank0, param_digest
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
-RankPhase = Callable[[int, str, float, float, "int | None", "int | None"], None]
+__all__ = ["DataParallelLearner", "RankPhase", "rank_lane", "rank_metrics", "uses_ranks"]
 
 
 class DataParallelLearner:
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase):
-        from learner.distributed.engines import make_engine
+    """Rank 0's ``RankLearner`` and engine, with ranks 1..W−1 as ``RankPeers``."""
+
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase,
+                 optimizer: torch.optim.Optimizer | None = None):
+        """``optimizer``: the run's AdamW, which the torch engine steps (checkpoints save and load it)."""
+        from learner.distributed.engines import broadcast_optimizer_state, make_engine
         from learner.distributed.rank import RankLearner
 
         self.cfg, self.world = cfg, cfg.learner.world_size
-        self.timeout_s = cfg.learner.timeout_s
-        self.on_rank_phase = on_rank_phase
-        ctx = multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        self.up_q = ctx.Queue()
-        self.cmd_qs = [ctx.Queue() for _ in range(1, self.world)]
-        self.procs = [ctx.Process(target=rank_main, name=f"thundersync-learner-rank-{r}", daemon=True,
-                                  args=(cfg.model_dump(), policy_dir, r, self.world, init_method, self.cmd_qs[r - 1],
-                                        self.up_q)) for r in range(1, self.world)]
-        for p in self.procs:
-            p.start()
+        self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
-            init_rank(0, self.world, init_method, self.timeout_s)
+            init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s)
             torch.set_num_threads(1)
             self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
                                      0, self.world)
             lrn, train = cfg.learner, cfg.train
             self.engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
-                                      lrn.zero_stage, lrn.offload_optimizer)
+                                      lrn.zero_stage, lrn.offload_optimizer, optimizer)
             broadcast_from_rank0(model)
+            broadcast_optimizer_state(self.engine)  # a resumed run: rank 0 loaded its checkpoint
         except BaseException:
             self.close()
             raise
-        self.rank_stats: dict[int, dict] = {}
 
     @property
     def pids(self) -> list[int]:
         """Process ids of ranks 1..W−1 (rank 0 is this process)."""
-        return [p.pid for p in self.procs]
+        return self.peers.pids
+
+    @property
+    def rank_stats(self) -> dict[int, dict]:
+        """Each rank's stats of the last step (rank 0's from ``finish_batch``, the others' after ``step``)."""
+        return self.peers.stats
 
     # -- what StreamingLearner offers ------------------------------------------------------
     @property
@@ -84,8 +79,7 @@ class DataParallelLearner:
 
     def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
         sizes = dict(group_sizes)
-        for q in self.cmd_qs:
-            q.put(("begin", sizes))
+        self.peers.broadcast(("begin", sizes))
         self.local.begin_batch(sizes)
 
     def learn(self, items: Sequence[Trajectory | ScoredTurn], on_phase: PhaseCallback | None = None) -> dict:
@@ -95,9 +89,9 @@ class DataParallelLearner:
             by_rank.setdefault(owners.get(item.group, 0), []).append(item)
         for rank, part in by_rank.items():
             if rank:
-                self.cmd_qs[rank - 1].put(("learn", part))
+                self.peers.send(rank, ("learn", part))
         stats = self.local.learn(by_rank.get(0, []), on_phase) if 0 in by_rank else {}
-        self.drain()
+        self.peers.drain()
         return stats
 
     def on_trajectory(self, traj: Trajectory, on_phase: PhaseCallback | None = None) -> dict:
@@ -107,22 +101,21 @@ class DataParallelLearner:
         return self.learn([turn], on_phase)
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
-        self.drain()
+        self.peers.drain()
         return self.local.idle_work(on_phase)
 
     def finish_batch(self) -> dict:
         """Every rank's barrier (its own check + the integer all-reduce); raises on every rank alike."""
-        for q in self.cmd_qs:
-            q.put(("finish",))
-        self._check_alive()
-        with self._naming_failed_peers():
+        self.peers.broadcast(("finish",))
+        self.peers.check_alive()
+        with self.peers.naming_failed_peers():
             stats = self.local.finish_batch()
-        self.rank_stats = {0: stats}
+        self.peers.stats = {0: stats}
         return stats
 
     # -- the reduction and the step ----------------------------------------------------------
     def reduce(self) -> None:
-        with self._naming_failed_peers():
+        with self.peers.naming_failed_peers():
             self.engine.reduce()
 
     def reduced_grads(self) -> list[torch.Tensor]:
@@ -130,81 +123,20 @@ class DataParallelLearner:
 
     def step(self) -> float:
         """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
-        with self._naming_failed_peers():
+        with self.peers.naming_failed_peers():
             norm = self.engine.step()
-        self.rank_stats[0]["param_digest"] = param_digest(self.local.learner.model)
-        deadline = time.monotonic() + self.timeout_s
-        while len(self.rank_stats) < self.world:
-            self._next_up(deadline)
+        self.peers.stats[0]["param_digest"] = param_digest(self.local.learner.model)
+        self.peers.wait_for_steps()
         digests = {r: s.get("param_digest") for r, s in self.rank_stats.items()}
         if len(set(digests.values())) != 1:  # the invariant data parallelism rests on
             raise RuntimeError(f"learner ranks diverged after the optimizer step: parameter digests {digests}")
         return norm
 
-    # -- messages from the other ranks --------------------------------------------------------
-    def drain(self) -> None:
-        """Pass on every phase the other ranks reported so far."""
-        while True:
-            try:
-                msg = self.up_q.get_nowait()
-            except queue.Empty:
-                return
-            self._handle(msg)
-
-    def _next_up(self, deadline: float) -> None:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"learner ranks {sorted(set(range(self.world)) - set(self.rank_stats))} did "
-                                   f"not finish their step within learner.timeout_s = {self.timeout_s:g} s")
-            try:
-                msg = self.up_q.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                self._check_alive()
-                continue
-            self._handle(msg)
-            return
-
-    def _handle(self, msg) -> None:
-        if msg[0] == "phase":
-            self.on_rank_phase(*msg[1:])
-        elif msg[0] == "stepped":
-            self.rank_stats[msg[1]] = msg[2]
-        elif msg[0] == "error":
-            raise RuntimeError(f"learner rank {msg[1]} failed: {msg[2]}")
-
-    @contextlib.contextmanager
-    def _naming_failed_peers(self):
-        """A collective that failed because a peer died or failed: say which rank and why."""
-        try:
-            yield
-        except DistributedBatchError:
-            raise  # every rank raised it together: its message already names the ranks
-        except Exception as exc:
-            # a dead peer's exit is seen a moment after its socket closed: wait for it, bounded
-            multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout=2.0)
-            self.drain()
-            self._check_alive()
-            raise exc
-
-    def _check_alive(self) -> None:
-        for r, p in enumerate(self.procs, start=1):
-            if p.exitcode is not None and p.exitcode != 0:
-                raise RuntimeError(f"learner rank {r} exited with code {p.exitcode}")
-
     def close(self) -> None:
-        """Stop every rank: ask, wait, then terminate and kill whichever is left; leave the group."""
+        """Stop every rank (``RankPeers.close``), then leave the process group."""
         import torch.distributed as dist
 
-        for q in self.cmd_qs:
-            try:
-                q.put(("stop",))
-            except (ValueError, OSError):
-                pass
-        stop_processes(self.procs, min(self.timeout_s, 30.0))
-        for q in [self.up_q, *self.cmd_qs]:
-            q.cancel_join_thread()
-            q.close()
+        self.peers.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -214,11 +146,12 @@ def uses_ranks(cfg: RunConfig) -> bool:
     return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
 
 
-def rank_lane(rank: int) -> str:
-    return f"learner/{rank}"
+def rank_lane(rank: int, node: str | None = None) -> str:
+    """A learner rank's Gantt lane; in a run that spans nodes it names the rank's node."""
+    return f"learner/{rank}@{node}" if node else f"learner/{rank}"
 
 
-def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
+def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig, rank_stats: dict[int, dict]) -> dict:
     """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
     trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
     hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
@@ -227,8 +160,10 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, ra
 
     width = max(t_end - t_start, 1e-12)
     out: dict[str, float] = {}
+    world = cfg.learner.world_size
     for r in range(world):
-        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == rank_lane(r) and s["kind"].startswith("learner.")]
+        lane = rank_lane(r, cfg.learner.node_of(r))
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == lane and s["kind"].startswith("learner.")]
         out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
         stats = rank_stats.get(r, {})
         if stats:

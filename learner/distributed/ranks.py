@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -18,17 +17,13 @@ from datetime import timedelta
 
 import torch.multiprocessing as mp
 
+from learner.distributed.remote import free_port
+
 DEFAULT_TIMEOUT_S = 120.0
 
 
 class RankFailure(RuntimeError):
     """One or more rank processes failed, died or ran past the timeout (all were stopped)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,

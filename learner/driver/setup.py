@@ -14,6 +14,7 @@ from learner.config import RunConfig
 from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.evaluation import Evaluator
+from learner.deterministic import on_policy_learner
 from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner
 from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
@@ -67,10 +68,10 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     version = load_state(model, optimizer) if load_state else 0
-    learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
+    learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else on_policy_learner)(
         model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
-        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
+        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
     env = make_env(cfg.task)
     evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                  if cfg.train.eval_every else None)
