@@ -224,9 +224,9 @@ class LearnerConfig(Strict):
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
     speculate_zero_variance: bool = Field(
-        True, description="adaptive learner: learn members of a group whose rewards so far are all equal "
-                          "when nothing else waits (false: they wait for a second reward or the close, so "
-                          "no backward is spent on a group that ends zero-variance; the tail is longer)")
+        False, description="adaptive learner: learn members of a group whose rewards so far are all equal "
+                           "when nothing else waits (false: they wait for a second reward or the close, so "
+                           "no backward is spent on a group that ends zero-variance)")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")

@@ -82,7 +82,7 @@ class LearnerOptions:
     max_open_groups: int | None = None  # K; None = unlimited
     accumulator_device: str = "device"  # or "host"
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
-    speculate_zero_variance: bool = True  # adaptive: learn zero-variance candidates in idle time
+    speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
