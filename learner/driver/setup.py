@@ -41,6 +41,13 @@ class RunParts:
     fleet: Fleet
     evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
 
+    def close(self) -> None:
+        """Stop the rollout workers and the learner's processes (if it has any), whatever happens."""
+        try:
+            self.fleet.close()
+        finally:
+            self.learner.close()
+
 
 def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase,
               load_state: Callable[[torch.nn.Module, torch.optim.Optimizer], int] | None = None) -> RunParts:
@@ -67,16 +74,21 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     version = load_state(model, optimizer) if load_state else 0
-    learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
-        model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
         learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
-    env = make_env(cfg.task)
-    evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
-                 if cfg.train.eval_every else None)
-    store = WeightStore(publish_view(model), counters=booted.counters)
-    if version:
-        store.publish(publish_view(model), version)  # the workers start from the resumed version
-    fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+    else:
+        learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
+            model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
+    try:
+        env = make_env(cfg.task)
+        evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
+                     if cfg.train.eval_every else None)
+        store = WeightStore(publish_view(model), counters=booted.counters)
+        if version:
+            store.publish(publish_view(model), version)  # the workers start from the resumed version
+        fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+    except BaseException:
+        learner.close()  # a data-parallel learner's rank processes end with the failed set-up
+        raise
     gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
     return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet, evaluator)
