@@ -31,7 +31,7 @@ def _summary_line(m: dict) -> str:
 def check_resolvable(cfg) -> None:
     """What the schema cannot see and needs the heavy imports: the environment is
     registered, a GPU asked for is there (model paths: ``learner.preflight``, before boot)."""
-    from learner.rollout.env import make_env
+    from learner.rollout.tasks import make_env
 
     try:
         env = make_env(cfg.task)

@@ -76,7 +76,7 @@ class GymDataset(Strict):
 
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
-                      description="a registered environment (learner.rollout.env.register_env)")
+                      description="a registered environment (learner.rollout.tasks.register_env)")
     min_ops: int = Field(1, ge=1, le=4)
     max_ops: int = Field(2, ge=1, le=4)
     max_operand: int = Field(20, ge=2, le=999)

@@ -19,7 +19,8 @@ from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
-from learner.rollout.env import Environment, make_env
+from learner.rollout.env import Environment
+from learner.rollout.tasks import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
