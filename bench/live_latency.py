@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from learner.timeline import Kind  # noqa: E402
 from tests.harness.web_harness import asgi_server, bench_database  # noqa: E402
 
 TARGET_P95_MS = 250.0
@@ -178,14 +179,14 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
             for span in frame["spans"]:
                 seq = span["seq"]
                 seen.append(seq)
-                if kinds[seq] == "rollout.tool":
+                if kinds[seq] == Kind.TOOL:
                     continue
                 end = probe.origin_epoch + t1[seq]
                 latencies.append(1000 * (recv - end))
                 stages["published -> received"].append(1000 * (recv - probe.published[seq]))
         counts.append(seen)
     for seq, kind in kinds.items():
-        if kind != "rollout.tool":
+        if kind != Kind.TOOL:
             stages["end -> read by the ingestor"].append(1000 * (probe.read[seq] - probe.origin_epoch - t1[seq]))
             stages["read -> published"].append(1000 * (probe.published[seq] - probe.read[seq]))
     expected = sorted(kinds)

@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 
 from learner.config import TaskConfig, ToolLatency
 from learner.rollout.tokenizer import ANS, ANS_END, BOS, CALL, CALL_END, EOS, OBS, OBS_END
+from learner.timeline import Metric
 
 STOP_TOKENS: tuple[str, ...] = (CALL_END, EOS)
 
@@ -234,4 +235,4 @@ def task_metrics(trajs) -> dict[str, float]:
     turn (e.g. a tool call that is not valid JSON) or a counted data/reward error."""
     errors = [t.error for t in trajs if t.error]
     turn = sum(1 for e in errors if e.startswith("turn "))
-    return {"task/turn_errors": float(turn), "task/reward_errors": float(len(errors) - turn)}
+    return {Metric.TASK_TURN_ERRORS: float(turn), Metric.TASK_REWARD_ERRORS: float(len(errors) - turn)}
