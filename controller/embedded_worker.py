@@ -12,6 +12,8 @@ from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController, state
 from django.db import connections
 
+from controller import warm
+
 
 class ThreadWorker(WorkController):
     """A worker whose start-up can be awaited and which stops when asked."""
@@ -39,6 +41,7 @@ class EmbeddedWorker:
             connections.close_all()  # this thread's database connections die with it
 
     def start(self, timeout: float = 30.0) -> "EmbeddedWorker":
+        warm.start()  # imports torch in the background while the user logs in (THUNDERSYNC_WARM_RUNNER)
         self.thread.start()
         if not self.worker.ready.wait(timeout):
             raise RuntimeError(f"the embedded Celery worker did not start within {timeout:.0f}s")
@@ -49,5 +52,6 @@ class EmbeddedWorker:
         state.should_stop = 0
         self.thread.join(timeout)
         state.should_stop = None
+        warm.stop()
         if self.thread.is_alive():
             raise RuntimeError(f"the embedded Celery worker did not stop within {timeout:.0f}s")

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import ownership, runlog
+from . import ownership, runlog, warm
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
@@ -63,10 +63,11 @@ class LearnerProcess:
 
     def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
                  on_log: Callable[[int, str], None] = lambda number, line: None):
-        self.proc = subprocess.Popen(
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # forked by this worker's warm runner if it has one (controller/warm.py), else cold
+        self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            preexec_fn=_die_with_parent,
+            text=True, bufsize=1, start_new_session=True, env=env, preexec_fn=_die_with_parent,
         )
         self.pid = self.proc.pid
         self.stderr_tail: deque[str] = deque(maxlen=stderr_lines)
@@ -315,6 +316,8 @@ class RunWatch:
         code = child.proc.returncode
         if self.failure:
             reason = self.failure
+        elif getattr(child.proc, "lost", ""):  # a warm-runner run whose runner died (controller/warm.py)
+            reason = child.proc.lost
         elif ingestor.failure:
             reason = ingestor.failure
         elif code < 0:

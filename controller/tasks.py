@@ -5,7 +5,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 
-from . import live, ownership
+from . import live, ownership, warm
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
@@ -60,9 +60,11 @@ def start_reaping(**_):
     """Every ``celery worker`` reaps at start (runs a killed worker left) and then
     periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
     _reaper["stop"] = ownership.start_reaper()
+    warm.start()  # runs fork from it (controller/warm.py)
 
 
 @worker_shutdown.connect
 def stop_reaping(**_):
     if "stop" in _reaper:
         _reaper.pop("stop").set()
+    warm.stop()

@@ -157,7 +157,8 @@ def cmd_train(args) -> int:
 
 
 def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
-    boot_phase(args, f"loading torch and the policy {cfg.model.policy}")
+    # a run forked from the warm runner (learner/warm/server.py) has torch imported already
+    boot_phase(args, f"loading {'' if 'torch' in sys.modules else 'torch and '}the policy {cfg.model.policy}")
     from tqdm import tqdm
 
     from learner.driver.loop import train

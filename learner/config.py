@@ -137,6 +137,9 @@ class RolloutConfig(Strict):
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
                                      description="the run fails when the fleet sends nothing for this long")
+    max_worker_restarts: int = Field(
+        2, ge=0, le=100, description="a rollout worker that dies is respawned and its trajectories sampled "
+        "again, this many times per step; one failure more fails the run")
 
 
 class AdvantageConfig(Strict):

@@ -93,9 +93,14 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # The learner: `thundersync train --config FILE --events -` writes JSONL events to stdout.
 _console_script = Path(sys.executable).with_name("thundersync")
-THUNDERSYNC_LEARNER_COMMAND = (
+THUNDERSYNC_LEARNER_COMMAND = DEFAULT_LEARNER_COMMAND = (
     [str(_console_script)] if _console_script.exists() else [sys.executable, "-m", "learner.cli"]
 )
+# Runs of the default learner command are forked from a warm runner process that has torch and
+# the trainer imported (controller/warm.py; docs/processes.md "Warm runner"); a run asked for
+# while it still imports waits for it up to THUNDERSYNC_WARM_WAIT_S, then starts cold.
+THUNDERSYNC_WARM_RUNNER = os.environ.get("THUNDERSYNC_WARM_RUNNER", "1") == "1"
+THUNDERSYNC_WARM_WAIT_S = 60.0
 THUNDERSYNC_RUN_DIR = Path(os.environ.get("THUNDERSYNC_RUN_DIR", BASE_DIR / "runs"))
 # Directories a run config may load models from besides the built-ins (os.pathsep separated);
 # none by default (controller/server_paths.py) ...

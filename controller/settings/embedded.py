@@ -5,13 +5,15 @@ an in-memory channel layer that accepts sends from the worker thread, and Celery
 in-memory broker, which only works inside one process (the `demo` command's worker thread).
 """
 
+import os
+
 from .base import *  # noqa: F403
 from .base import BASE_DIR
 
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "thundersync.sqlite3",
+        "NAME": os.environ.get("THUNDERSYNC_SQLITE", BASE_DIR / "thundersync.sqlite3"),  # bench/first_span.py: a temp file
         "OPTIONS": {
             "timeout": 20,
             "transaction_mode": "IMMEDIATE",
@@ -23,3 +25,6 @@ DATABASES = {
 CHANNEL_LAYERS = {"default": {"BACKEND": "controller.embedded_layer.EmbeddedChannelLayer"}}
 
 CELERY_BROKER_URL = "memory://"
+# The in-memory transport polls its queues; at the default 1 s a launched run waited ~1 s to be
+# claimed (bench/first_span.py). An idle poll is a dict lookup.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.05}

@@ -40,3 +40,6 @@ THUNDERSYNC_HEARTBEAT_S = 0.5
 THUNDERSYNC_STALE_S = 4.0
 THUNDERSYNC_REAP_INTERVAL_S = 1.0
 THUNDERSYNC_REQUEUE_AFTER_S = 3.0
+# Runs start cold unless a test asks for the warm runner (tests/controller/test_warm_runner.py):
+# one more torch-importing process per worker would slow every other test on 2 cores.
+THUNDERSYNC_WARM_RUNNER = False

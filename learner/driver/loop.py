@@ -172,6 +172,7 @@ class Trainer:
             for step in range(self.first_step, self.cfg.train.steps):
                 self.rec = StepRecord(step, self.t_step_end)
                 self.recorder.begin_step(step)
+                self.parts.fleet.begin_step(step)  # rollout.max_worker_restarts counts per step
                 held = self.collect_groups() if self.schedule == "fully-async" else self.collect_batch()
                 self.dispatch_open()  # async: the next batch rolls out while this one trains
                 self.train_step(held)

@@ -8,7 +8,7 @@ from collections import deque
 from learner.config import RunConfig
 from learner.driver.recorder import Recorder
 from learner.rollout.env import Environment, task_for_group
-from learner.rollout.fleet import Fleet
+from learner.rollout.fleet import Fleet, decode
 from learner.rollout.messages import WorkItem
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -44,13 +44,13 @@ class Rollouts:
         if self.pending:
             return self.pending.popleft()
         while True:
-            got = self.fleet.poll_data()
+            got = poll_data(self.fleet)
             if got is None and on_idle is not None and on_idle():
                 continue
             if got is None:  # about to wait: the sink writes its queued events meanwhile
                 self.rec.sink.idle(self.fleet.has_message)
                 t0 = self.rec.now()
-                got = self.fleet.get_data(timeout)
+                got = decode(self.fleet.get(timeout))
                 self.rec.waits.append((t0, self.rec.now()))
             item, spans = got
             self.rec.emit_spans(spans)
@@ -70,7 +70,7 @@ class Rollouts:
     def drain_spans(self) -> None:
         """Emit every span the fleet has already sent (async rollouts run beside the learner:
         their spans belong in this step's metrics); keep trajectories for later."""
-        while (got := self.fleet.poll_data()) is not None:
+        while (got := poll_data(self.fleet)) is not None:
             item, spans = got
             self.rec.emit_spans(spans)
             if item is not None:
@@ -93,3 +93,9 @@ class Rollouts:
             self.rec.emit_spans(spans)
 
         self.rec.replica_spans(self.fleet.load_all(version, on_other=late), version)
+
+
+def poll_data(fleet: Fleet) -> tuple[Trajectory | ScoredTurn | None, list] | None:
+    """The next data message already waiting, decoded (``fleet.decode``), or None (never blocks)."""
+    msg = fleet.poll()
+    return None if msg is None else decode(msg)

@@ -25,8 +25,14 @@ from typing import Any
 
 from learner.rollout.cores import core_plan, pin_process
 from learner.rollout.messages import Failed, Init, Stop
+from learner.rollout.outbox import Outbox
 
 PR_SET_PDEATHSIG = 1
+# "spawn": a fresh interpreter imports beside the driver (above). A run forked from the warm
+# runner (learner/warm/server.py) has everything imported already and forks its workers at
+# boot, before it starts any thread; a worker respawned mid-run is always spawned (forking a
+# driver whose threads may hold locks is not safe).
+START_METHOD = "spawn"
 
 
 def die_with_parent() -> None:
@@ -46,11 +52,13 @@ def die_with_parent() -> None:
 
 @dataclass
 class BootedWorkers:
-    """Worker processes that are importing or waiting for their init command."""
+    """Worker processes that are importing or waiting for their init command. ``conns``: the
+    driver's reading end of each worker's own pipe (``learner.rollout.outbox``)."""
 
-    out_q: Any
+    conns: list[Any]
     cmd_qs: list[Any]
     counters: tuple[Any, Any]  # (version, writing) of the weight store they will read
+    cores: list[int | None] = field(default_factory=list)
     procs: list[Any] = field(default_factory=list)
     taken: bool = False  # a Fleet owns them now and stops them
 
@@ -61,6 +69,14 @@ class BootedWorkers:
         # a worker still importing has nothing worth waiting for
         stop_workers(self.cmd_qs, self.procs, grace_s=2.0)
         self.taken = True
+
+    def respawn(self, wid: int) -> None:
+        """A new process in worker ``wid``'s place (its core; a new pipe and command queue):
+        the old one died. The dead worker's queue is dropped without waiting for its feeder."""
+        self.conns[wid].close()
+        self.cmd_qs[wid].cancel_join_thread()
+        self.cmd_qs[wid].close()
+        self.procs[wid], self.cmd_qs[wid], self.conns[wid] = spawn_worker(wid, self.cores[wid], self.counters)
 
 
 def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
@@ -84,20 +100,30 @@ def boot_fleet(cfg) -> BootedWorkers:
 def boot_workers(cores: list[int | None]) -> BootedWorkers:
     """Spawn one worker process per entry of ``cores`` (its core, or None)."""
     ctx = mp.get_context("spawn")
-    booted = BootedWorkers(out_q=ctx.Queue(), cmd_qs=[ctx.Queue() for _ in cores],
-                           counters=(ctx.Value("q", 0), ctx.Value("q", 0)))
-    booted.procs = [
-        ctx.Process(target=worker_entry, daemon=True, name=f"rollout-{w}",
-                    args=(w, core, booted.cmd_qs[w], booted.out_q, booted.counters))
-        for w, core in enumerate(cores)
-    ]
-    for p in booted.procs:
-        p.start()
+    booted = BootedWorkers(conns=[], cmd_qs=[], counters=(ctx.Value("q", 0), ctx.Value("q", 0)), cores=list(cores))
+    for w, core in enumerate(cores):
+        proc, cmd_q, conn = spawn_worker(w, core, booted.counters, START_METHOD)
+        booted.procs.append(proc)
+        booted.cmd_qs.append(cmd_q)
+        booted.conns.append(conn)
     return booted
 
 
-def worker_entry(wid: int, core: int | None, cmd_q, out_q, counters) -> None:
+def spawn_worker(wid: int, core: int | None, counters, method: str = "spawn") -> tuple[Any, Any, Any]:
+    """Worker ``wid``'s process, its command queue and the reading end of its pipe. The
+    counters are always spawn-context values: a forked child inherits them just as well."""
+    ctx = mp.get_context(method)
+    cmd_q = ctx.Queue()
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=worker_entry, daemon=True, name=f"rollout-{wid}", args=(wid, core, cmd_q, send, counters))
+    proc.start()
+    send.close()  # the worker holds the only writing end: its death reads as end-of-file here
+    return proc, cmd_q, receive
+
+
+def worker_entry(wid: int, core: int | None, cmd_q, conn, counters) -> None:
     """A worker process: import (beside the driver), wait for init, then serve."""
+    out_q = Outbox(conn)
     try:
         die_with_parent()
         pin_process(core)
@@ -110,5 +136,6 @@ def worker_entry(wid: int, core: int | None, cmd_q, out_q, counters) -> None:
         store = WeightStore.attach(cmd.tensors, *counters)
     except Exception as exc:  # the driver turns this into a failed run with this text
         out_q.put(Failed(wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        out_q.flush(timeout_s=10.0)
         return
     worker_main(wid, cmd.cfg_json, cmd.policy_dir, cmd.teacher_dir, store, cmd_q, out_q, cmd.origin, core)

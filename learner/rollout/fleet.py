@@ -1,18 +1,27 @@
-"""The rollout fleet as the driver sees it: worker processes, their queues, weight acks."""
+"""The rollout fleet as the driver sees it: worker processes, one pipe from each, weight
+acks, and workers that die (docs/processes.md, "A rollout worker dies")."""
 
 from __future__ import annotations
 
-import queue
+import signal
+import sys
+import time
+from collections import deque
+from multiprocessing import connection
 
 import torch.multiprocessing  # noqa: F401  (registers the shared-memory pickling of tensors)
 
 from learner import stopping
 from learner.config import RunConfig
 from learner.rollout.boot import BootedWorkers, stop_workers
+from learner.rollout.in_flight import InFlight
 from learner.rollout.messages import Ack, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
 from learner.rollout.weights import WeightStore
 from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
+
+POLL_S = 1.0  # the longest a receive blocks before it looks at the stop request and dead workers
+READY_TIMEOUT_S = 600.0
 
 
 class RolloutError(RuntimeError):
@@ -28,115 +37,155 @@ def decode(msg) -> tuple[Trajectory | ScoredTurn | None, list[Span]]:
     raise RuntimeError(f"unexpected rollout message {msg!r}")
 
 
+def how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+
+
 class Fleet:
     """Takes over the workers ``booted`` (``learner.rollout.boot``): sends each its init
-    command and waits until every one is ready."""
+    command and waits until every one is ready. Every receive has a limit
+    (``rollout.receive_timeout_s``); a worker that dies is respawned in its place and the
+    trajectories it had in flight are sampled again with their seeds, up to
+    ``rollout.max_worker_restarts`` times per step (``begin_step``)."""
 
     def __init__(self, cfg: RunConfig, policy_dir: str, teacher_dir: str | None, store: WeightStore,
                  origin: float, booted: BootedWorkers):
         booted.taken = True
-        self.out_q, self.cmd_qs, self.procs = booted.out_q, booted.cmd_qs, booted.procs
-        self.load = [0] * len(self.procs)  # trajectories in flight per worker (least-loaded dispatch)
-        self._owner: dict[int, int] = {}  # traj -> worker
+        self.booted = booted
+        self.init = Init(cfg.model_dump_json(), policy_dir, teacher_dir, store.tensors, origin)
         self.receive_timeout_s = cfg.rollout.receive_timeout_s
-        cfg_json = cfg.model_dump_json()
-        for q in self.cmd_qs:
-            q.put(Init(cfg_json, policy_dir, teacher_dir, store.tensors, origin))
-        self._early: list = []
-        waiting = set(range(len(self.procs)))
-        while waiting:
-            msg = self._get_raw(timeout=600)
-            if isinstance(msg, Ready):
-                waiting.discard(msg.worker)
-            else:
-                self._early.append(msg)
+        self.max_restarts = cfg.rollout.max_worker_restarts
+        self.in_flight = InFlight(len(booted.procs))  # what a worker would lose if it died now
+        self._inbox: deque = deque()
+        self._ready: set[int] = set()
+        self._acks: dict[int, tuple[int, float, float]] | None = None  # during load_all: worker -> ack
+        self._loading = 0
+        self.step, self.restarts = -1, 0  # worker failures in the current step
+        for q in booted.cmd_qs:
+            q.put(self.init)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(self._ready) < len(booted.procs):
+            stopping.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rollout workers not ready within {READY_TIMEOUT_S:g}s")
+            self._pull(POLL_S)
 
-    def _get_raw(self, timeout: float | None, interruptible: bool = True):
+    def begin_step(self, step: int) -> None:
+        self.step, self.restarts = step, 0
+
+    # -- receiving -------------------------------------------------------------------
+    def _pull(self, timeout: float) -> None:
+        """Read one message from each worker that sent one within ``timeout`` into the inbox;
+        a pipe that ended means its worker died. Nothing arrived: look for dead workers."""
+        ready = connection.wait(self.booted.conns, timeout)
+        for conn in ready:
+            if conn not in self.booted.conns:
+                continue  # respawned meanwhile (its worker died while this batch was read)
+            w = self.booted.conns.index(conn)
+            try:
+                self._accept(w, conn.recv())
+            except (EOFError, OSError):
+                self._lost(w)
+        if not ready:
+            for w, proc in enumerate(self.booted.procs):
+                if not proc.is_alive():
+                    self._lost(w)
+
+    def _accept(self, w: int, msg) -> None:
+        if isinstance(msg, Failed):  # an error in the worker's code: sampling again would repeat it
+            raise RolloutError(f"rollout worker {msg.worker}: {msg.error}")
+        if isinstance(msg, Ready):
+            self._ready.add(w)
+            return
+        self._inbox.append(self.in_flight.arrived(msg))
+
+    def _lost(self, w: int) -> None:
+        """Worker ``w`` died: keep every message it sent completely, then respawn it and
+        dispatch its trajectories in flight again (same ids, seeds, dispatch batch), or fail
+        the run past ``rollout.max_worker_restarts`` failures in this step."""
+        conn, proc = self.booted.conns[w], self.booted.procs[w]
+        try:
+            while conn.poll():  # its writing end is closed: this ends, never blocks
+                self._accept(w, conn.recv())
+        except (EOFError, OSError):
+            pass  # a message cut off by the kill
+        proc.join(timeout=10)
+        how = how_it_ended(proc.exitcode)
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise RolloutError(f"rollout worker {proc.name} {how}: {self.restarts} worker failure(s) in step "
+                               f"{self.step}, more than rollout.max_worker_restarts ({self.max_restarts})")
+        self.booted.respawn(w)
+        self._ready.discard(w)
+        q = self.booted.cmd_qs[w]
+        q.put(self.init)
+        for batch, items in self.in_flight.batches_of(w).items():
+            q.put(Work(batch, items))
+        if self._acks is not None and w not in self._acks:
+            q.put(Load(self._loading))  # a publish waits for this replica's acknowledgement
+        print(f"thundersync: rollout worker {proc.name} {how} in step {self.step}; respawned, "
+              f"{len(self.in_flight.items[w])} trajectories sampled again with their seeds "
+              f"(failure {self.restarts} of at most {self.max_restarts} per step)", file=sys.stderr, flush=True)
+
+    def get(self, timeout: float | None = None, interruptible: bool = True):
         """The next message; every wait has a limit (default ``rollout.receive_timeout_s``):
         a fleet silent that long (a hung tool past its own timeout, a stuck engine) fails the run."""
         limit = self.receive_timeout_s if timeout is None else timeout
-        timeout = limit
-        while True:
+        deadline = time.monotonic() + limit
+        while not self._inbox:
             if interruptible:
                 stopping.check()  # a safe point: SIGTERM/SIGINT stop the run here (learner/stopping.py)
-            try:
-                msg = self.out_q.get(timeout=min(timeout, 1.0))
-            except queue.Empty:
-                dead = [p.name for p in self.procs if not p.is_alive()]
-                if dead:
-                    raise RolloutError(f"rollout worker(s) {', '.join(dead)} died")
-                timeout -= 1.0
-                if timeout <= 0:
-                    raise TimeoutError(f"no message from the rollout fleet for {limit:g}s (rollout.receive_timeout_s)")
-                continue
-            if isinstance(msg, Failed):
-                raise RolloutError(f"rollout worker {msg.worker}: {msg.error}")
-            return msg
-
-    def get(self, timeout: float | None = None, interruptible: bool = True):
-        if self._early:
-            return self._early.pop(0)
-        msg = self._get_raw(timeout, interruptible)
-        self._returned(msg)
-        return msg
-
-    def _returned(self, msg) -> None:
-        """A finished trajectory frees its place on its worker (least-loaded dispatch)."""
-        if isinstance(msg, Finished) and isinstance(msg.item, Trajectory):
-            self.load[self._owner.pop(msg.item.id)] -= 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no message from the rollout fleet for {limit:g}s (rollout.receive_timeout_s)")
+            self._pull(min(left, POLL_S))
+        return self._inbox.popleft()
 
     def has_message(self) -> bool:
         """A message is waiting (never blocks, consumes nothing)."""
-        return bool(self._early) or not self.out_q.empty()
+        return bool(self._inbox) or bool(connection.wait(self.booted.conns, 0))
 
     def poll(self):
         """A message already waiting, or None (never blocks)."""
-        if self._early:
-            return self._early.pop(0)
-        try:
-            msg = self.out_q.get_nowait()
-        except queue.Empty:
-            return None
-        if isinstance(msg, Failed):
-            raise RolloutError(f"rollout worker {msg.worker}: {msg.error}")
-        self._returned(msg)
-        return msg
+        if not self._inbox:
+            self._pull(0)
+        return self._inbox.popleft() if self._inbox else None
 
-    def poll_data(self) -> tuple[Trajectory | ScoredTurn | None, list[Span]] | None:
-        """The next data message already waiting, decoded, or None (never blocks)."""
-        msg = self.poll()
-        return None if msg is None else decode(msg)
-
-    def get_data(self, timeout: float | None = None) -> tuple[Trajectory | ScoredTurn | None, list[Span]]:
-        """The next data message, decoded (blocks up to ``timeout``)."""
-        return decode(self.get(timeout))
-
+    # -- sending ---------------------------------------------------------------------
     def dispatch(self, step: int, items: list[WorkItem]) -> None:
         """Spread the items over the workers, least-loaded first."""
         per_worker: dict[int, list[WorkItem]] = {}
         for item in items:
-            w = min(range(len(self.load)), key=lambda i: self.load[i])
-            self.load[w] += 1
-            self._owner[item.traj] = w
+            w = self.in_flight.least_loaded()
+            self.in_flight.add(w, step, item)
             per_worker.setdefault(w, []).append(item)
         for w, chunk in per_worker.items():
-            self.cmd_qs[w].put(Work(step, chunk))
+            self.booted.cmd_qs[w].put(Work(step, chunk))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
         """Every replica loads ``version``; returns (worker, t0, t1) per ack. Data messages
         that arrive meanwhile go, decoded, to ``on_other(item, spans)``."""
-        for q in self.cmd_qs:
+        self._acks, self._loading = {}, version
+        for q in self.booted.cmd_qs:
             q.put(Load(version))
-        acks = []
-        while len(acks) < len(self.cmd_qs):
-            msg = self.get(interruptible=False)  # the optimizer has stepped: finish the publish first
-            if isinstance(msg, Ack):
-                if msg.version != version:
-                    raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")
-                acks.append((msg.worker, msg.t0, msg.t1))
-            else:
-                on_other(*decode(msg))
-        return acks
+        try:
+            while len(self._acks) < len(self.booted.procs):
+                msg = self.get(interruptible=False)  # the optimizer has stepped: finish the publish first
+                if isinstance(msg, Ack):
+                    if msg.version != version:
+                        raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")
+                    self._acks[msg.worker] = (msg.worker, msg.t0, msg.t1)
+                else:
+                    on_other(*decode(msg))
+            return list(self._acks.values())
+        finally:
+            self._acks = None
 
     def close(self) -> None:
-        stop_workers(self.cmd_qs, self.procs, grace_s=10.0)
+        stop_workers(self.booted.cmd_qs, self.booted.procs, grace_s=10.0)
+        for conn in self.booted.conns:
+            conn.close()

@@ -9,7 +9,8 @@ engine call; a row that stops is handled at once (its tool starts, or it is veri
 sent to the learner) while the rest of the call decodes. Every phase is reported as a span
 on the trajectory's slot lane.
 
-Messages to the driver (``out_q``) and commands from it: ``rollout/messages.py``.
+Messages to the driver (``out_q``: the worker's own pipe, ``rollout/outbox.py``) and commands
+from it: ``rollout/messages.py``.
 Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
 """
 
@@ -311,10 +312,10 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
         # walks them all (0.1-0.4 s, in the middle of a generate call): freeze them out of it
         gc.freeze()
         serve(worker, cmd_q)
-        # the driver reads nothing more once it said stop: exit without waiting for the
-        # queue's feeder to push what is left into a full pipe (that would hang the exit)
-        out_q.cancel_join_thread()
+        # the driver reads nothing more once it said stop: exit without flushing the outbox
+        # (its feeder is a daemon thread; pushing into a full pipe would hang the exit)
         gc.unfreeze()  # let interpreter shutdown free them (extension modules report leaks otherwise)
         engine.close()
     except Exception as exc:  # the driver turns this into a failed run with this text
         out_q.put(Failed(wid, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+        out_q.flush(timeout_s=10.0)  # the process exits next: the driver must see why

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from celery import Celery
 from django.test import Client
 
 from controller.models import Experiment, Run, Schedule, Span, StepMetric
@@ -140,3 +141,14 @@ def launch_from_page(page, base_url: str, experiment, schedule, steps: int) -> i
     page.click("#launch-form button[type=submit]")
     page.wait_for_url(re.compile(r"/runs/\d+/$"))
     return int(re.search(r"/runs/(\d+)/$", page.url).group(1))
+
+
+@pytest.fixture
+def memory_broker_app(settings):
+    """A Celery app configured like the embedded settings: broker memory:// (this process only).
+    Not made the current app, so later tests still enqueue through the Redis-backed one."""
+    app = Celery("embedded-test", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.broker_url = "memory://"
+    app.conf.broker_transport_options = {}
+    return app

@@ -5,7 +5,6 @@ import re
 
 import pytest
 from asgiref.sync import async_to_sync
-from celery import Celery
 from django.contrib.auth import authenticate
 from django.core.management import call_command
 
@@ -44,17 +43,6 @@ async def test_the_embedded_layer_takes_sends_from_another_thread():
     # The embedded Celery worker publishes from its own thread and its own event loop.
     await asyncio.to_thread(async_to_sync(layer.group_send), "run_1", {"type": "run.frame", "frame": {"n": 1}})
     assert await asyncio.wait_for(received, timeout=5) == {"type": "run.frame", "frame": {"n": 1}}
-
-
-@pytest.fixture
-def memory_broker_app(settings):
-    """A Celery app configured like the embedded settings: broker memory:// (this process only).
-    Not made the current app, so later tests still enqueue through the Redis-backed one."""
-    app = Celery("embedded-test", set_as_current=False)
-    app.config_from_object("django.conf:settings", namespace="CELERY")
-    app.conf.broker_url = "memory://"
-    app.conf.broker_transport_options = {}
-    return app
 
 
 @pytest.mark.django_db(transaction=True)

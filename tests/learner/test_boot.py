@@ -39,7 +39,8 @@ def test_a_malformed_init_is_reported_and_the_worker_exits_cleanly():
     booted = boot_workers([None])
     # the worker reads its init only after its imports; a malformed one is an error, not a hang
     booted.cmd_qs[0].put(Init("{}", "", None, {}, 0.0))
-    assert isinstance(booted.out_q.get(timeout=120), Failed)
+    assert booted.conns[0].poll(120)
+    assert isinstance(booted.conns[0].recv(), Failed)
     # it leaves on its own (interpreter teardown after torch's imports can take seconds on a
     # loaded machine, longer than close()'s grace, so wait for it rather than close first)
     booted.procs[0].join(timeout=60)

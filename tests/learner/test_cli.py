@@ -1,8 +1,12 @@
 """The thundersync console script: config validation and exit codes."""
 
 import json
+import math
+import os
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,12 +73,46 @@ def test_it_rejects_a_negative_steps_override():
     assert r.returncode == 2 and "train.steps" in r.stderr
 
 
-def test_quickstart_trains_one_step_and_writes_events_and_tensorboard_files(tmp_path):
+def wandb_records(path: Path):
+    """The records of an offline W&B run file: a 7-byte header (":W&B", magic, version), then
+    the LevelDB log format (32 KiB blocks; each chunk: crc32, length, type FULL/FIRST/MIDDLE/LAST)
+    holding protobuf ``Record``s. wandb 0.30 has no Python reader of its own any more."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, pos, block, pending = path.read_bytes(), 7, 32768, b""
+    assert data[:4] == b":W&B", data[:8]
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    [run_file] = run_dir.glob("**/offline-run-*/run-*.wandb")
+    return [{"step": record.history.step.num,
+             **{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}}
+            for record in wandb_records(run_file) if record.WhichOneof("record_type") == "history"]
+
+
+def test_quickstart_trains_one_step_and_writes_events_tensorboard_and_wandb(tmp_path):
+    """One tiny run with every sink: the JSONL stream, TensorBoard event files and an offline
+    W&B run (no network), each read back and compared with the step's metrics."""
     events, board = tmp_path / "events.jsonl", tmp_path / "tb"
-    r = thundersync("train", "--config", "configs/quickstart.yaml", "--events", str(events),
-                    "--tensorboard", str(board))
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb-dir"),
+           "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"), "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+           "WANDB_SILENT": "true"}
+    r = subprocess.run(CLI + ["train", "--config", "configs/quickstart.yaml", "--events", str(events),
+                              "--tensorboard", str(board), "--wandb"],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    import json
 
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["status"] == "started"
@@ -96,6 +134,14 @@ def test_quickstart_trains_one_step_and_writes_events_and_tensorboard_files(tmp_
         if isinstance(value, (int, float)):
             [scalar] = board_events.Scalars(name)
             assert scalar.step == 0 and scalar.value == pytest.approx(value, rel=1e-6, abs=1e-6)
+
+    [logged] = wandb_history(board / "wandb")  # tracking.wandb writes beside tracking.tensorboard
+    assert logged["step"] == 0, logged
+    numeric = {k: v for k, v in metrics[0]["values"].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    assert numeric and set(numeric) <= set(logged)
+    for name, value in numeric.items():
+        assert logged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
 
 
 @pytest.mark.slow

@@ -1,0 +1,47 @@
+"""What each rollout worker has in flight, so that a worker that dies loses nothing: its
+trajectories are dispatched again, in their dispatch batch, with the same ids and seeds
+(docs/processes.md, "A rollout worker dies")."""
+
+from __future__ import annotations
+
+from learner.rollout.messages import Finished, Spans, WorkItem
+from learner.trajectory import ScoredTurn, Trajectory
+
+
+class InFlight:
+    def __init__(self, workers: int):
+        self.items: list[dict[int, tuple[int, WorkItem]]] = [{} for _ in range(workers)]  # traj -> (batch, item)
+        self._owner: dict[int, int] = {}  # traj -> worker
+        self._scored: dict[int, set[int]] = {}  # traj -> turns whose ScoredTurn arrived (OPD)
+
+    def least_loaded(self) -> int:
+        return min(range(len(self.items)), key=lambda w: len(self.items[w]))
+
+    def add(self, w: int, batch: int, item: WorkItem) -> None:
+        self.items[w][item.traj] = (batch, item)
+        self._owner[item.traj] = w
+
+    def arrived(self, msg):
+        """A message from a worker; returns what the driver should see. A finished trajectory
+        leaves its worker's load; a scored turn that arrived before (its trajectory was
+        sampled again after its worker died, same tokens) is not learnt twice: only its
+        spans pass."""
+        if isinstance(msg, Finished) and isinstance(msg.item, Trajectory):
+            traj = msg.item.id
+            w = self._owner.pop(traj, None)
+            if w is not None:
+                self.items[w].pop(traj, None)
+            self._scored.pop(traj, None)
+        elif isinstance(msg, Finished) and isinstance(msg.item, ScoredTurn):
+            seen = self._scored.setdefault(msg.item.traj, set())
+            if msg.item.turn in seen:
+                return Spans(msg.spans)
+            seen.add(msg.item.turn)
+        return msg
+
+    def batches_of(self, w: int) -> dict[int, list[WorkItem]]:
+        """Worker ``w``'s trajectories in flight, by dispatch batch, in dispatch order."""
+        batches: dict[int, list[WorkItem]] = {}
+        for batch, item in self.items[w].values():
+            batches.setdefault(batch, []).append(item)
+        return batches
