@@ -9,6 +9,8 @@ Built-in tiny policy, one torch thread, bench-shaped GRPO trajectories (30 promp
   micro-batched       the whole batch at once (sync): padded micro-batches under the token budget
   adaptive-1by1       streaming caught up: each trajectory handed over alone, then ``idle_work``
                       until it has nothing left (per trajectory, or its group's close)
+  deterministic-1by1  the same arrivals, ``learner.deterministic``: each group at its close,
+                      one micro-batch of its members, into the fixed-point sum
 and with ``kl_coef`` 0.1 (a second backward per trajectory in the earlier learner):
   kl per-trajectory   the running-sum form, KL by a second backward (retain_graph)
   kl one-pass         adaptive caught up: running sums, one batched VJP with two cotangents
@@ -56,7 +58,8 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.gradients import LearnerOptions, StreamingLearner
+    from learner.deterministic import on_policy_learner
+    from learner.gradients import LearnerOptions
     from learner.rollout.models import load_model, resolve_model_dir
 
     torch.set_num_threads(1)
@@ -66,8 +69,9 @@ def main() -> int:
     trajs = bench_batch(args.trajs, model.config.vocab_size)
     sizes = dict(Counter(t.group for t in trajs))
 
-    def run(path: str, kl: float, whole: bool) -> float:
-        learner = StreamingLearner(model, AlgorithmConfig(kl_coef=kl), ref if kl else None, LearnerOptions(path))
+    def run(path: str, kl: float, whole: bool, deterministic: bool = False) -> float:
+        learner = on_policy_learner(model, AlgorithmConfig(kl_coef=kl), ref if kl else None,
+                                    LearnerOptions(path, deterministic=deterministic))
         learner.begin_batch(sizes)
         t0 = time.perf_counter()
         for chunk in ([trajs] if whole else [[t] for t in trajs]):
@@ -81,6 +85,7 @@ def main() -> int:
         "per-trajectory": lambda: run("per-trajectory", 0.0, False),
         "micro-batched": lambda: run("micro-batched", 0.0, True),
         "adaptive-1by1": lambda: run("adaptive", 0.0, False),
+        "deterministic-1by1": lambda: run("adaptive", 0.0, False, deterministic=True),
         "kl per-trajectory": lambda: run("per-trajectory", 0.1, False),
         "kl one-pass": lambda: run("adaptive", 0.1, False),
         "kl micro-batched": lambda: run("micro-batched", 0.1, True),

@@ -12,17 +12,26 @@ latency, in the future), so they are left out of the percentiles.
 
 Stages (per span): end -> read by the ingestor (worker and learner hold, pipe),
 read -> published (ingestor batch, DB insert), published -> received (Redis, daphne, client).
-Also: the run's median step time with these viewers. Target: p95 <= 250 ms.
+Also: the run's median step time with these viewers, each component's CPU seconds, and
+published -> first viewer / first -> last viewer (fan-out spread). Runs fork from a warm
+runner (``--cold``: new processes). ``--compare-publish`` alternates the earlier publishing
+(a new event loop, so a new Redis connection, per frame) with the kept loop. Environment:
+``ACK_EVERY_S`` (the viewers' ack interval, default the page's 0.1 s), ``LIVE_LATENCY_NICE``
+(a nice value for daphne and the viewers: to tell CPU-share delays from work),
+``LIVE_LATENCY_DUMP`` (a file for per-span read/published/first/last receipt times).
+Target: p95 <= 250 ms.
 
-    .venv/bin/python bench/live_latency.py --viewers 1 30 [--steps 8] [--prompts 16]
+    .venv/bin/python bench/live_latency.py --viewers 1 30 [--steps 8] [--prompts 16] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import resource
 import statistics
 import sys
 import subprocess
@@ -96,7 +105,7 @@ class Probe:
 
 
 TERMINAL = ("succeeded", "failed", "cancelled")
-ACK_EVERY_S = 0.1  # static/js/live.js ACK_EVERY_MS
+ACK_EVERY_S = float(os.environ.get("ACK_EVERY_S", "0.1"))  # static/js/live.js ACK_EVERY_MS
 
 
 async def viewer(ws_url: str, origin: str, cookie: str, frames: list, ready: asyncio.Event, counter: list) -> None:
@@ -133,7 +142,9 @@ def viewers_main(url: str, run_id: int, cookie: str, n: int, out: str) -> None:
         await asyncio.wait_for(ready.wait(), timeout=300)
         print("ready", flush=True)
         await asyncio.gather(*tasks)
-        Path(out).write_text(json.dumps([[(t, raw.decode()) for t, raw in frames] for frames in per_viewer]))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        Path(out).write_text(json.dumps({"cpu_s": usage.ru_utime + usage.ru_stime,
+                                         "frames": [[(t, raw.decode()) for t, raw in frames] for frames in per_viewer]}))
 
     asyncio.run(main())
 
@@ -147,6 +158,18 @@ def start_viewers(url: str, run_id: int, cookie: str, n: int, out: Path) -> subp
     return proc
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process (supervisor, ingestor), its reaped children (the
+    learner with its workers, the viewers' process) and the daphne process."""
+    import psutil
+
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    daphne = [p for p in psutil.Process().children() if "daphne" in " ".join(p.cmdline())]
+    times = daphne[0].cpu_times() if daphne else None
+    return {"self": me.ru_utime + me.ru_stime, "children": children.ru_utime + children.ru_stime,
+            "daphne": times.user + times.system if times else float("nan")}
+
+
 def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, workers: int) -> dict:
     from controller.models import Run, Span, StepMetric
     from controller.supervisor import supervise
@@ -155,6 +178,12 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
     probe = Probe()
     out = Path(tempfile.mkdtemp()) / "frames.json"
     proc = start_viewers(url, run.pk, cookie, viewers, out)
+    if os.environ.get("LIVE_LATENCY_NICE"):  # diagnosis: is the delivery CPU-share bound?
+        import psutil
+
+        for p in [psutil.Process(proc.pid), *[c for c in psutil.Process().children() if "daphne" in " ".join(c.cmdline())]]:
+            p.nice(int(os.environ["LIVE_LATENCY_NICE"]))
+    cpu0 = cpu_seconds()
     t0 = time.monotonic()
     final = supervise(Run.objects.select_related("experiment", "schedule").get(pk=run.pk))
     wall = time.monotonic() - t0
@@ -162,14 +191,19 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
         proc.wait(timeout=120)
     finally:
         proc.kill()
-    per_viewer = json.loads(out.read_text())
+    cpu1 = cpu_seconds()
+    written = json.loads(out.read_text())
+    per_viewer = written["frames"]
+    cpu = {"viewers' client process": written["cpu_s"], "daphne": cpu1["daphne"] - cpu0["daphne"],
+           "supervisor + ingestor": cpu1["self"] - cpu0["self"],
+           "learner + rollout workers (cold starts only)": cpu1["children"] - cpu0["children"] - written["cpu_s"]}
     if final.status != Run.Status.SUCCEEDED:
         raise SystemExit(f"run {final.status}: {final.error}")
     kinds = dict(Span.objects.filter(run=run).values_list("seq", "kind"))
     t1 = dict(Span.objects.filter(run=run).values_list("seq", "t1"))
     step_s = [m["timing_s/step"] for m in StepMetric.objects.filter(run=run).values_list("values", flat=True)]
     latencies, stages = [], {"end -> read by the ingestor": [], "read -> published": [], "published -> received": []}
-    counts = []
+    counts, receipts = [], collections.defaultdict(list)
     for frames in per_viewer:
         seen = []
         for recv, text in frames:
@@ -184,7 +218,13 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
                 end = probe.origin_epoch + t1[seq]
                 latencies.append(1000 * (recv - end))
                 stages["published -> received"].append(1000 * (recv - probe.published[seq]))
+                receipts[seq].append(recv)
         counts.append(seen)
+    stages["published -> first viewer"] = [1000 * (min(r) - probe.published[seq]) for seq, r in receipts.items()]
+    stages["first -> last viewer"] = [1000 * (max(r) - min(r)) for r in receipts.values()]
+    if os.environ.get("LIVE_LATENCY_DUMP"):
+        Path(os.environ["LIVE_LATENCY_DUMP"]).write_text(json.dumps(
+            [[seq, probe.read[seq], probe.published[seq], min(r), max(r)] for seq, r in sorted(receipts.items())]))
     for seq, kind in kinds.items():
         if kind != Kind.TOOL:
             stages["end -> read by the ingestor"].append(1000 * (probe.read[seq] - probe.origin_epoch - t1[seq]))
@@ -192,9 +232,53 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
     expected = sorted(kinds)
     exact = all(seen == expected for seen in counts)
     span_frames = sum(1 for _, text in per_viewer[0] if text.startswith('{"type": "spans"'))
+    frame_types = collections.Counter(json.loads(text)["type"] for _, text in per_viewer[0])
     return {"viewers": viewers, "spans": len(kinds), "wall_s": wall, "latencies": latencies, "stages": stages,
-            "frames": span_frames,
+            "frames": span_frames, "cpu": cpu, "frame_types": dict(frame_types),
             "exactly_once": exact, "median_step_s": statistics.median(step_s) if step_s else float("nan")}
+
+
+def per_call_loop(layer, group: str, message: dict) -> None:
+    """How ``controller.live`` published before it kept one event loop: a new loop (and so a
+    new Redis connection) per frame. Only for ``--compare-publish``."""
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(layer.group_send)(group, message)
+
+
+def start_warm_runner() -> None:
+    """Runs fork from a warm runner, as on the embedded default and the Celery workers
+    (controller/warm.py): a run starts in ~2 s instead of ~40 s at this load, so more rounds fit."""
+    from django.conf import settings
+
+    from controller import warm
+
+    settings.THUNDERSYNC_WARM_RUNNER = True
+    runner = warm.start()
+    deadline = time.monotonic() + 300
+    while not warm.socket_path(os.getpid()).exists():
+        if runner.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the warm runner did not start")
+        time.sleep(0.1)
+
+
+def report(arm: str, rs: list[dict]) -> bool:
+    latencies = [x for r in rs for x in r["latencies"]]
+    p95 = statistics.quantiles(latencies, n=100, method="inclusive")[94]
+    exact = all(r["exactly_once"] for r in rs)
+    spans, wall = sum(r["spans"] for r in rs), sum(r["wall_s"] for r in rs)
+    loads = ", ".join(f"{r['load']:.1f}" for r in rs)
+    print(f"\n{arm}: {len(rs)} run(s), {spans} spans in {wall:.1f} s ({spans / wall:.0f} spans/s incl. boot), "
+          f"median step {statistics.median(r['median_step_s'] for r in rs):.2f} s, loads "
+          f"{loads}; every viewer got every span once in order: {exact}")
+    for name in rs[0]["stages"]:
+        print(f"  {name:30s} {percentiles([x for r in rs for x in r['stages'][name]])}")
+    print(f"  frames per viewer (last run): {rs[-1]['frame_types']}")
+    cpu = {k: sum(r["cpu"][k] for r in rs) / len(rs) for k in rs[0]["cpu"]}
+    print("  CPU seconds per run: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+    print(f"  {'span end -> received':30s} {percentiles(latencies)} "
+          f"({'OK' if p95 <= TARGET_P95_MS else 'OVER'} target p95 <= {TARGET_P95_MS:.0f} ms)")
+    return p95 <= TARGET_P95_MS and exact
 
 
 def main() -> int:
@@ -204,6 +288,10 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16, help="train.prompts_per_step")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1, help="rollout.workers")
+    parser.add_argument("--rounds", type=int, default=1, help="each arm this often, alternating")
+    parser.add_argument("--compare-publish", action="store_true",
+                        help="also each viewer count with the earlier publishing (a new event loop per frame)")
+    parser.add_argument("--cold", action="store_true", help="start each run as a new process (no warm runner)")
     parser.add_argument("--viewers-process", nargs=5, metavar=("URL", "RUN", "COOKIE", "N", "OUT"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -212,27 +300,35 @@ def main() -> int:
         viewers_main(url, int(run_id), cookie, int(n), out)
         return 0
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    arms = [(n, mode) for n in args.viewers for mode in (["kept loop", "loop per frame"] if args.compare_publish
+                                                             else ["kept loop"])]
+    results: dict[tuple, list[dict]] = {arm: [] for arm in arms}
     with bench_database(), tempfile.TemporaryDirectory() as run_dir:
         from django.conf import settings
 
+        from controller import live, warm
+
         settings.THUNDERSYNC_RUN_DIR = Path(run_dir)
-        with asgi_server() as url:
-            results = [measure(url, n, args.steps, args.prompts, args.group_size, args.workers)
-                       for n in args.viewers]
+        kept = live._group_send
+        try:
+            if not args.cold:
+                start_warm_runner()
+            with asgi_server() as url:
+                for _ in range(args.rounds):
+                    for n, mode in arms:
+                        live._group_send = kept if mode == "kept loop" else per_call_loop
+                        r = measure(url, n, args.steps, args.prompts, args.group_size, args.workers)
+                        r["load"] = os.getloadavg()[0]
+                        results[(n, mode)].append(r)
+        finally:
+            live._group_send = kept
+            warm.stop()
     print(f"load average {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} (1/5 min) on {os.cpu_count()} CPUs; "
-          f"streaming, {args.steps} steps x {args.prompts} prompts x {args.group_size}, {args.workers} worker(s)")
+          f"streaming, {args.steps} steps x {args.prompts} prompts x {args.group_size}, {args.workers} worker(s); "
+          f"{'cold' if args.cold else 'warm-runner'} starts; arms alternate, {args.rounds} round(s)")
     ok = True
-    for r in results:
-        p95 = statistics.quantiles(r["latencies"], n=100, method="inclusive")[94]
-        ok &= p95 <= TARGET_P95_MS and r["exactly_once"]
-        print(f"\n{r['viewers']} viewer(s): {r['spans']} spans in {r['wall_s']:.1f} s "
-              f"({r['spans'] / r['wall_s']:.0f} spans/s incl. boot) in {r['frames']} span frames, "
-              f"median step {r['median_step_s']:.2f} s, "
-              f"every viewer got every span once in order: {r['exactly_once']}")
-        for name, values in r["stages"].items():
-            print(f"  {name:30s} {percentiles(values)}")
-        print(f"  {'span end -> received':30s} {percentiles(r['latencies'])} "
-              f"({'OK' if p95 <= TARGET_P95_MS else 'OVER'} target p95 <= {TARGET_P95_MS:.0f} ms)")
+    for (n, mode), rs in results.items():
+        ok &= report(f"{n} viewer(s), publishing on a {mode}", rs)
     return 0 if ok else 1
 
 

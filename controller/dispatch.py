@@ -47,9 +47,10 @@ def next_run_id() -> int | None:
     return waiting().filter(experiment__owner=user).order_by("created", "id").values_list("id", flat=True)[0]
 
 
-def claim_next_run() -> int | None:
+def claim_next_run(task_id: str = "") -> int | None:
     """Atomically mark the fairest queued run ``starting`` and return its id (None: nothing
-    may start now)."""
+    may start now). ``task_id``: the message claiming it, recorded on the run (a redelivery
+    of that message adopts this run, whichever run the message was sent for)."""
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
@@ -59,7 +60,7 @@ def claim_next_run() -> int | None:
             return None
         now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
         Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=now, heartbeat=now,
-                                             supervisor=ownership.me())
+                                             supervisor=ownership.me(), start_task_id=task_id or "")
         return run_id
 
 

@@ -139,6 +139,9 @@ class Run(models.Model):
     heartbeat = models.DateTimeField(null=True, blank=True)
     enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
     attempt = models.PositiveIntegerField(default=0)  # resumes from a checkpoint so far (controller/resuming.py)
+    # the Celery task (message) whose delivery claimed the run: with fair dispatch a message
+    # may start another user's run, so a redelivery adopts exactly this run (controller/tasks.py)
+    start_task_id = models.CharField(max_length=64, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -216,3 +219,30 @@ class UserQuota(models.Model):
 
     def __str__(self):
         return f"quota of {self.user}"
+
+
+class RunNode(models.Model):
+    """A learner rank of a run that spans nodes, on a node other than rank 0's
+    (docs/distributed.md): the task on queue ``runs.<node>`` that runs it stamps ``heartbeat``
+    while its rank runs, and records how it ended. Rank 0's supervisor fails the run when a
+    node's task failed or stopped stamping."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="nodes")
+    rank = models.PositiveIntegerField()
+    node = models.CharField(max_length=32)
+    supervisor = models.CharField(max_length=200, blank=True)  # "host:pid:start" of the node's task
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["rank"]
+        constraints = [models.UniqueConstraint(fields=["run", "rank"], name="unique_run_node_rank")]
+
+    def __str__(self):
+        return f"{self.run} rank {self.rank} on {self.node}"

@@ -40,6 +40,7 @@ from .resuming import requeue_attempt
 
 log = logging.getLogger(__name__)
 HOST = socket.gethostname()
+HANDED_OFF = "queue:"  # Run.supervisor of a run handed to another node's queue, not yet taken
 _supervising: set[int] = set()  # runs whose supervisor runs in this process right now
 _stale_seen: dict[int, datetime | None] = {}  # run -> the stale heartbeat an earlier pass saw
 
@@ -153,6 +154,9 @@ def reap_active(now: datetime) -> int:
                 continue  # stale once: the owner may only have lost the database; look again
             age = "never" if run.heartbeat is None else f"{(now - run.heartbeat).total_seconds():.0f}s ago"
             reason = f"its supervisor {run.supervisor or '(none)'} last reported {age}"
+            if run.supervisor.startswith(HANDED_OFF):  # controller/nodes.py: rank 0's node never took it
+                reason = (f"no worker took it from queue {run.supervisor.removeprefix(HANDED_OFF)} within "
+                          f"{settings.THUNDERSYNC_STALE_S:g}s (is a worker of that node running?)")
         if reason is not None:
             ended += abandon(run, reason)
             _stale_seen.pop(run.pk, None)

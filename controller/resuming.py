@@ -42,7 +42,7 @@ def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
     with transaction.atomic():
         requeued = Run.objects.filter(pk=run_id, **(only_if or {})).update(
             status=Run.Status.QUEUED, cancel_requested=False, error="", finished=None, supervisor="",
-            heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id,
+            heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id, start_task_id="",
         )
         if requeued:
             transaction.on_commit(partial(enqueue, run_id, task_id))

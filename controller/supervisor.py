@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import ownership, runlog, warm
+from . import nodes, ownership, runlog, warm
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
@@ -62,8 +62,8 @@ class LearnerProcess:
     disk) is recorded in ``reader_error``, for the supervisor to fail the run with."""
 
     def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
-                 on_log: Callable[[int, str], None] = lambda number, line: None):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                 on_log: Callable[[int, str], None] = lambda number, line: None, env: dict[str, str] | None = None):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         # forked by this worker's warm runner if it has one (controller/warm.py), else cold
         self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -181,13 +181,17 @@ def supervise(run: Run) -> Run:
     else:
         command = learner_command(config_path)
     ingestor = RunIngestor(run.pk, settings.THUNDERSYNC_INGEST_FLUSH_S, settings.THUNDERSYNC_INGEST_FLUSH_SPANS)
+    _, remote = nodes.placement(config)
+    # ranks on other nodes: their tasks go out now and connect once the driver listens
+    env = nodes.start_remote_ranks(run, remote) if remote else None
     try:
-        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log)
+        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log,
+                               env=env)
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
     with ownership.supervising(run.pk):
         Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=ownership.me(), heartbeat=timezone.now())
-        watch = RunWatch(child, ingestor, run.pk)
+        watch = RunWatch(child, ingestor, run.pk, spans_nodes=bool(remote))
         try:
             watch.pump()
             watch.db.until_done("store the last events", watch.ingestor.flush)
@@ -243,8 +247,8 @@ class DatabaseRetry:
 class RunWatch:
     """The supervisor's loop for one run: events in, heartbeat out, cancel, watchdogs."""
 
-    def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int):
-        self.child, self.ingestor, self.run_id = child, ingestor, run_id
+    def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int, spans_nodes: bool = False):
+        self.child, self.ingestor, self.run_id, self.spans_nodes = child, ingestor, run_id, spans_nodes
         self.db = DatabaseRetry(run_id)
         self.me = ownership.me()
         self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
@@ -290,6 +294,8 @@ class RunWatch:
                 self.stop("lost", "the run is no longer ours")
         if Run.objects.filter(pk=self.run_id, cancel_requested=True).exists():
             self.stop("cancelled", "cancel requested")
+        if self.spans_nodes and not self.ingestor.failure and (failure := nodes.node_failure(self.run_id)):
+            self.stop("failed", failure)  # a node's task died or failed: the run fails everywhere
 
     def watchdogs(self, now: float) -> None:
         if self.child.reader_error:

@@ -7,6 +7,7 @@ An output directory (``thundersync train --output DIR``) holds::
         model.safetensors             every tensor of the policy's state dict
         optimizer.pt                  the optimizer's state dict (AdamW moments, step counts)
         state.json                    counters, RNG states, the schedule's state (``RunState``)
+        behavior.safetensors          async: the weights the batch in flight was sampled with
     DIR/config.json, DIR/model.safetensors, tokenizer files    the final policy (Hugging Face)
 
 A checkpoint is written into a temporary directory next to its final name and renamed
@@ -80,8 +81,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep: int) -> Path:
-    """Write the checkpoint of the boundary after step ``state.steps_done - 1``; returns its path."""
+BEHAVIOR = "behavior.safetensors"
+
+
+def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep: int,
+                    behavior: dict | None = None) -> Path:
+    """Write the checkpoint of the boundary after step ``state.steps_done - 1``; returns its path.
+    ``behavior``: async's in-flight batch's sampling weights (``BEHAVIOR``), when there is one."""
     import torch
     from safetensors.torch import save_file
 
@@ -93,6 +99,8 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
     tmp.mkdir()
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     save_file(tensors, str(tmp / "model.safetensors"))
+    if behavior is not None:
+        save_file(behavior, str(tmp / BEHAVIOR))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(asdict(state)))
     for f in tmp.iterdir():
@@ -130,6 +138,14 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict, RunState]:
     optim = torch.load(path / "optimizer.pt", weights_only=True)
     state = RunState(**json.loads((path / "state.json").read_text()))
     return tensors, optim, state
+
+
+def load_behavior(path: str | Path) -> dict | None:
+    """Checkpoint ``path``'s async sampling weights (``BEHAVIOR``), or None."""
+    from safetensors.torch import load_file
+
+    found = Path(path) / BEHAVIOR
+    return load_file(str(found)) if found.is_file() else None
 
 
 def write_run_config(out_dir: str | Path, config: dict) -> None:

@@ -215,6 +215,24 @@ def cmd_check_exactness(args) -> int:
     return main(json_out=args.json)
 
 
+def cmd_join_rank(args) -> int:
+    from learner.distributed.remote import KEY_ENV, join_rank
+
+    host, _, port = args.control.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"join-rank: --control: expected HOST:PORT, got {args.control!r}")
+    key = os.environ.get(KEY_ENV, "")
+    try:
+        key_bytes = bytes.fromhex(key)
+    except ValueError:
+        key_bytes = b""
+    if not key_bytes:
+        raise UsageError(f"join-rank: {KEY_ENV}: the run's control key (hex) must be set in the environment")
+    if args.rank < 1:
+        raise UsageError("join-rank: --rank: rank 0 is the driver; another node runs ranks 1 and up")
+    return join_rank((host, int(port)), args.rank, args.node, key_bytes, args.timeout)
+
+
 def cmd_audit(args) -> int:
     from learner.audit import audit_dump
 
@@ -259,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int_list(0, 2), metavar="0,1,2", help="with --engine deepspeed: ZeRO stages")
     p.add_argument("--offload", action="store_true", help="with --zero 1/2: optimizer state offloaded to CPU")
     p.set_defaults(func=cmd_check_exactness)
+
+    p = sub.add_parser("join-rank", help="be a learner rank, on this node, of a run whose rank 0 runs elsewhere")
+    p.add_argument("--control", required=True, metavar="HOST:PORT", help="rank 0's control port")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--node", required=True, help="this node's name (learner.nodes)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="longest wait for rank 0 [300]")
+    p.set_defaults(func=cmd_join_rank)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
     p.add_argument("dir")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
@@ -23,6 +23,7 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 )
 StdMode = Literal["unbiased", "population", "none"]
 STD_MODES: tuple[str, ...] = ("unbiased", "population", "none")
+NODE_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"  # a node name, also a Celery queue suffix (runs.<node>)
 
 
 class Strict(BaseModel):
@@ -214,6 +215,11 @@ class LearnerConfig(Strict):
         None, ge=0, le=1_000_000,
         description="K: most groups holding running sums at once (null: unlimited); a member of a group "
                     "without sums waits and is learnt with its final advantage when the group closes")
+    deterministic: bool | None = Field(
+        None, description="streaming: learn each group at its close into a fixed-point sum, so that the weights "
+                           "are a function of the data alone (bit-identical run to run and across a resume); "
+                           "null: on when train.checkpoint_every is set and learner.path is auto "
+                           "(docs/learner.md); the other schedules are deterministic either way")
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
@@ -226,6 +232,28 @@ class LearnerConfig(Strict):
     offload_optimizer: bool = Field(False, description="DeepSpeed: optimizer state in host memory (zero_stage 1 or 2)")
     timeout_s: float = Field(120.0, gt=0.0, le=86_400.0,
                              description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
+    nodes: list[Annotated[str, StringConstraints(pattern=NODE_NAME)]] | None = Field(
+        None, min_length=1, max_length=16,
+        description="nodes the ranks run on, world_size / len(nodes) each, in rank order; the first runs rank 0, "
+                    "the driver and the rollout fleet; the controller starts the others on queue runs.<node>")
+
+    @model_validator(mode="after")
+    def _nodes_fit(self) -> "LearnerConfig":
+        nodes = self.nodes
+        if nodes is None:
+            return self
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"learner.nodes: each node once, got {nodes}")
+        if self.world_size % len(nodes):
+            raise ValueError(f"learner.nodes: {len(nodes)} nodes for learner.world_size {self.world_size}; every node "
+                             "runs world_size / len(nodes) ranks, so world_size must be a multiple of the node count")
+        return self
+
+    def node_of(self, rank: int) -> str | None:
+        """The node that runs ``rank`` (None: a run on one node)."""
+        if not self.nodes:
+            return None
+        return self.nodes[rank // (self.world_size // len(self.nodes))]
 
 
 class TrackingConfig(Strict):
@@ -252,6 +280,24 @@ class RunConfig(Strict):
         path = self.learner.path
         return BEST_LEARNER_PATH[self.train.schedule] if path == "auto" else path
 
+    def deterministic_learner(self) -> bool:
+        """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""
+        wanted = self.learner.deterministic
+        if wanted is None:
+            wanted = bool(self.train.checkpoint_every) and self.learner.path == "auto"
+        return wanted and self.train.schedule == "streaming"
+
+    @model_validator(mode="after")
+    def _deterministic_fits(self) -> "RunConfig":
+        if self.learner.deterministic and self.train.schedule == "streaming":
+            if self.learner.path != "auto":
+                raise ValueError(f"learner.deterministic: streaming's deterministic learner batches its own way; "
+                                 f"learner.path {self.learner.path} depends on arrival order (leave it auto)")
+            if self.learner.world_size > 1 or self.learner.engine != "torch":
+                raise ValueError("learner.deterministic: data-parallel ranks (learner.world_size > 1, engine "
+                                 "deepspeed) have no deterministic streaming learner")
+        return self
+
     @model_validator(mode="after")
     def _learner_path_fits_schedule(self) -> "RunConfig":
         path, schedule = self.learner.path, self.train.schedule
@@ -271,9 +317,10 @@ class RunConfig(Strict):
                              "(float64 runs on learner.engine torch)")
         if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
             raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
-        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.checkpoint_every:
-            raise ValueError("train.checkpoint_every: checkpoints hold one process's optimizer; data-parallel "
-                             "ranks (learner.world_size > 1, engine deepspeed) do not checkpoint yet")
+        if lrn.engine == "deepspeed" and self.train.checkpoint_every:
+            raise ValueError("train.checkpoint_every: learner.engine deepspeed keeps the optimizer state inside "
+                             "DeepSpeed (partitioned over the ranks under ZeRO 1/2), which checkpoints do not hold; "
+                             "data-parallel runs checkpoint with learner.engine torch")
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
             raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):

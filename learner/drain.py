@@ -166,13 +166,16 @@ class DrainPlanner:
             g for g, group in self.groups.items() if not group.arrived]
 
     def _close(self, g: int, group: _Group) -> list[Task]:
-        mu, denom = group_stats([t.reward for t in group.arrived], self.adv.std, self.adv.eps)
+        # in trajectory order, not arrival order: μ, σ and the known rows' order (hence their
+        # micro-batches) are then a function of the group alone (learner/deterministic.py)
+        mu, denom = group_stats([t.reward for t in sorted(group.arrived, key=_by_id)], self.adv.std, self.adv.eps)
         tasks: list[Task] = []
         if group.has_sums:
             tasks.append(Close(g, mu, denom))
             group.has_sums = False
         if group.waiting:
-            tasks.append(Known(g, group.waiting, [(t.reward - mu) / denom for t in group.waiting]))
+            waiting = sorted(group.waiting, key=_by_id)
+            tasks.append(Known(g, waiting, [(t.reward - mu) / denom for t in waiting]))
         group.waiting, group.closed = [], True
         return tasks
 
@@ -187,3 +190,7 @@ class DrainPlanner:
         for t in waiting:
             by_reward.setdefault(t.reward, []).append(t)
         return [Bucket(g, r, members) for r, members in by_reward.items()]
+
+
+def _by_id(traj: Trajectory) -> int:
+    return traj.id

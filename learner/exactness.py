@@ -25,7 +25,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.gradients import LEARNER_PATHS, LearnerOptions, StreamingLearner, reference_gradient
+from learner.deterministic import on_policy_learner
+from learner.gradients import LEARNER_PATHS, LearnerOptions, reference_gradient
 from learner.objectives import OPD_LOSS_AGG_MODES
 from learner.rollout.models import widen_norms
 from learner.trajectory import ScoredTurn, Trajectory
@@ -131,7 +132,7 @@ def streamed_gradient(
     between them, as a driver with an empty queue would); returns (p.grad by name, batch stats +
     the most groups open at once)."""
     options = options or LearnerOptions(path="per-trajectory")
-    learner = StreamingLearner(model, algo, ref_model, options)
+    learner = on_policy_learner(model, algo, ref_model, options)
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     if algo.objective == "grpo":
         items = rng.sample(trajs, len(trajs))
@@ -169,10 +170,12 @@ class CaseSpec:
     accumulator: str = "device"
     aux: str = "random"  # random: each of KL and entropy on in one case of three; on; off
     zero_variance: bool = False  # most groups all-equal (binary rewards all 0 or all 1)
+    deterministic: bool = False  # learner.deterministic (the arrivals of ``learner``: adaptive's)
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
-               f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}"
+               f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
+               ("/deterministic" if self.deterministic else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -201,15 +204,16 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
     ref_model = tiny_llama(spec.dtype, rng.randrange(2**31))
     trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng)
     options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
-                             max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator)
+                             max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator,
+                             deterministic=spec.deterministic)
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
     tol = TOLERANCE[spec.dtype]
     return {
         "objective": spec.objective, "loss_agg_mode": spec.mode, "std": spec.std,
-        "dtype": str(spec.dtype).removeprefix("torch."), "learner": spec.learner,
-        "open_group_cap": 0 if spec.learner == "micro-batched" else spec.open_group_cap,
+        "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
+        "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance,
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "micro_batches": stats["micro_batches"],
@@ -221,8 +225,9 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
 
 
 def case_specs() -> list[CaseSpec]:
-    """Conventions × every learner path; K ∈ {0, 1, 2, unlimited} × device/host accumulators;
-    zero-variance groups with and without KL/entropy; GRPO and OPD; float32 and float64."""
+    """Conventions × every learner path, and streaming's deterministic learner; K ∈ {0, 1, 2,
+    unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
+    GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
     combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
     specs = []
@@ -233,6 +238,9 @@ def case_specs() -> list[CaseSpec]:
                                cap, acc) for cap in (0, 1, 2, None) for acc in ("device", "host")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, learner, None, "device", aux, True)
                   for learner in LEARNER_PATHS for aux in ("off", "on")]
+        specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
+        specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, "device", aux, True, True)
+                  for aux in ("off", "on")]
     return specs
 
 

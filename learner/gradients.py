@@ -41,6 +41,7 @@ import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
 from learner.drain import Bucket, Close, DrainPlanner, Known
+from learner.fixed_point import FixedPointSum
 from learner.microbatch import (
     Row,
     check_trajectory,
@@ -80,6 +81,7 @@ class LearnerOptions:
     micro_batch_tokens: int = 4096
     max_open_groups: int | None = None  # K; None = unlimited
     accumulator_device: str = "device"  # or "host"
+    deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -88,7 +90,8 @@ class LearnerOptions:
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
-                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device)
+                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
+                   deterministic=cfg.deterministic_learner())
 
     @property
     def min_stream_tokens(self) -> int:
@@ -101,7 +104,9 @@ class LearnerOptions:
         """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
         return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
 
-    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator:
+    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator | FixedPointSum:
+        if self.deterministic:
+            return FixedPointSum(params)
         return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
 
 

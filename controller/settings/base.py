@@ -123,6 +123,14 @@ THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES"
 # is sent again once it has waited REQUEUE_AFTER_S.
 THUNDERSYNC_HEARTBEAT_S = 2.0
 THUNDERSYNC_STALE_S = 20.0
+# Runs that span nodes (docs/distributed.md): this worker's node name (it consumes queue
+# runs.<node>) and the address other nodes reach it at (rank 0's rendezvous and control port).
+THUNDERSYNC_NODE = os.environ.get("THUNDERSYNC_NODE", "local")
+THUNDERSYNC_NODE_ADDR = os.environ.get("THUNDERSYNC_NODE_ADDR", "127.0.0.1")
+if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to (a container's own)
+    import socket
+
+    THUNDERSYNC_NODE_ADDR = socket.gethostbyname(socket.gethostname())
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
 THUNDERSYNC_REQUEUE_AFTER_S = 30.0
 THUNDERSYNC_AUTO_RESUMES = 2  # a run whose supervisor is gone resumes from its checkpoint this often, then fails

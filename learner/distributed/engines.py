@@ -121,11 +121,25 @@ class DeepSpeedEngine:
         return float(norm) if norm is not None else float("nan")
 
 
+def broadcast_optimizer_state(engine: "TorchEngine | DeepSpeedEngine") -> None:
+    """Every rank's torch optimizer starts from rank 0's state (a resumed run's moments and step
+    counts, loaded from its checkpoint on rank 0; empty for a fresh run). A collective: every
+    rank calls it once after building its engine. DeepSpeed keeps its own state (not resumed)."""
+    if engine.name != "torch" or _world() <= 1:
+        return
+    box = [engine.optimizer.state_dict() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    if dist.get_rank() != 0:
+        engine.optimizer.load_state_dict(box[0])
+
+
 def make_engine(kind: str, model: torch.nn.Module, lr: float, weight_decay: float, grad_clip: float,
-                zero_stage: int = 0, offload: bool = False) -> "TorchEngine | DeepSpeedEngine":
+                zero_stage: int = 0, offload: bool = False,
+                optimizer: torch.optim.Optimizer | None = None) -> "TorchEngine | DeepSpeedEngine":
+    """``optimizer``: the torch engine steps this one (rank 0's, which checkpoints save and load)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if kind == "torch":
-        return TorchEngine(params, torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), grad_clip)
+        return TorchEngine(params, optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), grad_clip)
     if kind == "deepspeed":
         return DeepSpeedEngine(model, params, lr, weight_decay, grad_clip, zero_stage, offload)
     raise ValueError(f"learner.engine: {kind!r} is not one of {', '.join(LEARNER_ENGINES)}")

@@ -5,7 +5,8 @@ Rank 0 is the driver process: it receives every trajectory from the rollout flee
 of the groups it owns and forwards the others to their owner rank (``learner.distributed.worker``),
 so all W ranks stream backward passes at once. At the barrier every rank checks itself and joins
 the one integer all-reduce, then the gradient reduction and the optimizer step; rank 0 publishes.
-The other ranks' phases come back as spans on their own lanes, ``learner/<rank>``.
+The other ranks' phases come back as spans on their own lanes, ``learner/<rank>`` (``learner/<rank>@<node>``
+in a run that spans nodes, whose other nodes' ranks ``RankPeers`` reaches through ``learner.distributed.remote``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from learner.config import RunConfig
 from learner.distributed.peers import RankPeers, RankPhase
-from learner.distributed.ranks import free_port, init_rank
+from learner.distributed.ranks import init_rank
 from learner.distributed.worker import broadcast_from_rank0, param_digest
 from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
@@ -27,22 +28,24 @@ __all__ = ["DataParallelLearner", "RankPhase", "rank_lane", "rank_metrics", "use
 class DataParallelLearner:
     """Rank 0's ``RankLearner`` and engine, with ranks 1..W−1 as ``RankPeers``."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase):
-        from learner.distributed.engines import make_engine
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase,
+                 optimizer: torch.optim.Optimizer | None = None):
+        """``optimizer``: the run's AdamW, which the torch engine steps (checkpoints save and load it)."""
+        from learner.distributed.engines import broadcast_optimizer_state, make_engine
         from learner.distributed.rank import RankLearner
 
         self.cfg, self.world = cfg, cfg.learner.world_size
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-        self.peers = RankPeers(cfg, policy_dir, init_method, on_rank_phase)
+        self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
-            init_rank(0, self.world, init_method, cfg.learner.timeout_s)
+            init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s)
             torch.set_num_threads(1)
             self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
                                      0, self.world)
             lrn, train = cfg.learner, cfg.train
             self.engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
-                                      lrn.zero_stage, lrn.offload_optimizer)
+                                      lrn.zero_stage, lrn.offload_optimizer, optimizer)
             broadcast_from_rank0(model)
+            broadcast_optimizer_state(self.engine)  # a resumed run: rank 0 loaded its checkpoint
         except BaseException:
             self.close()
             raise
@@ -143,11 +146,12 @@ def uses_ranks(cfg: RunConfig) -> bool:
     return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
 
 
-def rank_lane(rank: int) -> str:
-    return f"learner/{rank}"
+def rank_lane(rank: int, node: str | None = None) -> str:
+    """A learner rank's Gantt lane; in a run that spans nodes it names the rank's node."""
+    return f"learner/{rank}@{node}" if node else f"learner/{rank}"
 
 
-def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, rank_stats: dict[int, dict]) -> dict:
+def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig, rank_stats: dict[int, dict]) -> dict:
     """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
     trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
     hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
@@ -156,8 +160,10 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, world: int, ra
 
     width = max(t_end - t_start, 1e-12)
     out: dict[str, float] = {}
+    world = cfg.learner.world_size
     for r in range(world):
-        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == rank_lane(r) and s["kind"] in LEARNER_KINDS]
+        lane = rank_lane(r, cfg.learner.node_of(r))
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == lane and s["kind"] in LEARNER_KINDS]
         out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
         stats = rank_stats.get(r, {})
         if stats:

@@ -21,14 +21,15 @@ import torch.multiprocessing as mp
 DEFAULT_TIMEOUT_S = 120.0
 
 
-class RankFailure(RuntimeError):
-    """One or more rank processes failed, died or ran past the timeout (all were stopped)."""
-
-
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the rendezvous and control ports rank 0's node picks)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class RankFailure(RuntimeError):
+    """One or more rank processes failed, died or ran past the timeout (all were stopped)."""
 
 
 def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -23,7 +23,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     """(RankLearner, engine) over this process's own copy of the policy."""
     import torch
 
-    from learner.distributed.engines import make_engine
+    from learner.distributed.engines import broadcast_optimizer_state, make_engine
     from learner.distributed.rank import RankLearner
     from learner.gradients import LearnerOptions, StreamingLearner
     from learner.rollout.models import load_model
@@ -40,6 +40,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
                          lrn.zero_stage, lrn.offload_optimizer)
     broadcast_from_rank0(model)
+    broadcast_optimizer_state(engine)
     return RankLearner(learner, rank, world), engine
 
 
@@ -64,8 +65,9 @@ def param_digest(model) -> str:
     return h.hexdigest()
 
 
-def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q) -> None:
-    """Entry point of a spawned rank process."""
+def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q) -> str | None:
+    """Entry point of a rank process (spawned beside rank 0, or ``thundersync join-rank`` on
+    another node); returns its error, which it has also reported to rank 0."""
     from learner.config import RunConfig
     from learner.distributed.ranks import init_rank
 
@@ -77,8 +79,11 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         init_rank(rank, world, init_method, cfg.learner.timeout_s)
         rl, engine = build_rank(cfg, policy_dir, rank, world)
         _serve(rl, engine, rank, cmd_q, up_q)
+        return None
     except BaseException as exc:  # rank 0 reports it and stops the run
-        up_q.put(("error", rank, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        up_q.put(("error", rank, error))
+        return error
     finally:
         import torch.distributed as dist
 

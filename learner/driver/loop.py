@@ -36,8 +36,8 @@ from learner.driver import rules
 from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
-from learner.driver.recorder import LEARNER_LANE, Recorder
-from learner.driver.resume import Checkpointer, ResumePoint, restore, weights_loader
+from learner.driver.recorder import Recorder
+from learner.driver.resume import Checkpointer, ResumePoint, continue_after_setup, restore, weights_loader
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
@@ -51,7 +51,7 @@ class Trainer:
                  on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
         self.cfg, self.sink, self.dump, self.on_step, self.resume = cfg, sink, dump, on_step, resume
         self.schedule = cfg.train.schedule
-        self.recorder = Recorder(sink)
+        self.recorder = Recorder(sink, rank_lane(0, cfg.learner.node_of(0)))
         self.version, self.rewards = 0, []
         # in-flight schedule state (plain data: what a checkpoint of a running schedule holds)
         t = cfg.train
@@ -64,7 +64,7 @@ class Trainer:
 
     def on_phase(self, kind: str, t0: float, t1: float, traj, group, rank: int = 0) -> None:
         """Learner phase callback (raw time.monotonic() stamps); other ranks on their own lanes."""
-        self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank) if rank else LEARNER_LANE)
+        self.recorder.phase(kind, t0, t1, self.version, traj, group, rank_lane(rank, self.cfg.learner.node_of(rank)))
 
     def setup(self, booted: BootedWorkers) -> None:
         resumed = restore(self, self.resume) if self.resume else None  # before the workers take the clock
@@ -72,11 +72,7 @@ class Trainer:
                                lambda rank, *phase: self.on_phase(*phase, rank=rank), weights_loader(self.resume))
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
-        self.first_step = 0
-        if resumed is not None:
-            self.rollouts.next_traj, self.rollouts.next_group = resumed.next_traj, resumed.next_group
-            resumed.restore_rng()  # after build_run seeded torch
-            self.first_step = resumed.steps_done
+        self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
         self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs), self.now()))
 
@@ -88,9 +84,11 @@ class Trainer:
                 self.pool.admit(self.rollouts.new_groups(1, -1, self.version)[0], self.cfg.train.group_size)
             return
         for batch in self.gate.open_batches(self.version):
+            version = self.checkpoints.dispatch_version(batch)  # the newest, but async's replayed batch
             if batch > 0 and rules.off_policy(self.schedule):
-                self.rollouts.ensure_version(self.version)  # replicas are idle now: they take the newest weights
-            self.batch_groups[batch] = self.rollouts.new_groups(self.cfg.train.prompts_per_step, batch, self.version)
+                self.rollouts.ensure_version(version)  # replicas are idle now: they take those weights
+            self.batch_groups[batch] = self.rollouts.new_groups(self.cfg.train.prompts_per_step, batch, version)
+            self.checkpoints.dispatched(batch)
 
     def collect_batch(self) -> list[Trajectory | ScoredTurn]:
         """sync, streaming, async: receive the step's dispatch batch; learn on arrival where
@@ -142,7 +140,8 @@ class Trainer:
         off-policy pass over the whole batch; then the barrier."""
         if rules.off_policy(self.schedule):
             self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
-            self.rec.learner_stats = self.learner.train_batch(self.rec.trajs, on_phase=self.on_phase)
+            trajs = sorted(self.rec.trajs, key=learn_order)  # arrival order would reach the float sums
+            self.rec.learner_stats = self.learner.train_batch(trajs, on_phase=self.on_phase)
         else:
             self.learn(sorted(held, key=learn_order))
             self.rec.learner_stats = self.learner.finish_batch()
@@ -221,7 +220,7 @@ def run_metrics(parts: RunParts, rec: StepRecord, spans: list[dict], t_end: floa
     (``train.eval_every``, after the step's publish)."""
     values = {}
     if isinstance(parts.learner, DataParallelLearner):
-        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.world, parts.learner.rank_stats))
+        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.cfg, parts.learner.rank_stats))
     if parts.evaluator is not None and parts.evaluator.due(rec.step):
         values.update(parts.evaluator.run(rec.step))
     return values

@@ -12,8 +12,8 @@ LEARNER_LANE = "learner/0"
 
 
 class Recorder:
-    def __init__(self, sink: EventSink):
-        self.sink = sink
+    def __init__(self, sink: EventSink, learner_lane: str = LEARNER_LANE):
+        self.sink, self.learner_lane = sink, learner_lane  # rank 0's lane (docs/distributed.md)
         self.origin = time.monotonic()
         self.seq = 0
         self.recent: list[dict] = []  # span events still inside a step window (metrics)
@@ -41,7 +41,7 @@ class Recorder:
     def begin_step(self, step: int) -> None:
         self.step, self.first_backward = step, None
 
-    def phase(self, kind: str, t0: float, t1: float, version: int, traj, group, lane: str = LEARNER_LANE) -> None:
+    def phase(self, kind: str, t0: float, t1: float, version: int, traj, group, lane: str | None = None) -> None:
         """A learner phase stamped with raw ``time.monotonic()`` (the learner's callback)."""
         t0, t1 = t0 - self.origin, t1 - self.origin
         if kind == Kind.BACKWARD and (self.first_backward is None or t0 < self.first_backward):
@@ -57,10 +57,10 @@ class Recorder:
             self.backward_tokens[item.id] = item.n_scored
 
     def learner_span(self, kind: str, t0: float, t1: float, version: int, traj=None, group=None,
-                     lane: str = LEARNER_LANE) -> None:
-        """A learner phase on ``lane`` (a data-parallel rank's own lane ``learner/<rank>``)."""
+                     lane: str | None = None) -> None:
+        """A learner phase on ``lane`` (a data-parallel rank's own lane ``learner/<rank>``; rank 0's by default)."""
         tokens = self.backward_tokens.get(traj, 0) if kind == Kind.BACKWARD else 0
-        self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=lane, traj=traj,
+        self.emit_span(Span(step=self.step, kind=kind, t0=t0, t1=t1, lane=lane or self.learner_lane, traj=traj,
                             group=group, policy_version=version, tokens=tokens))
 
     def replica_spans(self, acks: list[tuple[int, float, float]], version: int) -> None:

@@ -6,10 +6,10 @@ is not saved but replayed: sync and streaming dispatch the next batch right afte
 publish, and its trajectories (ids, prompts, sampling seeds) are a function of the step
 and the run seed, so the resumed run dispatches the same batch again and samples the same
 tokens from the same weights. async's next batch was sampled from the weights before the
-last step; the resumed run samples it from the checkpoint's weights (staleness 0 for that
-one batch). fully-async's admitted groups are dropped and new groups admitted in their
-place (new prompts). Everything else (model, optimizer, counters, RNG states, reward
-curve, span numbering, run clock) continues exactly.
+last step: the checkpoint holds those too (``behavior.safetensors``), and the resumed run
+publishes them for that one batch, then the checkpoint's own. fully-async's admitted groups
+are dropped and new groups admitted in their place (new prompts). Everything else (model,
+optimizer, counters, RNG states, reward curve, span numbering, run clock) continues exactly.
 
 A run stopped by SIGTERM/SIGINT mid-step writes the checkpoint of the boundary before the
 step it was in (the model and the optimizer have not moved since; the RNG states are the
@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from learner.checkpoint import RunState, load_checkpoint, save_checkpoint
+from learner.checkpoint import RunState, load_behavior, load_checkpoint, save_checkpoint
+from learner.lora import publish_view
 
 
 @dataclass
@@ -62,6 +63,29 @@ class Checkpointer:
         self.trainer = trainer
         self.every = trainer.cfg.train.checkpoint_every
         self.rng = RunState.capture_rng()  # as of the last boundary
+        # async: (batch, the published weights it is sampled with) of the batch in flight; a
+        # resumed run samples its first batch again from the checkpoint's (``replay``: their version)
+        self.behavior: tuple[int, dict] | None = None
+        self.replay: int | None = None
+        weights = load_behavior(trainer.resume.path) if trainer.resume else None
+        if weights is not None:
+            self.behavior, self.replay = (trainer.first_step, weights), trainer.version - 1
+            trainer.parts.store.publish(weights, self.replay)
+
+    def dispatch_version(self, batch: int) -> int:
+        """The policy version batch ``batch`` is sampled with (a resumed async run: its first
+        batch at the checkpoint's behaviour version)."""
+        return self.replay if self.replay is not None and self.behavior[0] == batch else self.trainer.version
+
+    def dispatched(self, batch: int) -> None:
+        """Batch ``batch`` went out: after a replayed one the store gets the policy's weights
+        back; async with checkpoints keeps what the replicas sample it with."""
+        t = self.trainer
+        if self.replay is not None:
+            self.replay = None
+            t.parts.store.publish(publish_view(t.model), t.version)
+        elif self.every and t.schedule == "async":
+            self.behavior = (batch, {n: x.clone() for n, x in t.parts.store.tensors.items()})
 
     def at_boundary(self, steps_done: int) -> None:
         self.rng = RunState.capture_rng()
@@ -77,7 +101,9 @@ class Checkpointer:
     def save(self, steps_done: int) -> Path:
         t = self.trainer
         state = capture(t, steps_done, self.rng)
-        path = save_checkpoint(t.cfg.train.output_dir, t.model, t.parts.optimizer, state, t.cfg.train.keep_checkpoints)
+        behavior = self.behavior[1] if self.behavior and self.behavior[0] == steps_done else None
+        path = save_checkpoint(t.cfg.train.output_dir, t.model, t.parts.optimizer, state, t.cfg.train.keep_checkpoints,
+                               behavior)
         t.sink.emit({"type": "checkpoint", "step": steps_done - 1, "path": str(path)})
         return path
 
@@ -98,8 +124,8 @@ def capture(t, steps_done: int, rng: dict) -> RunState:
 
 def restore(t, point: ResumePoint) -> RunState:
     """Put trainer ``t`` at the checkpoint's boundary, before its set-up (the workers take
-    the run clock's origin at set-up). The caller sets the rollout counters once it has its
-    ``Rollouts``, and the RNG states after the models are built (that seeds torch)."""
+    the run clock's origin at set-up). ``continue_after_setup`` sets the rollout counters and
+    the RNG states once the models are built (that seeds torch)."""
     _, _, state = point.load()
     t.version, t.rewards = state.version, list(state.rewards)
     t.recorder.seq = max(state.seq, point.seq_from)
@@ -107,3 +133,13 @@ def restore(t, point: ResumePoint) -> RunState:
     t.gate.next_batch = t.gate.received = state.steps_done
     t.pool.admitted = state.schedule.get("groups_taken", 0)
     return state
+
+
+def continue_after_setup(t, state: RunState | None) -> int:
+    """Once trainer ``t`` has its ``Rollouts`` and models (``build_run`` seeded torch): the
+    checkpoint's rollout counters and RNG states; returns the first step to train (0: fresh)."""
+    if state is None:
+        return 0
+    t.rollouts.next_traj, t.rollouts.next_group = state.next_traj, state.next_group
+    state.restore_rng()
+    return state.steps_done

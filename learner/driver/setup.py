@@ -14,6 +14,7 @@ from learner.config import RunConfig
 from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.evaluation import Evaluator
+from learner.deterministic import on_policy_learner
 from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner
 from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
@@ -76,9 +77,9 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     version = load_state(model, optimizer) if load_state else 0
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
-        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase)
+        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
     else:
-        learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else StreamingLearner)(
+        learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else on_policy_learner)(
             model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     try:
         env = make_env(cfg.task)

@@ -45,6 +45,18 @@ def how_it_ended(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+def complete_messages(conn) -> list:
+    """What a dead worker's pipe still holds, but a message cut off by the kill: its writing
+    end is closed, so this ends and never blocks."""
+    messages = []
+    try:
+        while conn.poll():
+            messages.append(conn.recv())
+    except (EOFError, OSError):
+        pass
+    return messages
+
+
 class Fleet:
     """Takes over the workers ``booted`` (``learner.rollout.boot``): sends each its init
     command and waits until every one is ready. Every receive has a limit
@@ -101,18 +113,17 @@ class Fleet:
         if isinstance(msg, Ready):
             self._ready.add(w)
             return
+        if isinstance(msg, Ack) and self._acks is None:
+            return  # a respawned replica's, of a publish that did not wait for it (load_all)
         self._inbox.append(self.in_flight.arrived(msg))
 
     def _lost(self, w: int) -> None:
         """Worker ``w`` died: keep every message it sent completely, then respawn it and
         dispatch its trajectories in flight again (same ids, seeds, dispatch batch), or fail
         the run past ``rollout.max_worker_restarts`` failures in this step."""
-        conn, proc = self.booted.conns[w], self.booted.procs[w]
-        try:
-            while conn.poll():  # its writing end is closed: this ends, never blocks
-                self._accept(w, conn.recv())
-        except (EOFError, OSError):
-            pass  # a message cut off by the kill
+        proc = self.booted.procs[w]
+        for msg in complete_messages(self.booted.conns[w]):
+            self._accept(w, msg)
         proc.join(timeout=10)
         how = how_it_ended(proc.exitcode)
         self.restarts += 1
@@ -121,14 +132,16 @@ class Fleet:
                                f"{self.step}, more than rollout.max_worker_restarts ({self.max_restarts})")
         self.booted.respawn(w)
         self._ready.discard(w)
-        q = self.booted.cmd_qs[w]
-        q.put(self.init)
-        for batch, items in self.in_flight.batches_of(w).items():
-            q.put(Work(batch, items))
+        self.booted.cmd_qs[w].put(self.init)
         if self._acks is not None and w not in self._acks:
-            q.put(Load(self._loading))  # a publish waits for this replica's acknowledgement
+            self.booted.cmd_qs[w].put(Load(self._loading))  # a publish waits for this replica's acknowledgement
+        # sampled again at once by the workers that are up (a row samples the same tokens in
+        # any batch: learner/rollout/engine.py), else by the new one once it has booted
+        lost, others = self.in_flight.take(w), sorted(self._ready)
+        for batch, items in lost.items():
+            self.dispatch(batch, items, among=others or [w])
         print(f"thundersync: rollout worker {proc.name} {how} in step {self.step}; respawned, "
-              f"{len(self.in_flight.items[w])} trajectories sampled again with their seeds "
+              f"{sum(map(len, lost.values()))} trajectories sampled again with their seeds "
               f"(failure {self.restarts} of at most {self.max_restarts} per step)", file=sys.stderr, flush=True)
 
     def get(self, timeout: float | None = None, interruptible: bool = True):
@@ -156,11 +169,13 @@ class Fleet:
         return self._inbox.popleft() if self._inbox else None
 
     # -- sending ---------------------------------------------------------------------
-    def dispatch(self, step: int, items: list[WorkItem]) -> None:
-        """Spread the items over the workers, least-loaded first."""
+    def dispatch(self, step: int, items: list[WorkItem], among: list[int] | None = None) -> None:
+        """Spread the items over the workers, least-loaded first: ``among`` these, by default
+        those that are up (a respawned one still booting only when none is)."""
         per_worker: dict[int, list[WorkItem]] = {}
+        among = among or sorted(self._ready)
         for item in items:
-            w = self.in_flight.least_loaded()
+            w = self.in_flight.least_loaded(among)
             self.in_flight.add(w, step, item)
             per_worker.setdefault(w, []).append(item)
         for w, chunk in per_worker.items():
@@ -168,18 +183,20 @@ class Fleet:
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
         """Every replica loads ``version``; returns (worker, t0, t1) per ack. Data messages
-        that arrive meanwhile go, decoded, to ``on_other(item, spans)``."""
+        that arrive meanwhile go, decoded, to ``on_other(item, spans)``. A respawned replica
+        still booting gets the command too (before any later work on its queue) but the
+        publish does not wait the seconds it takes to boot; its ack is dropped."""
         self._acks, self._loading = {}, version
         for q in self.booted.cmd_qs:
             q.put(Load(version))
         try:
-            while len(self._acks) < len(self.booted.procs):
+            while not self._ready <= self._acks.keys():
                 msg = self.get(interruptible=False)  # the optimizer has stepped: finish the publish first
-                if isinstance(msg, Ack):
-                    if msg.version != version:
-                        raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")
+                if isinstance(msg, Ack) and msg.version > version:
+                    raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")
+                if isinstance(msg, Ack) and msg.version == version:
                     self._acks[msg.worker] = (msg.worker, msg.t0, msg.t1)
-                else:
+                elif not isinstance(msg, Ack):  # (an older version: a replica that was booting then)
                     on_other(*decode(msg))
             return list(self._acks.values())
         finally:

@@ -14,8 +14,8 @@ class InFlight:
         self._owner: dict[int, int] = {}  # traj -> worker
         self._scored: dict[int, set[int]] = {}  # traj -> turns whose ScoredTurn arrived (OPD)
 
-    def least_loaded(self) -> int:
-        return min(range(len(self.items)), key=lambda w: len(self.items[w]))
+    def least_loaded(self, among: list[int] | None = None) -> int:
+        return min(among if among else range(len(self.items)), key=lambda w: len(self.items[w]))
 
     def add(self, w: int, batch: int, item: WorkItem) -> None:
         self.items[w][item.traj] = (batch, item)
@@ -39,9 +39,12 @@ class InFlight:
             seen.add(msg.item.turn)
         return msg
 
-    def batches_of(self, w: int) -> dict[int, list[WorkItem]]:
-        """Worker ``w``'s trajectories in flight, by dispatch batch, in dispatch order."""
+    def take(self, w: int) -> dict[int, list[WorkItem]]:
+        """Worker ``w``'s trajectories in flight (it died), by dispatch batch, in dispatch order;
+        they are no longer its."""
         batches: dict[int, list[WorkItem]] = {}
         for batch, item in self.items[w].values():
             batches.setdefault(batch, []).append(item)
+            self._owner.pop(item.traj, None)
+        self.items[w] = {}
         return batches

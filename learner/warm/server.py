@@ -31,7 +31,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -81,7 +81,6 @@ class Child:
     pidfd: int
     kill_at: float | None = None
     client_gone: bool = False
-    buffer: bytes = field(default=b"")
 
 
 def run_child(request: dict, fds: list[int], close: list[int]) -> None:
@@ -173,11 +172,18 @@ class Runner:
             return
         close = [self.listener.fileno(), self.selector.fileno(), conn.fileno(),
                  *(c.conn.fileno() for c in self.children.values()), *(c.pidfd for c in self.children.values())]
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as err:  # no memory, too many processes: the client starts the run cold
+            print(f"warm runner: cannot fork: {err}", file=sys.stderr, flush=True)
+            pid = None
         if pid == 0:
             run_child(request, fds, close)
         for fd in fds:
             os.close(fd)
+        if pid is None:
+            conn.close()
+            return
         child = Child(pid, conn, os.pidfd_open(pid))
         self.children[pid] = child
         conn.sendall(f"pid {pid}\n".encode())
@@ -248,6 +254,7 @@ def listen(path: Path) -> socket.socket:
     tmp.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp))
+    os.chmod(tmp, 0o600)  # only this user may have runs forked
     listener.listen(16)
     os.replace(tmp, path)
     return listener

@@ -331,6 +331,9 @@ if (DEBUG) window.__thundersync = {
     open: !!ws && ws.readyState === WebSocket.OPEN,
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),
+  // the step numbers the charts (metrics) and the Gantt (spans) hold: continuous across a resume
+  metricSteps: () => [...metrics.keys()].sort((a, b) => a - b),
+  spanSteps: () => [...new Set([...store.bySeq.values()].map((s) => s.step))].sort((a, b) => a - b),
   frames: () => frameLog,
   draws: () => drawLog,
   barsByKind: () => gantt.barsByKind(),

@@ -32,6 +32,12 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped."""
+    stat = proc_stat(pid)
+    return stat is None or stat[0] == "Z"
+
+
 def live_processes() -> list[tuple[int, list[str]]]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -100,10 +106,12 @@ class RedisServer:
 
 
 class WorkerProcess:
-    """``celery -A controller worker -Q runs`` (prefork, one pool process) in its own session."""
+    """``celery -A controller worker -Q runs`` (prefork, one pool process) in its own session;
+    ``queues`` and ``node`` (THUNDERSYNC_NODE) for a worker of one node of a run that spans nodes."""
 
-    def __init__(self, run_dir: Path, log_path: Path, redis_url: str | None = None):
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test",
+    def __init__(self, run_dir: Path, log_path: Path, redis_url: str | None = None, queues: str = "runs",
+                 node: str = "local"):
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test", "THUNDERSYNC_NODE": node,
                "THUNDERSYNC_TEST_TAG": settings.TEST_TAG, "THUNDERSYNC_TEST_DATABASE": connection.settings_dict["NAME"],
                "THUNDERSYNC_RUN_DIR": str(run_dir), "PYTHONPATH": str(ROOT)}
         if redis_url:
@@ -111,7 +119,7 @@ class WorkerProcess:
         self.log_path = log_path
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "controller", "worker", "-Q", "runs", "-P", "prefork", "-c", "1",
+            [sys.executable, "-m", "celery", "-A", "controller", "worker", "-Q", queues, "-P", "prefork", "-c", "1",
              "--prefetch-multiplier", "1", "--without-heartbeat", "--without-mingle", "--without-gossip",
              "-n", f"faults-{uuid.uuid4().hex[:8]}@%h", "-l", "INFO"],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -15,12 +15,14 @@ from django.utils import timezone
 
 from controller.celery import app
 from controller.launching import enqueue, launch_run
-from controller.models import Experiment, Run, Span
+from controller.models import Experiment, Run, Span, StepMetric
 from learner.rollout.sandbox import SANDBOX_TOKEN
 
 from .conftest import QUICKSTART
+from tests.harness.processes import rollout_workers
+
 from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
-                     live_processes, wait_final, wait_running_with_spans, wait_until)
+                     exited, live_processes, wait_final, wait_running_with_spans, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BOUND_S = 60.0
@@ -54,9 +56,21 @@ def launch(experiment, preset, steps: int) -> int:
     return launch_run(experiment, preset, steps=steps).pk
 
 
-def test_kill_9_of_the_learner_fails_the_run_with_the_reason(worker, alice_experiment, streaming_preset):
+def test_a_killed_rollout_worker_is_replaced_then_kill_9_of_the_learner_fails_the_run(
+    worker, run_dir, alice_experiment, streaming_preset
+):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 50)
+    # kill -9 of a rollout worker: respawned, its trajectories sampled again, the run goes on
+    # (docs/processes.md "A rollout worker dies"); one run serves both faults (suite time)
+    victim, = rollout_workers(run.pids[0])
+    os.kill(victim, signal.SIGKILL)
+    steps_then = StepMetric.objects.filter(run_id=run_id).count()
+    log = run_dir / f"run-{run_id}" / "learner.stderr.log"
+    wait_until(lambda: b"was killed by SIGKILL" in log.read_bytes(), BOUND_S, "the driver saw its worker die")
+    wait_until(lambda: StepMetric.objects.filter(run_id=run_id).count() >= steps_then + 2, BOUND_S,
+               "two more steps after the respawn")
+    assert Run.objects.get(pk=run_id).status == "running" and victim not in rollout_workers(run.pids[0])
     before = Span.objects.filter(run_id=run_id).count()
     os.kill(run.pids[0], signal.SIGKILL)
     run = wait_final(run_id, BOUND_S)
@@ -86,10 +100,15 @@ def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 50)
     before = Span.objects.filter(run_id=run_id).count()
-    # docker stop: SIGTERM (a warm shutdown would wait for the run), then SIGKILL after the grace
+    # docker stop: SIGTERM (a warm shutdown would wait for the run), then SIGKILL after the
+    # grace, here to the main process only (in a container the rest dies with it; outside one
+    # the pool child must go by itself: Celery gives it a parent-death signal)
+    pool = worker.pool_child()
     os.kill(worker.pid, signal.SIGTERM)
     time.sleep(2.0)  # the stop's grace period, not a stand-in for work
-    worker.stop()  # SIGKILL main and pool
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_until(lambda: exited(pool), 10, "the pool child died")
+    worker.stop()  # nothing left to kill: waits for the group to be gone
     t0 = time.monotonic()
     worker.another()
     run = wait_final(run_id, BOUND_S)
@@ -103,6 +122,9 @@ def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment
 def test_cancel_ends_a_run_whose_worker_is_gone(worker, alice_client, alice_experiment, streaming_preset):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 20)
+    pool = worker.pool_child()
+    os.kill(worker.pid, signal.SIGKILL)  # kill -9 of the main process only: its pool child goes with it
+    wait_until(lambda: exited(pool), 10, "the pool child died")
     worker.stop()  # nobody supervises the run now, and no worker will come back
     response = alice_client.post(f"/api/runs/{run_id}/cancel/")
     assert response.status_code == 202 and response.json()["status"] == "cancelled"
@@ -226,7 +248,7 @@ def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_ex
 
 
 def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, alice, alice_client, sync_preset):
-    from controller.models import Checkpoint, StepMetric
+    from controller.models import Checkpoint
 
     config = {**QUICKSTART, "train": {**QUICKSTART["train"], "checkpoint_every": 1}}
     experiment = Experiment.objects.create(owner=alice, name="checkpointed", config=config)

@@ -34,17 +34,45 @@ def running(experiment, preset, supervisor: str, heartbeat_age_s: float = 0.0, *
 
 
 def test_a_redelivered_task_ends_the_run_its_dead_supervisor_left(alice_experiment, sync_preset):
-    run = running(alice_experiment, sync_preset, dead_local_supervisor())
-    assert run_training.apply(args=[run.pk]).get() == "adopted"
+    run = running(alice_experiment, sync_preset, dead_local_supervisor(), start_task_id="message-1")
+    assert run_training.apply(args=[run.pk], task_id="message-1").get() == "adopted"
     run.refresh_from_db()
     assert run.status == "failed" and run.finished is not None
     assert "its supervising worker process" in run.error and "is gone" in run.error
 
 
+def test_a_redelivered_message_adopts_exactly_the_run_it_started(alice_experiment, bob_experiment, sync_preset):
+    # Fair dispatch: the message launched with bob's run started alice's (the fairest then),
+    # and the message launched with alice's started bob's. Both supervisors died. The
+    # redelivery of bob's message ends alice's run, the one it started, and only that one.
+    alices = running(alice_experiment, sync_preset, dead_local_supervisor(), start_task_id="bobs-message",
+                     celery_task_id="alices-message")
+    bobs = running(bob_experiment, sync_preset, dead_local_supervisor(), start_task_id="alices-message",
+                   celery_task_id="bobs-message")
+    assert run_training.apply(args=[bobs.pk], task_id="bobs-message").get() == "adopted"
+    alices.refresh_from_db()
+    bobs.refresh_from_db()
+    assert alices.status == "failed" and "is gone" in alices.error
+    assert bobs.status == "running"  # its own message's redelivery, or the reaper, ends it
+    assert run_training.apply(args=[alices.pk], task_id="a-fresh-slot").get() == "skipped"  # no message of its
+    bobs.refresh_from_db()
+    assert bobs.status == "running"
+
+
+def test_a_claim_records_the_message_that_made_it(alice_experiment, sync_preset):
+    from controller.dispatch import claim_next_run
+
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED)
+    assert claim_next_run("message-7") == run.pk
+    run.refresh_from_db()
+    assert run.status == "starting" and run.start_task_id == "message-7"
+
+
 def test_a_redelivered_task_leaves_a_live_supervisors_run_alone(alice_experiment, sync_preset):
-    run = running(alice_experiment, sync_preset, ownership.me())  # this process, but no live supervisor thread...
+    # this process, but no live supervisor thread...
+    run = running(alice_experiment, sync_preset, ownership.me(), start_task_id="message-2")
     with ownership.supervising(run.pk):  # ...now there is one
-        assert run_training.apply(args=[run.pk]).get() == "skipped"
+        assert run_training.apply(args=[run.pk], task_id="message-2").get() == "skipped"
     run.refresh_from_db()
     assert run.status == "running"
 
@@ -67,6 +95,16 @@ def test_the_reaper_waits_two_passes_for_a_remote_owner_with_a_stale_heartbeat(
     fresh.refresh_from_db()
     assert stale.status == "failed" and "other-node:12:34 last reported" in stale.error
     assert fresh.status == "running"
+
+
+def test_a_run_handed_to_a_node_nobody_serves_fails_naming_the_queue(alice_experiment, sync_preset, settings):
+    # a run that spans nodes, handed to its first node's queue (controller/nodes.py), never taken
+    run = running(alice_experiment, sync_preset, ownership.HANDED_OFF + "runs.a",
+                  heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
+    ownership.reap()
+    assert ownership.reap()[0] == 1
+    run.refresh_from_db()
+    assert run.status == "failed" and "no worker took it from queue runs.a" in run.error, run.error
 
 
 def test_an_owner_that_stamps_between_two_passes_keeps_its_run(alice_experiment, sync_preset, settings):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from .conftest import ROOT
 
@@ -94,6 +95,12 @@ def test_docker_compose_config_is_valid():
     out = compose_config(POSTGRES_PASSWORD="pw-from-the-operator", DJANGO_SECRET_KEY="key-from-the-operator")
     assert out.returncode == 0, out.stderr
     assert "pw-from-the-operator" in out.stdout and "key-from-the-operator" in out.stdout
+    services = yaml.safe_load(out.stdout)["services"]
+    # runs that span nodes (docs/distributed.md): node a takes runs and runs.a, node b only runs.b
+    for name, node, queues in (("worker", "a", "runs,runs.a"), ("worker-node-b", "b", "runs.b")):
+        worker = services[name]
+        assert worker["environment"]["THUNDERSYNC_NODE"] == node and f"-Q {queues} " in worker["command"]
+        assert worker["environment"]["DJANGO_SETTINGS_MODULE"] == "controller.settings.production"
 
 
 @pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed")

@@ -25,12 +25,15 @@ opd_case = st.tuples(st.just("opd"), st.sampled_from(OPD_LOSS_AGG_MODES), st.jus
     dtype=st.sampled_from([torch.float32, torch.float64]),
     learner=st.sampled_from(LEARNER_PATHS),
     cap=st.sampled_from([0, 1, 2, None]),
+    deterministic=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_every_learner_path_matches_reference_on_random_batches(combo, dtype, learner, cap, seed):
+def test_every_learner_path_matches_reference_on_random_batches(combo, dtype, learner, cap, deterministic, seed):
     objective, mode, std = combo
-    case = run_case(CaseSpec(objective, mode, std, dtype, learner, cap), random.Random(seed))
+    spec = CaseSpec(objective, mode, std, dtype, learner, cap, deterministic=deterministic)
+    case = run_case(spec, random.Random(seed))
     assert case["passed"], case
+    assert case["learner"] == ("deterministic" if deterministic else learner)
 
 
 def test_opd_turn_order_does_not_change_the_gradient():
@@ -72,8 +75,11 @@ def test_case_specs_cover_every_combination_path_cap_and_zero_variance():
         for cap in (0, 1, 2, None):
             for acc in ("device", "host"):
                 assert {(objective, learner, cap, acc, d) for d in (torch.float32, torch.float64)} <= caps
-    zero = {(s.learner, s.aux) for s in specs if s.zero_variance}
+    zero = {(s.learner, s.aux) for s in specs if s.zero_variance and not s.deterministic}
     assert zero == {(learner, aux) for learner in LEARNER_PATHS for aux in ("off", "on")}
+    deterministic = {(s.objective, s.mode, s.std, s.dtype) for s in specs if s.deterministic and not s.zero_variance}
+    assert len(deterministic) == 2 * n_combos  # streaming's deterministic learner: every convention
+    assert {s.aux for s in specs if s.deterministic and s.zero_variance} == {"off", "on"}
 
 
 def test_main_prints_json_naming_learner_and_cap(monkeypatch, capsys):

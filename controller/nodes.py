@@ -1,0 +1,126 @@
+"""Runs that span nodes (``learner.nodes``; docs/distributed.md, "Runs that span nodes").
+
+Every worker knows its node (THUNDERSYNC_NODE; it consumes queue ``runs.<node>``). A run's
+first node runs rank 0: the learner driver with the rollout fleet, supervised as any run
+(controller/supervisor.py). If the worker that claimed the run from ``runs`` is another node,
+it hands the run to ``runs.<first node>`` (``supervise_on_node``). Rank 0's supervisor picks
+the control port and a key, starts the driver with them, and sends one ``run_rank`` task per
+rank of another node to ``runs.<node>``; that task runs ``thundersync join-rank`` (which
+connects to rank 0, receives the rendezvous and the config), stamps its ``RunNode`` heartbeat
+and stops its rank when the run ends. Rank 0's supervisor fails the run when a node's task
+failed or stopped stamping (THUNDERSYNC_STALE_S); the driver fails it when a rank's
+connection drops or a collective times out (``learner.timeout_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from learner.config import ConfigError, parse_config
+from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, free_port
+
+from . import ownership, runlog
+from .models import Run, RunNode
+
+log = logging.getLogger(__name__)
+
+
+def placement(config: dict) -> tuple[str | None, dict[int, str]]:
+    """(rank 0's node, {rank: node} of the ranks on other nodes) of a run config; (None, {})
+    for a run on one node."""
+    try:
+        learner = parse_config(config).learner
+    except ConfigError:
+        return None, {}  # the learner reports the config error itself
+    first = learner.node_of(0)
+    if first is None:
+        return None, {}
+    return first, {r: learner.node_of(r) for r in range(1, learner.world_size) if learner.node_of(r) != first}
+
+
+def queue_of(node: str) -> str:
+    return f"runs.{node}"
+
+
+def start_remote_ranks(run: Run, remote: dict[int, str]) -> dict[str, str]:
+    """Send each remote rank's task to its node's queue; the environment for rank 0's driver
+    (its control port and key, this node's address)."""
+    from .tasks import run_rank  # tasks imports the supervisor, which imports this module
+
+    key, port = secrets.token_hex(32), free_port(settings.THUNDERSYNC_NODE_ADDR)
+    control = f"{settings.THUNDERSYNC_NODE_ADDR}:{port}"
+    RunNode.objects.filter(run=run).delete()  # a resumed attempt starts its ranks afresh
+    for rank, node in remote.items():
+        RunNode.objects.create(run=run, rank=rank, node=node)  # no heartbeat until its task starts
+        run_rank.apply_async(args=[run.pk, rank, node, control, key], queue=queue_of(node))
+    return {KEY_ENV: key, PORT_ENV: str(port), ADDR_ENV: settings.THUNDERSYNC_NODE_ADDR}
+
+
+def node_failure(run_id: int) -> str | None:
+    """Why a node of the run failed (its task reported a failure or stopped stamping), or None."""
+    stale_before = timezone.now() - timedelta(seconds=settings.THUNDERSYNC_STALE_S)
+    for n in RunNode.objects.filter(run_id=run_id):
+        if n.status == RunNode.Status.FAILED:
+            return f"learner rank {n.rank} on node {n.node} failed: {n.error}"
+        if n.status == RunNode.Status.RUNNING and n.heartbeat is not None and n.heartbeat < stale_before:
+            return (f"learner rank {n.rank} on node {n.node} stopped reporting for more than "
+                    f"{settings.THUNDERSYNC_STALE_S:g}s (its task or worker died)")
+    return None
+
+
+def run_rank_on_this_node(run_id: int, rank: int, node: str, control: str, key: str) -> str:
+    """The body of the ``run_rank`` task: ``thundersync join-rank`` in its own process group
+    (dies with this task: parent-death signal), its log in the run directory, the heartbeat
+    every THUNDERSYNC_HEARTBEAT_S; stopped when the run ends; returns the rank's final status."""
+    from .supervisor import _die_with_parent
+
+    me = ownership.me()
+    if not RunNode.objects.filter(run_id=run_id, rank=rank, status=RunNode.Status.RUNNING).update(
+            supervisor=me, heartbeat=timezone.now()):
+        return "skipped"  # the run no longer waits for this rank (a redelivery, a resumed attempt)
+    timeout = parse_config(Run.objects.get(pk=run_id).config).learner.timeout_s
+    log_path = runlog.run_dir(run_id) / f"rank-{rank}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            [*settings.THUNDERSYNC_LEARNER_COMMAND, "join-rank", "--control", control, "--rank", str(rank),
+             "--node", node, "--timeout", f"{timeout:g}"],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
+    try:
+        code = _watch(child, run_id, rank)
+    finally:  # whatever is left of the rank's process group, waited for
+        ownership.signal_group(child.pid, signal.SIGKILL, 10.0)
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+    status = RunNode.Status.SUCCEEDED if code == 0 else RunNode.Status.FAILED
+    error = "" if code == 0 else (f"exit code {code}: " + " | ".join(tail))[:2000]
+    RunNode.objects.filter(run_id=run_id, rank=rank).update(status=status, error=error, heartbeat=timezone.now())
+    return status
+
+
+def _watch(child: subprocess.Popen, run_id: int, rank: int) -> int:
+    """Stamp the heartbeat until the rank exits; SIGTERM it (SIGKILL after the grace) once the
+    run has ended or is being cancelled elsewhere. Returns its exit code."""
+    kill_at = None
+    while True:
+        try:
+            return child.wait(timeout=settings.THUNDERSYNC_HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        RunNode.objects.filter(run_id=run_id, rank=rank).update(heartbeat=timezone.now())
+        run = Run.objects.only("status", "cancel_requested").get(pk=run_id)
+        if kill_at is None and (run.status in Run.FINISHED or run.cancel_requested):
+            log.info("run %s ended (%s): stopping learner rank %s", run_id, run.status, rank)
+            ownership.signal_group(child.pid, signal.SIGTERM, 0.0)
+            kill_at = time.monotonic() + settings.THUNDERSYNC_CANCEL_GRACE_S
+        if kill_at is not None and time.monotonic() > kill_at:
+            ownership.signal_group(child.pid, signal.SIGKILL, 0.0)

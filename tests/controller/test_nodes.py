@@ -1,0 +1,71 @@
+"""A run that spans two nodes through two real Celery worker processes (docs/distributed.md,
+"Runs that span nodes"): node a consumes ``runs.a``, node b consumes ``runs`` and ``runs.b``.
+Node b claims the run and hands it to node a (rank 0, the driver and the rollout fleet), whose
+supervisor sends rank 1's task to ``runs.b``; both ranks rendezvous through rank 0's TCP store
+and the page's spans come from both nodes. Then node b's task is killed mid-run: the run fails
+everywhere within the bound and nothing of either node is left running."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from controller.config_merge import run_config
+from controller.launching import launch_run
+from controller.models import Experiment, Run, RunNode, Span
+
+from .conftest import QUICKSTART
+from .faults import WorkerProcess, assert_nothing_left, children, proc_stat, wait_final, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+BOUND_S = 60.0
+TWO_NODES = {**QUICKSTART, "learner": {"world_size": 2, "nodes": ["a", "b"], "timeout_s": 60}}
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    started = []
+    try:
+        started.append(WorkerProcess(tmp_path / "runs", tmp_path / "node-a.log", queues="runs.a", node="a"))
+        started.append(WorkerProcess(tmp_path / "runs", tmp_path / "node-b.log", queues="runs,runs.b", node="b"))
+        yield started
+    finally:
+        Run.objects.exclude(status__in=Run.FINISHED).update(cancel_requested=True)
+        for w in started:
+            w.stop()
+
+
+def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes, alice, alice_client,
+                                                                      streaming_preset):
+    node_a, node_b = two_nodes
+    experiment = Experiment.objects.create(owner=alice, name="two nodes", config=TWO_NODES)
+    assert run_config(experiment.config, streaming_preset.overrides(), 1, "")["learner"]["nodes"] == ["a", "b"]
+
+    run = wait_final(launch_run(experiment, streaming_preset, steps=1).pk, 300)
+    assert run.status == "succeeded", run.error
+    lanes = set(Span.objects.filter(run=run, kind="learner.backward").values_list("lane", flat=True))
+    assert lanes == {"learner/0@a", "learner/1@b"}  # each node's rank learnt its groups
+    served = alice_client.get(f"/api/runs/{run.pk}/spans/?limit=5000").json()["spans"]  # what pages replay
+    assert {s["lane"] for s in served if s["kind"] == "learner.backward"} == lanes
+    assert run.summary["steps"] == 1
+    rank1 = RunNode.objects.get(run=run)
+    assert (rank1.rank, rank1.node, rank1.status) == (1, "b", "succeeded")
+    assert b"handed to node a" in node_b.log_path.read_bytes()  # claimed on b, rank 0 on a
+    assert_nothing_left(run)
+
+    # node b's task dies mid-run (its pool process, and with it the rank it runs)
+    run_id = launch_run(experiment, streaming_preset, steps=200).pk
+    wait_until(lambda: Span.objects.filter(run_id=run_id, lane="learner/1@b").exists(), 300, "rank 1 learning on b")
+    pool_b = node_b.pool_child()
+    rank_pids = children(pool_b)
+    os.kill(pool_b, signal.SIGKILL)
+    t0 = time.monotonic()
+    run = wait_final(run_id, BOUND_S)
+    assert time.monotonic() - t0 < BOUND_S
+    assert run.status == "failed" and "rank 1" in run.error, run.error
+    assert_nothing_left(run)  # node a: the driver's process group
+    assert rank_pids  # thundersync join-rank, started by the task
+    wait_until(lambda: all((stat := proc_stat(p)) is None or stat[0] == "Z" for p in rank_pids), 30,
+               "node b's rank process is gone")
+    assert not Run.objects.exclude(status__in=Run.FINISHED).exists()
