@@ -3,7 +3,8 @@
 On one node the ranks rendezvous at ``tcp://127.0.0.1:<free port>`` (a TCP store held by rank
 0); across nodes the same ``init_method`` names rank 0's host. The gloo process group carries
 the collective timeout, so an all-reduce whose peer died raises instead of hanging. On CPU each
-rank runs one torch thread.
+rank runs one torch thread. torch is imported inside the functions that need it: the controller
+imports ``free_port`` (learner.nodes) without it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
-import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -68,6 +68,8 @@ def spawn_ranks(target: Callable, world_size: int, args: tuple = (), timeout_s: 
     gloo group; returns each rank's result (rank order). Waits at most ``timeout_s`` in all; on
     any failure every rank still running is terminated, then killed, and ``RankFailure`` names
     each failed rank and its error."""
+    import torch.multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
