@@ -9,6 +9,8 @@ step of each run is a warm-up and dropped. Per variant: median step time over th
 measured steps, the most gradient-sized buffers held at once (``actor/peak_buffers``; at most
 1 + 2K), the accumulator's peak MB and the learner process's peak RSS. Exactness at every K is
 ``thundersync check-exactness`` (and ``thundersync audit`` of a ``--dump-step``).
+Beside the measurement, the sync runs' recorded arrivals replayed through ``bench/arrival_bound.py``:
+the earliest any drain policy of cap K could finish each step's backward work, unlimited vs K.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.arrival_bound import bounds  # noqa: E402
 from bench.load_report import finish  # noqa: E402
 
 
@@ -42,6 +45,7 @@ def main() -> int:
                 "sync": ("sync", None)}
     load_start = os.getloadavg()[0]
     steps: dict[str, list[dict]] = {name: [] for name in variants}
+    arrivals: list[dict] = []  # per measured sync step: the arrival bound per K
     with tempfile.TemporaryDirectory(prefix="thundersync-cap-") as tmp:
         for r in range(args.rounds):
             for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
@@ -50,6 +54,8 @@ def main() -> int:
                 cfg.learner.max_open_groups = cap
                 events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
                 steps[name] += measured_steps(events, warmup=1)
+                if schedule == "sync":
+                    arrivals += [b for b in bounds(events, [None, args.cap]) if b["step"] >= 1]
     out = {"variants": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
            "load_start": load_start}
     for name, values in steps.items():
@@ -62,6 +68,11 @@ def main() -> int:
             "peak_rss_mb": max(v["memory/peak_rss_mb"] for v in values),
             "skipped_trajectories": statistics.median(v["learner/skipped_trajectories"] for v in values),
         }
+    ratios = [b["finish_s"][f"K={args.cap}"] / b["finish_s"]["unlimited"] for b in arrivals]
+    out["arrival_bound"] = {"steps": arrivals, "median_finish_vs_unlimited": statistics.median(ratios)}
+    print(f"arrival bound (sync runs' arrivals, {len(ratios)} steps): the learner's earliest finish with K={args.cap} "
+          f"is {out['arrival_bound']['median_finish_vs_unlimited']:.2f}x unlimited's (median; "
+          f"{min(ratios):.2f}-{max(ratios):.2f})")
     base = out["variants"]["streaming-unlimited"]["step_s"]
     for name, v in out["variants"].items():
         v["step_vs_unlimited"] = v["step_s"] / base

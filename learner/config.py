@@ -223,6 +223,10 @@ class LearnerConfig(Strict):
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
+    speculate_zero_variance: bool = Field(
+        True, description="adaptive learner: learn members of a group whose rewards so far are all equal "
+                          "when nothing else waits (false: they wait for a second reward or the close, so "
+                          "no backward is spent on a group that ends zero-variance; the tail is longer)")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
@@ -283,8 +287,9 @@ class RunConfig(Strict):
     def deterministic_learner(self) -> bool:
         """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""
         wanted = self.learner.deterministic
-        if wanted is None:
-            wanted = bool(self.train.checkpoint_every) and self.learner.path == "auto"
+        if wanted is None:  # data-parallel ranks have none: they checkpoint with the streaming learner
+            wanted = (bool(self.train.checkpoint_every) and self.learner.path == "auto"
+                      and self.learner.world_size == 1 and self.learner.engine == "torch")
         return wanted and self.train.schedule == "streaming"
 
     @model_validator(mode="after")

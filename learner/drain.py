@@ -20,8 +20,11 @@ Policy ``finished-groups-first`` (adaptive):
      fewer than K groups hold them; otherwise its members wait for the close (step 1);
   3. zero-variance deferral: a group whose rewards so far are all equal is a candidate for
      A = 0. ``idle`` prefers every other bucket; if it closes all-equal, the members' backward
-     is skipped outright. When nothing else is left, ``idle`` learns a candidate's members
-     speculatively (its sums are exact either way): at worst it spends time that was idle.
+     is skipped outright. With ``speculate`` (the default) ``idle`` learns a candidate's members
+     when nothing else is left (its sums are exact either way): at worst it spends time that
+     was idle. Without, they wait for a second distinct reward (then they are one bucket) or the
+     close (all-equal: skipped; else known-advantage rows): no backward is spent on a group
+     that ends zero-variance, at the price of a longer tail (measured in docs/learner.md).
 
 ``per-trajectory`` (the earlier learner) learns every arrival at once, one trajectory per
 bucket, into its group's sums (its group's close: with the final advantage); no deferral. Every path is exact: a member is learnt once, either into
@@ -81,13 +84,15 @@ class DrainPlanner:
     name = "finished-groups-first"
 
     def __init__(self, group_sizes: Mapping[int, int], adv: AdvantageConfig, max_open_groups: int | None,
-                 lazy: bool):
+                 lazy: bool, speculate: bool = True):
         """``lazy`` (adaptive): open groups learn in ``idle``, by (group, reward) bucket, zero-variance
-        candidates last; otherwise (per-trajectory) every arrival at once, one per bucket."""
+        candidates last and only with ``speculate``; otherwise (per-trajectory) every arrival at
+        once, one per bucket."""
         self.groups = {g: _Group(size) for g, size in group_sizes.items()}
         self.adv = adv
         self.cap = max_open_groups
         self.lazy = lazy
+        self.speculate = speculate
         self.order: list[int] = []  # groups in order of first arrival
         self.seen: set[int] = set()
 
@@ -136,15 +141,17 @@ class DrainPlanner:
         return all(len(g.arrived) == g.size for g in self.groups.values())
 
     def idle(self, min_tokens: int = 0) -> list[Task]:
-        """Nothing else waits: the largest bucket of an open group that holds (or may take) sums,
-        zero-variance candidates last and marked speculative; [] when there is none with at
-        least ``min_tokens`` tokens (a smaller backward costs more per row than it saves)."""
+        """Nothing else waits: the largest bucket of an open group that holds (or may take) sums;
+        zero-variance candidates only with ``speculate``, last, marked speculative; [] when there
+        is none with at least ``min_tokens`` tokens (a smaller backward costs more per row than it saves)."""
         best: tuple | None = None
         for g in self.order:
             group = self.groups[g]
             if group.closed or not group.waiting or not (group.has_sums or self._free()):
                 continue
             candidate = group.all_equal_so_far()
+            if candidate and not self.speculate:
+                continue
             for bucket in self._group_buckets(g, group.waiting):
                 if sum(len(t.input_ids) for t in bucket.trajs) < min_tokens:
                     continue

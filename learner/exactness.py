@@ -205,7 +205,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
     trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng)
     options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
                              max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator,
-                             deterministic=spec.deterministic)
+                             deterministic=spec.deterministic,
+                             speculate_zero_variance=rng.random() < 0.5)  # either zero-variance rule
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
@@ -216,7 +217,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance,
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
-        "micro_batch_tokens": options.micro_batch_tokens, "micro_batches": stats["micro_batches"],
+        "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
+        "micro_batches": stats["micro_batches"],
         "max_open_groups": stats["max_open_groups"], "peak_buffers": stats["peak_buffers"],
         "skipped_trajectories": stats["skipped_trajectories"],
         "speculative_trajectories": stats["speculative_trajectories"],

@@ -82,6 +82,7 @@ class LearnerOptions:
     max_open_groups: int | None = None  # K; None = unlimited
     accumulator_device: str = "device"  # or "host"
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
+    speculate_zero_variance: bool = True  # adaptive: learn zero-variance candidates in idle time
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -91,7 +92,8 @@ class LearnerOptions:
     def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
-                   deterministic=cfg.deterministic_learner())
+                   deterministic=cfg.deterministic_learner(),
+                   speculate_zero_variance=cfg.learner.speculate_zero_variance)
 
     @property
     def min_stream_tokens(self) -> int:
@@ -260,7 +262,8 @@ class StreamingLearner:
             p.grad = None
         opts = self.options
         cap = 0 if opts.path == "micro-batched" else opts.max_open_groups
-        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory")
+        planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory",
+                               speculate=opts.speculate_zero_variance)
         self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner)
         if self.acc.params[0].device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)

@@ -39,11 +39,12 @@ def arrivals(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(case=arrivals(), cap=st.sampled_from([0, 1, 2, None]), path=st.sampled_from(["per-trajectory", "adaptive"]))
-def test_drain_learns_every_member_once_within_the_cap(case, cap, path):
+@given(case=arrivals(), cap=st.sampled_from([0, 1, 2, None]), path=st.sampled_from(["per-trajectory", "adaptive"]),
+       speculate=st.booleans())
+def test_drain_learns_every_member_once_within_the_cap(case, cap, path, speculate):
     trajs, order, cuts, idles = case
     sizes = Counter(t.group for t in trajs)
-    planner = DrainPlanner(sizes, AdvantageConfig(), cap, lazy=path == "adaptive")
+    planner = DrainPlanner(sizes, AdvantageConfig(), cap, lazy=path == "adaptive", speculate=speculate)
     learnt: Counter = Counter()
     open_sums: set[int] = set()
     arrived: Counter = Counter()
@@ -74,15 +75,20 @@ def test_drain_learns_every_member_once_within_the_cap(case, cap, path):
     assert learnt == Counter(t.id for t in trajs)  # each member exactly once
 
 
-def test_zero_variance_group_is_deferred_then_skipped_unless_the_learner_idles():
+def test_zero_variance_candidates_wait_for_a_second_reward_or_the_close_unless_speculating():
     trajs = [random_trajectory(random.Random(i), i, 0, 1.0) for i in range(3)]
-    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
+    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True, speculate=False)
     assert planner.drain(trajs[:2]) == []  # an open group: nothing is learnt while work arrives
+    assert planner.idle() == []  # all equal so far: not even in idle time
     tasks = planner.drain(trajs[2:])
     assert [type(t) for t in tasks] == [Known] and tasks[0].advantages == [0.0, 0.0, 0.0]
+    differs = DrainPlanner({0: 4}, AdvantageConfig(), None, lazy=True, speculate=False)
+    differs.drain(trajs[:2] + [random_trajectory(random.Random(9), 9, 0, 0.0)])
+    buckets = differs.idle()  # a second reward: the two 1.0 members are one bucket, not speculative
+    assert [(len(b.trajs), b.speculative) for b in buckets] == [(2, False)]
     idle = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
     idle.drain(trajs[:2])
-    speculative = idle.idle()  # nothing else to do: learn them anyway rather than sit idle
+    speculative = idle.idle()  # the default: nothing else to do, learn them anyway
     assert [t.speculative for t in speculative] == [True] and len(speculative[0].trajs) == 2
 
 
@@ -113,13 +119,13 @@ def interleaving(draw):
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), feed=interleaving(), cap=st.sampled_from([0, 1, 2, None]),
        acc=st.sampled_from(["device", "host"]), kl=st.sampled_from([0.0, 0.3]),
-       budget=st.sampled_from([16, 40, 4096]))
-def test_adaptive_is_exact_under_drawn_arrival_and_queue_interleavings(seed, feed, cap, acc, kl, budget):
+       budget=st.sampled_from([16, 40, 4096]), speculate=st.booleans())
+def test_adaptive_is_exact_under_drawn_arrival_and_queue_interleavings(seed, feed, cap, acc, kl, budget, speculate):
     rng = random.Random(seed)
     model, ref = tiny_llama(torch.float64, rng.randrange(2**31)), tiny_llama(torch.float64, rng.randrange(2**31))
     algo = AlgorithmConfig(kl_coef=kl, entropy_coef=kl / 3)
     trajs = rng.choice((random_batch, zero_variance_batch))(rng)
-    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc))
+    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc, speculate_zero_variance=speculate))
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     order, (cuts, idles), i = rng.sample(trajs, len(trajs)), feed, 0
     for cut, idle in zip(cuts, idles):

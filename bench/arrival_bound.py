@@ -1,0 +1,121 @@
+"""How early a streaming learner can finish a step, given when its trajectories arrived (docs/learner.md).
+
+    .venv/bin/python bench/arrival_bound.py SYNC_EVENTS.jsonl [--caps none,0,2,4] [--balance 1]
+
+Reads a **sync** run's events (``thundersync train --events``, or a bench run kept with
+``--events-dir``): each trajectory's reward time (the end of its last rollout span), its group, and
+whether sync back-propagated it (a trajectory of a zero-variance group has no backward span: A = 0).
+It then replays the step's arrivals through an idealised learner that learns one row at a time at
+the sync run's own cost per row (its micro-batched backward time / rows: no per-backward overhead,
+no padding), always busy when a row it may learn is waiting:
+
+  - rows of closed groups (advantage known) first,
+  - then rows of groups holding running sums,
+  - then a new group takes sums, the one with most rows waiting, while fewer than K hold them
+    (``learner.max_open_groups``; a group holds its sums until it closes).
+
+The result, per step and K, is the earliest time (from the step's start) the learner's backward
+work can be done: a lower bound on any drain policy of that K, before the optimizer and publish.
+``--balance X`` rescales the cost per row so that each step's backward work is X·R (the bench's
+``--balance`` sets R against L instead, which also holds the optimizer and publish): at X = 1 the
+finish over R is the ceiling on streaming's efficiency that the arrival times alone impose.
+Rows of a group without sums become learnable only when its last member arrives; when groups close
+late in the rollout, a small K moves their rows after the last reward whatever the policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+@dataclass
+class StepArrivals:
+    step: int
+    t_start: float
+    last_reward: float
+    arrival: dict[int, float]  # trajectory -> reward time
+    group: dict[int, int]  # trajectory -> group
+    learnt: set[int]  # trajectories with a backward in the sync run
+    row_s: float  # the sync run's backward time per learnt row
+
+
+def step_arrivals(events: list[dict]) -> list[StepArrivals]:
+    spans = [e for e in events if e.get("type") == "span" and e.get("traj") is not None]
+    out = []
+    for m in (e for e in events if e.get("type") == "metrics"):
+        arrival: dict[int, float] = defaultdict(float)
+        group, backward = {}, defaultdict(float)
+        for s in (s for s in spans if s["step"] == m["step"]):
+            if s["lane"].startswith("rollout"):
+                arrival[s["traj"]] = max(arrival[s["traj"]], s["t1"])
+                group[s["traj"]] = s["group"]
+            elif s["kind"] == "learner.backward":
+                backward[s["traj"]] += s["t1"] - s["t0"]
+        v = m["values"]
+        out.append(StepArrivals(m["step"], v["step/t_start"], v["step/last_reward_t"], dict(arrival), group,
+                                set(backward), sum(backward.values()) / max(len(backward), 1)))
+    return out
+
+
+def learner_finish(s: StepArrivals, cap: int | None) -> float:
+    """Earliest end of the step's backward work (seconds from the step's start) under K = ``cap``."""
+    close: dict[int, float] = defaultdict(float)
+    for traj, g in s.group.items():
+        close[g] = max(close[g], s.arrival[traj])
+    rows = sorted(s.learnt, key=lambda t: s.arrival[t])
+    now, done, sums = min(s.arrival.values()), set(), set()
+    while len(done) < len(rows):
+        sums = {g for g in sums if close[g] > now}  # a closed group's sums are folded: its buffer is free
+        waiting = [t for t in rows if t not in done and s.arrival[t] <= now]
+        pick = [t for t in waiting if close[s.group[t]] <= now] or [t for t in waiting if s.group[t] in sums]
+        if not pick and (cap is None or len(sums) < cap) and waiting:
+            count: dict[int, int] = defaultdict(int)
+            for t in waiting:
+                count[s.group[t]] += 1
+            g = max(count, key=count.get)
+            sums.add(g)
+            pick = [t for t in waiting if s.group[t] == g]
+        if pick:
+            done.add(pick[0])
+            now += s.row_s
+        else:  # nothing learnable: wait for the next arrival or close
+            now = min([s.arrival[t] for t in rows if t not in done and s.arrival[t] > now]
+                      + [close[s.group[t]] for t in waiting if close[s.group[t]] > now])
+    return now - s.t_start
+
+
+def bounds(events: list[dict], caps: list[int | None], balance: float | None = None) -> list[dict]:
+    """Per step: R (last reward), the backward work (the sync run's, or ``balance``·R), and the
+    learner's earliest finish per K."""
+    out = []
+    for s in step_arrivals(events):
+        rollout_s = s.last_reward - s.t_start
+        if balance is not None and s.learnt:
+            s.row_s = balance * rollout_s / len(s.learnt)
+        out.append({"step": s.step, "rollout_s": rollout_s, "backward_s": s.row_s * len(s.learnt), "rows": len(s.learnt),
+                    "finish_s": {("unlimited" if k is None else f"K={k}"): learner_finish(s, k) for k in caps}})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("events", help="a sync run's events JSONL")
+    ap.add_argument("--caps", default="none,0,2,4", help="comma list of K; none = unlimited")
+    ap.add_argument("--balance", type=float, help="backward work = X * R per step instead of the sync run's")
+    args = ap.parse_args()
+    caps = [None if c == "none" else int(c) for c in args.caps.split(",")]
+    with open(args.events) as handle:
+        events = [json.loads(line) for line in handle if line.strip()]
+    for b in bounds(events, caps, args.balance):
+        finish = "  ".join(f"{k} {v:.2f} ({v / b['rollout_s']:.2f} R)" for k, v in b["finish_s"].items())
+        print(f"step {b['step']}: R {b['rollout_s']:.2f} s, backward {b['backward_s']:.2f} s ({b['rows']} rows); "
+              f"earliest finish: {finish}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""bench/arrival_bound.py: the earliest a learner of cap K can finish, replayed from recorded arrivals."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "arrival_bound.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("arrival_bound", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def sync_events(arrivals: dict[int, tuple[int, float]], learnt: set[int], row_s: float) -> list[dict]:
+    """A one-step sync recording: each trajectory's last rollout span ends at its arrival; the
+    learnt ones have a backward of ``row_s`` after the last reward."""
+    last = max(t for _, t in arrivals.values())
+    events = [{"type": "span", "step": 0, "kind": "rollout.verify", "lane": f"rollout/0/{traj}", "traj": traj,
+               "group": g, "t0": t - 0.01, "t1": t} for traj, (g, t) in arrivals.items()]
+    events += [{"type": "span", "step": 0, "kind": "learner.backward", "lane": "learner/0", "traj": traj,
+                "group": arrivals[traj][0], "t0": last + k * row_s, "t1": last + (k + 1) * row_s}
+               for k, traj in enumerate(sorted(learnt))]
+    events.append({"type": "metrics", "step": 0, "values": {"step/t_start": 0.0, "step/last_reward_t": last}})
+    return events
+
+
+def test_a_group_without_sums_is_learnt_only_after_its_last_member_arrives():
+    bound = load_script()
+    # group 0 arrives at 0.1 and 0.2, group 1 at 0.15 and 1.0; 0.1 s per row
+    events = sync_events({0: (0, 0.1), 1: (0, 0.2), 2: (1, 0.15), 3: (1, 1.0)}, {0, 1, 2, 3}, 0.1)
+    [step] = bound.bounds(events, [None, 0, 1])
+    assert step["rows"] == 4 and abs(step["backward_s"] - 0.4) < 1e-9 and step["rollout_s"] == 1.0
+    finish = step["finish_s"]
+    # unlimited and K = 1: rows 0, 1, 2 learnt before 1.0 (group 0's sums are freed at its close), row 3 after
+    assert abs(finish["unlimited"] - 1.1) < 1e-9 and abs(finish["K=1"] - 1.1) < 1e-9
+    # K = 0: group 1's first member waits for its close at 1.0, behind it the last one
+    assert abs(finish["K=0"] - 1.2) < 1e-9
+
+
+def test_zero_variance_members_cost_nothing_and_balance_rescales_the_work_to_r():
+    bound = load_script()
+    events = sync_events({0: (0, 0.5), 1: (0, 0.5), 2: (1, 0.2), 3: (1, 1.0)}, {0, 1}, 0.05)  # group 1: A = 0
+    [step] = bound.bounds(events, [None], balance=1.0)
+    assert step["rows"] == 2 and abs(step["backward_s"] - 1.0) < 1e-9
+    # two rows of 0.5 s each from 0.5 on: the learner ends at 1.5 = 1.5 R however early it starts
+    assert abs(step["finish_s"]["unlimited"] - 1.5) < 1e-9
