@@ -77,7 +77,7 @@ class GymDataset(Strict):
 
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
-                      description="a registered environment (learner.rollout.env.register_env)")
+                      description="a registered environment (learner.rollout.tasks.register_env)")
     min_ops: int = Field(1, ge=1, le=4)
     max_ops: int = Field(2, ge=1, le=4)
     max_operand: int = Field(20, ge=2, le=999)
@@ -287,8 +287,9 @@ class RunConfig(Strict):
     def deterministic_learner(self) -> bool:
         """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""
         wanted = self.learner.deterministic
-        if wanted is None:
-            wanted = bool(self.train.checkpoint_every) and self.learner.path == "auto"
+        if wanted is None:  # data-parallel ranks have none: they checkpoint with the streaming learner
+            wanted = (bool(self.train.checkpoint_every) and self.learner.path == "auto"
+                      and self.learner.world_size == 1 and self.learner.engine == "torch")
         return wanted and self.train.schedule == "streaming"
 
     @model_validator(mode="after")

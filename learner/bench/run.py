@@ -104,7 +104,8 @@ class Runner:
         config_path = self.workdir / f"{label}.yaml"
         events_path = self.workdir / f"{label}.jsonl"
         config_path.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-        print(f"{PROG}: {label}: {schedule} ({cfg.learner_path()} learner), {steps} steps, tool-latency scale "
+        learner = "deterministic" if cfg.deterministic_learner() else cfg.learner_path()
+        print(f"{PROG}: {label}: {schedule} ({learner} learner), {steps} steps, tool-latency scale "
               f"{scale:.3g} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         proc = subprocess.run(
