@@ -26,6 +26,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_report import finish  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from learner.timeline import Kind  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,7 +50,7 @@ def run_once(world: int, steps: int, engine: str, tmp: Path) -> dict:
     return {"world_size": world, "engine": engine,
             "step_s": statistics.median(m["timing_s/step"] for m in metrics),
             "learner_s": statistics.median(m["timing_s/learner"] for m in metrics),
-            "barrier_s": median_of("learner.optimizer"), "publish_s": median_of("learner.publish")}
+            "barrier_s": median_of(Kind.OPTIMIZER), "publish_s": median_of(Kind.PUBLISH)}
 
 
 def main() -> int:

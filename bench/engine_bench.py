@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import RunConfig  # noqa: E402
 from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
-from learner.rollout.env import make_env  # noqa: E402
+from learner.rollout.tasks import make_env  # noqa: E402
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
 from learner.rollout.weights import WeightStore  # noqa: E402
 

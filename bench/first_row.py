@@ -19,7 +19,7 @@ import torch
 
 from learner.config import RunConfig
 from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.env import make_env
+from learner.rollout.tasks import make_env
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir, stop_token_ids
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from learner.timeline import Kind  # noqa: E402
 from tests.harness.web_harness import asgi_server, bench_database  # noqa: E402
 
 TARGET_P95_MS = 250.0
@@ -212,7 +213,7 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
             for span in frame["spans"]:
                 seq = span["seq"]
                 seen.append(seq)
-                if kinds[seq] == "rollout.tool":
+                if kinds[seq] == Kind.TOOL:
                     continue
                 end = probe.origin_epoch + t1[seq]
                 latencies.append(1000 * (recv - end))
@@ -225,7 +226,7 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
         Path(os.environ["LIVE_LATENCY_DUMP"]).write_text(json.dumps(
             [[seq, probe.read[seq], probe.published[seq], min(r), max(r)] for seq, r in sorted(receipts.items())]))
     for seq, kind in kinds.items():
-        if kind != "rollout.tool":
+        if kind != Kind.TOOL:
             stages["end -> read by the ingestor"].append(1000 * (probe.read[seq] - probe.origin_epoch - t1[seq]))
             stages["read -> published"].append(1000 * (probe.published[seq] - probe.read[seq]))
     expected = sorted(kinds)

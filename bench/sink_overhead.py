@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from learner.timeline import Kind  # noqa: E402
+
 ARMS = ("memory", "waits", "live")
 
 
@@ -39,7 +41,7 @@ class TimedFile:
             event = json.loads(line)
             if event["type"] == "run" and event.get("status") == "started":
                 self.origin = event["origin_epoch"]
-            elif event["type"] == "span" and self.origin and event["kind"] != "rollout.tool":
+            elif event["type"] == "span" and self.origin and event["kind"] != Kind.TOOL:
                 self.holds.append(1000 * (now - self.origin - event["t1"]))
         self.fh.write(text)
 

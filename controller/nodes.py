@@ -26,7 +26,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from learner.config import ConfigError, parse_config
-from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, free_port
+from learner.distributed.ranks import free_port
+from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV
 
 from . import ownership, runlog
 from .models import Run, RunNode

@@ -24,10 +24,14 @@ import json
 from collections import OrderedDict
 from typing import Any, Iterable, Iterator
 
+from learner.timeline import Kind
+
 LEARNER_PID, FLEET_PID = 1, 2
 ARG_FIELDS = ("seq", "step", "traj", "group", "turn", "policy_version", "tokens")
 MAX_OPEN_CHAINS = 10_000
 FLOW_CAT = "trajectory"
+# a trajectory's chain: its rollout worker's spans (not the teacher's scoring), into its backward
+CHAIN_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY)
 
 
 def lane_sort_key(lane: str) -> tuple:
@@ -106,13 +110,13 @@ class FlowChains:
 
     def events(self, span: dict[str, Any], pid: int, tid: int) -> list[str]:
         traj, kind = span.get("traj"), span["kind"]
-        if traj is None or not (kind.startswith("rollout.") or kind == "learner.backward"):
+        if traj is None or not (kind in CHAIN_KINDS or kind == Kind.BACKWARD):
             return []
         out: list[str] = []
         here = (us(span["t0"]), pid, tid)
         chain = self.open.get(traj)
         if chain is None:
-            if kind == "learner.backward":
+            if kind == Kind.BACKWARD:
                 return []  # nothing of this trajectory was rolled out since its last backward
             if len(self.open) >= MAX_OPEN_CHAINS:
                 out += self.close(next(iter(self.open)))
@@ -121,7 +125,7 @@ class FlowChains:
             return out
         flow_id, written, pending = chain
         out.append(self.point("s" if written == 0 else "t", flow_id, traj, *pending))
-        if kind == "learner.backward":
+        if kind == Kind.BACKWARD:
             out.append(self.point("f", flow_id, traj, *here))
             del self.open[traj]
         else:

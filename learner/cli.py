@@ -15,7 +15,7 @@ from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
 from learner.rollout.boot import boot_fleet
-from learner.timeline import EventsUnwritable, JsonlSink, claim_stdout
+from learner.timeline import EventsUnwritable, JsonlSink, Metric, claim_stdout
 
 
 class UsageError(Exception):
@@ -23,15 +23,16 @@ class UsageError(Exception):
 
 
 def _summary_line(m: dict) -> str:
-    return (f"step {m['step']:>3}  reward {m['reward/mean']:.3f}  step {m['timing_s/step']:.2f}s  "
-            f"learner idle {100 * m['trainer/idle_ratio']:.1f}% (waiting {100 * m['trainer/wait_ratio']:.1f}%)  rollout idle {100 * m['rollouter/idle_ratio']:.1f}%  "
-            f"staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f}  tail {m['timing_s/tail']:.2f}s")
+    return (f"step {m['step']:>3}  reward {m[Metric.REWARD_MEAN]:.3f}  step {m[Metric.STEP_S]:.2f}s  "
+            f"learner idle {100 * m[Metric.TRAINER_IDLE]:.1f}% (waiting {100 * m[Metric.TRAINER_WAIT]:.1f}%)  "
+            f"rollout idle {100 * m[Metric.ROLLOUT_IDLE]:.1f}%  "
+            f"staleness {m[Metric.STALENESS_MEAN]:.2f}/{m[Metric.STALENESS_MAX]:.0f}  tail {m[Metric.TAIL_S]:.2f}s")
 
 
 def check_resolvable(cfg) -> None:
     """What the schema cannot see and needs the heavy imports: the environment is
     registered, a GPU asked for is there (model paths: ``learner.preflight``, before boot)."""
-    from learner.rollout.env import make_env
+    from learner.rollout.tasks import make_env
 
     try:
         env = make_env(cfg.task)

@@ -77,7 +77,7 @@ class GymDataset(Strict):
 
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
-                      description="a registered environment (learner.rollout.env.register_env)")
+                      description="a registered environment (learner.rollout.tasks.register_env)")
     min_ops: int = Field(1, ge=1, le=4)
     max_ops: int = Field(2, ge=1, le=4)
     max_operand: int = Field(20, ge=2, le=999)
@@ -224,9 +224,9 @@ class LearnerConfig(Strict):
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
     speculate_zero_variance: bool = Field(
-        True, description="adaptive learner: learn members of a group whose rewards so far are all equal "
-                          "when nothing else waits (false: they wait for a second reward or the close, so "
-                          "no backward is spent on a group that ends zero-variance; the tail is longer)")
+        False, description="adaptive learner: learn members of a group whose rewards so far are all equal "
+                           "when nothing else waits (false: they wait for a second reward or the close, so "
+                           "no backward is spent on a group that ends zero-variance)")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")

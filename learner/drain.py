@@ -20,11 +20,11 @@ Policy ``finished-groups-first`` (adaptive):
      fewer than K groups hold them; otherwise its members wait for the close (step 1);
   3. zero-variance deferral: a group whose rewards so far are all equal is a candidate for
      A = 0. ``idle`` prefers every other bucket; if it closes all-equal, the members' backward
-     is skipped outright. With ``speculate`` (the default) ``idle`` learns a candidate's members
-     when nothing else is left (its sums are exact either way): at worst it spends time that
-     was idle. Without, they wait for a second distinct reward (then they are one bucket) or the
-     close (all-equal: skipped; else known-advantage rows): no backward is spent on a group
-     that ends zero-variance, at the price of a longer tail (measured in docs/learner.md).
+     is skipped outright. By default a candidate's members wait for a second distinct reward
+     (then they are one bucket) or the close (all-equal: skipped; else known-advantage rows): no
+     backward is spent on a group that ends zero-variance. With ``speculate`` (the earlier rule)
+     ``idle`` learns them when nothing else is left (its sums are exact either way), which on a
+     shared machine is not free: measured in docs/learner.md.
 
 ``per-trajectory`` (the earlier learner) learns every arrival at once, one trajectory per
 bucket, into its group's sums (its group's close: with the final advantage); no deferral. Every path is exact: a member is learnt once, either into
@@ -84,7 +84,7 @@ class DrainPlanner:
     name = "finished-groups-first"
 
     def __init__(self, group_sizes: Mapping[int, int], adv: AdvantageConfig, max_open_groups: int | None,
-                 lazy: bool, speculate: bool = True):
+                 lazy: bool, speculate: bool = False):
         """``lazy`` (adaptive): open groups learn in ``idle``, by (group, reward) bucket, zero-variance
         candidates last and only with ``speculate``; otherwise (per-trajectory) every arrival at
         once, one per bucket."""

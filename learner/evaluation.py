@@ -26,6 +26,7 @@ import time
 from learner.config import RunConfig
 from learner.rollout.env import Environment, Task
 from learner.rollout.messages import Finished, Work, WorkItem
+from learner.timeline import Metric
 from learner.trajectory import Trajectory
 
 SOLVED = 1.0  # a trajectory counts as solved (pass@k) at full reward
@@ -99,8 +100,8 @@ class Evaluator:
             by_prompt.setdefault(t.group, []).append(t.reward)
         solved = sum(1 for rewards in by_prompt.values() if max(rewards) >= SOLVED)
         return {
-            "eval/reward": sum(t.reward for t in trajs) / len(trajs),
-            f"eval/pass@{self.samples}": solved / len(by_prompt),
-            "eval/prompts": float(len(by_prompt)),
-            "eval/seconds": time.monotonic() - t0,
+            Metric.EVAL_REWARD: sum(t.reward for t in trajs) / len(trajs),
+            f"{Metric.EVAL_PASS_AT}{self.samples}": solved / len(by_prompt),
+            Metric.EVAL_PROMPTS: float(len(by_prompt)),
+            Metric.EVAL_SECONDS: time.monotonic() - t0,
         }

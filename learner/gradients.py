@@ -82,7 +82,7 @@ class LearnerOptions:
     max_open_groups: int | None = None  # K; None = unlimited
     accumulator_device: str = "device"  # or "host"
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
-    speculate_zero_variance: bool = True  # adaptive: learn zero-variance candidates in idle time
+    speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -331,6 +331,9 @@ class StreamingLearner:
         self._batch = None
         self.acc.reset()
 
+    def close(self) -> None:
+        """Nothing to release: the learner lives in the driver's process (cf. ``DataParallelLearner``)."""
+
     def finish_batch(self, totals: tuple[int, int] | None = None) -> dict:
         """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
 
@@ -467,6 +470,9 @@ class OffPolicyLearner:
     @property
     def path(self) -> str:
         return self.options.path
+
+    def close(self) -> None:
+        """Nothing to release: the learner lives in the driver's process."""
 
     def train_batch(self, trajs: Sequence[Trajectory], on_phase: PhaseCallback | None = None) -> dict:
         if not trajs:

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterable, Protocol
 
-from learner.chrome_trace import chrome_trace  # noqa: F401  (the export lives there; re-exported)
 
 
 class Kind:
@@ -75,6 +74,13 @@ class Metric:
     MISMATCH_KL = "mismatch/kl"
     MISMATCH_MAX_ABS = "mismatch/max_abs"
     MISMATCH_TOKENS = "mismatch/tokens"
+    TASK_TURN_ERRORS = "task/turn_errors"  # scored 0 for a malformed turn (docs/tasks.md)
+    TASK_REWARD_ERRORS = "task/reward_errors"  # scored 0 for a counted data/reward error
+    EVAL_REWARD = "eval/reward"  # train.eval_every (docs/tasks.md)
+    EVAL_PASS_AT = "eval/pass@"  # + k
+    EVAL_PROMPTS = "eval/prompts"
+    EVAL_SECONDS = "eval/seconds"
+    RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
 
 
 def conventions() -> dict[str, Any]:

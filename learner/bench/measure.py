@@ -130,8 +130,8 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "peak_rss_mb": max(v[Metric.PEAK_RSS_MB] for v in steps),
         # the learner path's memory and the zero-variance skip (docs/learner.md)
         "peak_buffers": max(v.get(Metric.PEAK_BUFFERS, 1.0) for v in steps),
-        "peak_accumulator_mb": max(v.get("learner/peak_accumulator_mb", 0.0) for v in steps),
-        "skipped_trajectories": median_of(lambda v: v.get("learner/skipped_trajectories", 0.0)),
+        "peak_accumulator_mb": max(v.get(Metric.PEAK_ACCUMULATOR_MB, 0.0) for v in steps),
+        "skipped_trajectories": median_of(lambda v: v.get(Metric.SKIPPED_TRAJECTORIES, 0.0)),
         "reward_mean": statistics.fmean(v[Metric.REWARD_MEAN] for v in steps),
         # fully-async: groups found too stale over the measured steps (0 for the others)
         "dropped_groups": int(sum(v.get(Metric.DROPPED_GROUPS, 0.0) for v in steps)),

@@ -156,14 +156,14 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig
     trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
     hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
     of the step with no learner span on any rank."""
-    from learner.timeline import union_length
+    from learner.timeline import LEARNER_KINDS, Metric, union_length
 
     width = max(t_end - t_start, 1e-12)
     out: dict[str, float] = {}
     world = cfg.learner.world_size
     for r in range(world):
         lane = rank_lane(r, cfg.learner.node_of(r))
-        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == lane and s["kind"].startswith("learner.")]
+        busy = [(s["t0"], s["t1"]) for s in spans if s.get("lane") == lane and s["kind"] in LEARNER_KINDS]
         out[f"learner/{r}/idle_ratio"] = 1.0 - union_length(busy, t_start, t_end) / width
         stats = rank_stats.get(r, {})
         if stats:
@@ -171,5 +171,5 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig
             out[f"learner/{r}/backward_s"] = float(stats.get("backward_s", 0.0))
     digests = {s.get("param_digest") for s in rank_stats.values()}
     if len(rank_stats) == world:
-        out["learner/ranks_in_sync"] = 1.0 if len(digests) == 1 and None not in digests else 0.0
+        out[Metric.RANKS_IN_SYNC] = 1.0 if len(digests) == 1 and None not in digests else 0.0
     return out

@@ -17,8 +17,8 @@ from multiprocessing.connection import Listener
 
 from learner.config import RunConfig
 from learner.distributed.barrier import DistributedBatchError
-from learner.distributed.ranks import stop_processes
-from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, free_port, run_key
+from learner.distributed.ranks import free_port, stop_processes
+from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, run_key
 from learner.distributed.worker import rank_main
 
 RankPhase = Callable[[int, str, float, float, "int | None", "int | None"], None]

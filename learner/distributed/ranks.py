@@ -3,23 +3,29 @@
 On one node the ranks rendezvous at ``tcp://127.0.0.1:<free port>`` (a TCP store held by rank
 0); across nodes the same ``init_method`` names rank 0's host. The gloo process group carries
 the collective timeout, so an all-reduce whose peer died raises instead of hanging. On CPU each
-rank runs one torch thread.
+rank runs one torch thread. torch is imported inside the functions that need it: the controller
+imports ``free_port`` (learner.nodes) without it.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import socket
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
-import torch.multiprocessing as mp
-
-from learner.distributed.remote import free_port
 
 DEFAULT_TIMEOUT_S = 120.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the rendezvous and control ports rank 0's node picks)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class RankFailure(RuntimeError):
@@ -62,6 +68,8 @@ def spawn_ranks(target: Callable, world_size: int, args: tuple = (), timeout_s: 
     gloo group; returns each rank's result (rank order). Waits at most ``timeout_s`` in all; on
     any failure every rank still running is terminated, then killed, and ``RankFailure`` names
     each failed rank and its error."""
+    import torch.multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"

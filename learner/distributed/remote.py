@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -29,13 +28,6 @@ from multiprocessing.connection import Client, Connection, Listener
 KEY_ENV = "THUNDERSYNC_RANK_KEY"  # hex; the control connection's shared key
 ADDR_ENV = "THUNDERSYNC_NODE_ADDR"  # the address other nodes reach this node at
 PORT_ENV = "THUNDERSYNC_CONTROL_PORT"  # rank 0's control port (0 or unset: a free one)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now (the rendezvous and control ports rank 0's node picks)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def run_key() -> bytes:

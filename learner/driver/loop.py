@@ -186,8 +186,7 @@ class Trainer:
             self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)
             raise
         finally:
-            self.parts.fleet.close()
-            isinstance(self.learner, DataParallelLearner) and self.learner.close()
+            self.parts.close()
         return finish_run(self)
 
     def after_step(self, step: int) -> None:
@@ -255,6 +254,11 @@ def train(cfg: RunConfig, sink: EventSink, dump_dir: str | Path | None = None,
     booted = booted or boot_fleet(cfg)
     try:
         trainer.setup(booted)
+    except BaseException:  # after build_run its fleet owns the workers: run() will not stop them
+        parts = getattr(trainer, "parts", None)
+        if parts is not None:
+            parts.close()
+        raise
     finally:
         booted.close()  # only if setup failed before its fleet took the workers over
     try:

@@ -20,7 +20,8 @@ from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
-from learner.rollout.env import Environment, make_env
+from learner.rollout.env import Environment
+from learner.rollout.tasks import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.weights import WeightStore
@@ -41,6 +42,13 @@ class RunParts:
     store: WeightStore
     fleet: Fleet
     evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
+
+    def close(self) -> None:
+        """Stop the rollout workers and the learner's processes (if it has any), whatever happens."""
+        try:
+            self.fleet.close()
+        finally:
+            self.learner.close()
 
 
 def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phase: RankPhase,
@@ -68,16 +76,21 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     version = load_state(model, optimizer) if load_state else 0
-    learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else on_policy_learner)(
-        model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
         learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
-    env = make_env(cfg.task)
-    evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
-                 if cfg.train.eval_every else None)
-    store = WeightStore(publish_view(model), counters=booted.counters)
-    if version:
-        store.publish(publish_view(model), version)  # the workers start from the resumed version
-    fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+    else:
+        learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else on_policy_learner)(
+            model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
+    try:
+        env = make_env(cfg.task)
+        evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
+                     if cfg.train.eval_every else None)
+        store = WeightStore(publish_view(model), counters=booted.counters)
+        if version:
+            store.publish(publish_view(model), version)  # the workers start from the resumed version
+        fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+    except BaseException:
+        learner.close()  # a data-parallel learner's rank processes end with the failed set-up
+        raise
     gc.freeze()  # as in the workers: full collections skip torch's and the model's objects
     return RunParts(policy_dir, model, tokenizer, params, optimizer, learner, env, store, fleet, evaluator)

@@ -15,7 +15,7 @@ import re
 from functools import cached_property
 
 from learner.config import TaskConfig
-from learner.rollout.env import Task, ToolSpec, TurnResult, calculator, draw_tool_latency, register_env
+from learner.rollout.env import Task, ToolSpec, TurnResult, calculator, draw_tool_latency
 from learner.rollout.rewards import RewardError, checked_score, load_reward
 from learner.rollout.task_data import DataRows, TaskDataError, epoch_order, load_rows, split
 from learner.rollout.tokenizer import ANS, ANS_END, CALL, CALL_END, EOS, OBS, OBS_END
@@ -203,7 +203,3 @@ class ReasoningGymEnv(TagTurns):
 
     def reward(self, task: Task, final_text: str) -> float:
         return self.score(task, final_text)[0]
-
-
-register_env(DatasetEnv.name, DatasetEnv)
-register_env(ReasoningGymEnv.name, ReasoningGymEnv)

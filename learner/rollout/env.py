@@ -24,10 +24,11 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from learner.config import TaskConfig, ToolLatency
 from learner.rollout.tokenizer import ANS, ANS_END, BOS, CALL, CALL_END, EOS, OBS, OBS_END
+from learner.timeline import Metric
 
 STOP_TOKENS: tuple[str, ...] = (CALL_END, EOS)
 
@@ -75,8 +76,8 @@ class ToolSpec:
 
 
 class Environment(Protocol):
-    """What the agent loop needs from a task. Implement it for your own task and
-    ``register_env`` a factory taking the ``TaskConfig``."""
+    """What the agent loop needs from a task. Implement it for your own task and register a
+    factory taking the ``TaskConfig`` (``learner.rollout.tasks.register_env``)."""
 
     name: str
 
@@ -211,30 +212,6 @@ def canonical_turns(task: Task) -> list[tuple[str, str | None]]:
     return turns
 
 
-EnvFactory = Callable[[TaskConfig], Environment]
-_REGISTRY: dict[str, EnvFactory] = {}
-DATA_TASKS: tuple[str, ...] = ("dataset", "reasoning-gym")  # registered by learner.rollout.data_env
-SANDBOX_TASK = "python-sandbox"  # registered by learner.rollout.sandbox_task
-
-
-def register_env(name: str, factory: EnvFactory) -> None:
-    """Make ``make_env`` build ``factory(config)`` for tasks named ``name``."""
-    _REGISTRY[name] = factory
-
-
-def make_env(config: TaskConfig) -> Environment:
-    if config.name in DATA_TASKS:
-        import learner.rollout.data_env  # noqa: F401  (registers them; imports their libraries)
-    elif config.name == SANDBOX_TASK:
-        import learner.rollout.sandbox_task  # noqa: F401  (registers it)
-    try:
-        factory = _REGISTRY[config.name]
-    except KeyError:
-        known = ", ".join(sorted({*_REGISTRY, *DATA_TASKS, SANDBOX_TASK}))
-        raise ValueError(f"task.name: unknown environment {config.name!r} (registered: {known})") from None
-    return factory(config)
-
-
 def task_for_group(env: Environment, group: int, seed: int) -> Task:
     """The prompt of group ``group``: a data task's row in its epoch order (``task_at``), or
     a draw from a generator seeded by (run seed, group) for procedural tasks."""
@@ -258,7 +235,4 @@ def task_metrics(trajs) -> dict[str, float]:
     turn (e.g. a tool call that is not valid JSON) or a counted data/reward error."""
     errors = [t.error for t in trajs if t.error]
     turn = sum(1 for e in errors if e.startswith("turn "))
-    return {"task/turn_errors": float(turn), "task/reward_errors": float(len(errors) - turn)}
-
-
-register_env(ArithToolEnv.name, ArithToolEnv)
+    return {Metric.TASK_TURN_ERRORS: float(turn), Metric.TASK_REWARD_ERRORS: float(len(errors) - turn)}

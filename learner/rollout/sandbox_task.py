@@ -11,7 +11,7 @@ worker runs the call off its agent loop's thread under ``task.tool_timeout_s``
 
 from __future__ import annotations
 
-from learner.rollout.env import ArithToolEnv, ToolSpec, register_env
+from learner.rollout.env import ArithToolEnv, ToolSpec
 from learner.rollout.sandbox import run_python
 
 
@@ -38,6 +38,3 @@ class PythonSandboxEnv(ArithToolEnv):
 
     def run_tool(self, call: str) -> str:
         return sandbox_tool(program_for(call))
-
-
-register_env(PythonSandboxEnv.name, PythonSandboxEnv)

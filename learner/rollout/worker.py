@@ -32,7 +32,8 @@ from learner.config import RunConfig
 from learner.rollout.cores import pin_process
 from learner.rollout.engine import SamplingParams
 from learner.rollout.chat import ChatFormat, turn_stop_ids
-from learner.rollout.env import Task, make_env, score_final
+from learner.rollout.env import Task, score_final
+from learner.rollout.tasks import make_env
 from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Wake, Work
 from learner.rollout.models import stop_token_ids
 from learner.rollout.tool_calls import ToolCalls

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from learner.timeline import Kind, Metric, ROLLOUT_KINDS
+from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS
 
 ROLLOUT_DISTS = ("lognormal", "uniform", "constant")
 
@@ -273,7 +273,7 @@ def _learner_overheads(spans: list[dict[str, Any]], reward_at: dict[int, float])
     out: dict[int, float] = {}
     lanes: dict[str, list[dict]] = {}
     for s in spans:
-        if s["kind"].startswith("learner.") and s["lane"].startswith("learner/"):
+        if s["kind"] in LEARNER_KINDS and s["lane"].startswith("learner/"):
             lanes.setdefault(s["lane"], []).append(s)
     for lane_spans in lanes.values():
         lane_spans.sort(key=lambda s: (s["t0"], s["t1"]))
@@ -358,11 +358,11 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
             rollout_by_traj.setdefault(s["traj"], []).append(s)
     batches = []
     for step in trained_steps:
-        learner = [s for s in spans if s["step"] == step and s["kind"].startswith("learner.")]
+        learner = [s for s in spans if s["step"] == step and s["kind"] in LEARNER_KINDS]
         trajs = {s["traj"] for s in learner if s["kind"] == Kind.BACKWARD}
         batches.append(_recorded_batch(step, learner + [r for t in trajs for r in rollout_by_traj.get(t, [])]))
     slots = {s["lane"] for s in spans if s["kind"] in ROLLOUT_KINDS and s["lane"].startswith("rollout/")}
-    ranks = {s["lane"] for s in spans if s["kind"].startswith("learner.") and s["lane"].startswith("learner/")}
+    ranks = {s["lane"] for s in spans if s["kind"] in LEARNER_KINDS and s["lane"].startswith("learner/")}
     if not slots:
         raise SimInputError("spans: no rollout/... lanes, cannot tell how many rollout slots ran")
     measured = _measured_steps(events, spans)

@@ -6,6 +6,7 @@ import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots
 import { MetricPanel } from "./metricpanel.js";
 import { TrajectorySelection } from "./trajectory.js";
 import { trajectoryView, StepPicker } from "./bytraj.js";
+import { METRIC } from "./conventions.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -132,11 +133,11 @@ function drawStats() {
   el.idleLive.textContent = running ? pct(running.ratio) : "—";
   const sofar = TERMINAL.has(status) ? "final" : "so far";
   el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s ${sofar}` : "from spans of the current step";
-  el.idleLast.textContent = pct(latest("trainer/idle_ratio"));
-  const stepTime = latest("timing_s/step");
+  el.idleLast.textContent = pct(latest(METRIC.TRAINER_IDLE));
+  const stepTime = latest(METRIC.STEP_S);
   el.stepTime.textContent = stepTime === undefined ? "—" : `${num(stepTime)} s`;
-  el.reward.textContent = num(latest("reward/mean"), 3);
-  const sMean = latest("staleness/mean"), sMax = latest("staleness/max");
+  el.reward.textContent = num(latest(METRIC.REWARD_MEAN), 3);
+  const sMean = latest(METRIC.STALENESS_MEAN), sMax = latest(METRIC.STALENESS_MAX);
   el.staleness.textContent = sMean === undefined ? "—" : `${num(sMean)} / ${num(sMax, 0)}`;
 }
 
@@ -145,15 +146,15 @@ async function drawMetrics() {
   const s = (key, name, scale = 1, extra = {}) => ({ name, ...metricSeries(list, key, scale), ...extra });
   await Promise.all([
     drawFigure(el.chartIdle, seriesFigure([
-      s("trainer/idle_ratio", "learner idle", 100, { colour: "#e15759" }),
-      s("trainer/wait_ratio", "learner waiting for data", 100, { colour: "#f28e2b" }),
-      s("rollouter/idle_ratio", "rollout idle", 100, { colour: "#4c78a8" }),
+      s(METRIC.TRAINER_IDLE, "learner idle", 100, { colour: "#e15759" }),
+      s(METRIC.TRAINER_WAIT, "learner waiting for data", 100, { colour: "#f28e2b" }),
+      s(METRIC.ROLLOUT_IDLE, "rollout idle", 100, { colour: "#4c78a8" }),
     ], { kind: "bar", yTitle: "idle %", yRange: [0, 100] })),
-    drawFigure(el.chartStepTime, seriesFigure([s("timing_s/step", "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
-    drawFigure(el.chartReward, seriesFigure([s("reward/mean", "reward/mean", 1, { colour: "#59a14f" })], { yTitle: "mean reward" })),
+    drawFigure(el.chartStepTime, seriesFigure([s(METRIC.STEP_S, "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
+    drawFigure(el.chartReward, seriesFigure([s(METRIC.REWARD_MEAN, METRIC.REWARD_MEAN, 1, { colour: "#59a14f" })], { yTitle: "mean reward" })),
     drawFigure(el.chartStaleness, seriesFigure([
-      s("staleness/mean", "mean", 1, { colour: "#b07aa1" }),
-      s("staleness/max", "max", 1, { colour: "#b07aa1", dash: "dot" }),
+      s(METRIC.STALENESS_MEAN, "mean", 1, { colour: "#b07aa1" }),
+      s(METRIC.STALENESS_MAX, "max", 1, { colour: "#b07aa1", dash: "dot" }),
     ], { yTitle: "policy versions" })),
   ]);
 }
@@ -193,7 +194,7 @@ function progressText() {
     const phase = status === "running" && !store.size ? "first generate" : bootPhase();
     return `${status === "running" ? "running" : "starting"}${phase ? `: ${phase}` : "…"}${since}`;
   }
-  const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)["timing_s/step"]);
+  const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)[METRIC.STEP_S]);
   const perStep = recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length;
   const eta = done < total && perStep > 0 ? ` · ETA ${clock((total - done) * perStep * 1000)}` : "";
   return `step ${done} / ${total}${since}${eta}`;

@@ -77,18 +77,18 @@ def test_drain_learns_every_member_once_within_the_cap(case, cap, path, speculat
 
 def test_zero_variance_candidates_wait_for_a_second_reward_or_the_close_unless_speculating():
     trajs = [random_trajectory(random.Random(i), i, 0, 1.0) for i in range(3)]
-    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True, speculate=False)
+    planner = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
     assert planner.drain(trajs[:2]) == []  # an open group: nothing is learnt while work arrives
     assert planner.idle() == []  # all equal so far: not even in idle time
     tasks = planner.drain(trajs[2:])
     assert [type(t) for t in tasks] == [Known] and tasks[0].advantages == [0.0, 0.0, 0.0]
-    differs = DrainPlanner({0: 4}, AdvantageConfig(), None, lazy=True, speculate=False)
+    differs = DrainPlanner({0: 4}, AdvantageConfig(), None, lazy=True)
     differs.drain(trajs[:2] + [random_trajectory(random.Random(9), 9, 0, 0.0)])
     buckets = differs.idle()  # a second reward: the two 1.0 members are one bucket, not speculative
     assert [(len(b.trajs), b.speculative) for b in buckets] == [(2, False)]
-    idle = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True)
+    idle = DrainPlanner({0: 3}, AdvantageConfig(), None, lazy=True, speculate=True)
     idle.drain(trajs[:2])
-    speculative = idle.idle()  # the default: nothing else to do, learn them anyway
+    speculative = idle.idle()  # the earlier rule: nothing else to do, learn them anyway
     assert [t.speculative for t in speculative] == [True] and len(speculative[0].trajs) == 2
 
 

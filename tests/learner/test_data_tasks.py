@@ -11,7 +11,8 @@ import pytest
 
 from learner.config import TaskConfig
 from learner.rollout.data_env import DatasetEnv, ReasoningGymEnv
-from learner.rollout.env import make_env, task_for_group
+from learner.rollout.env import task_for_group
+from learner.rollout.tasks import make_env
 from learner.rollout.rewards import RewardError, load_reward
 from learner.rollout.task_data import TaskDataError, load_rows, resolve_path
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import TaskConfig, ToolLatency
-from learner.rollout import env as env_module
+from learner.rollout import tasks as tasks_module
 from learner.rollout.env import (
     STOP_TOKENS,
     ArithToolEnv,
@@ -20,9 +20,9 @@ from learner.rollout.env import (
     canonical_turns,
     draw_tool_latency,
     evaluate,
-    make_env,
-    register_env,
 )
+from learner.rollout.sandbox_task import PythonSandboxEnv
+from learner.rollout.tasks import BUILTIN_TASKS, make_env, register_env
 
 
 @pytest.mark.parametrize(
@@ -157,13 +157,17 @@ class CountdownEnv(ArithToolEnv):
 
 
 def test_registry_builds_user_environments(monkeypatch):
-    monkeypatch.setattr(env_module, "_REGISTRY", dict(env_module._REGISTRY))
+    monkeypatch.setattr(tasks_module, "_REGISTRY", dict(tasks_module._REGISTRY))
     register_env("countdown", CountdownEnv)
     built = make_env(TaskConfig.model_construct(**{**TaskConfig().model_dump(), "name": "countdown"}))
     assert isinstance(built, CountdownEnv)
-    assert isinstance(make_env(TaskConfig()), ArithToolEnv)
+    assert type(make_env(TaskConfig())) is ArithToolEnv
+    assert type(make_env(TaskConfig(name="python-sandbox"))) is PythonSandboxEnv
+    register_env("arith-tool", CountdownEnv)  # a user's factory wins over the built-in of that name
+    assert type(make_env(TaskConfig())) is CountdownEnv
 
 
 def test_make_env_names_an_unknown_task():
-    with pytest.raises(ValueError, match=r"task.name: unknown environment 'nope' \(registered: .*arith-tool"):
+    with pytest.raises(ValueError, match=r"task.name: unknown environment 'nope' \(registered: .*arith-tool") as err:
         make_env(TaskConfig.model_construct(**{**TaskConfig().model_dump(), "name": "nope"}))
+    assert all(name in str(err.value) for name in BUILTIN_TASKS)

@@ -14,7 +14,8 @@ from learner.sim.workload import (
 )
 from learner.sim.engine import run_schedule
 from learner.sim.cli import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
-from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS, chrome_trace
+from learner.chrome_trace import chrome_trace
+from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS
 
 
 def cli(argv: list[str]) -> int:
