@@ -30,6 +30,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_database_env() -> dict[str, str]:
+    """The test database this process created, by name, when pytest-django made one (under
+    pytest-xdist its name carries the worker's suffix, which the settings cannot derive)."""
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    return {"THUNDERSYNC_TEST_DATABASE": name} if str(name).startswith("test_") else {}
+
+
 @contextmanager
 def asgi_server(start_timeout: float = 60.0):
     """Run daphne with tests.harness.web_asgi in its own process; yields the base URL.
@@ -37,7 +46,8 @@ def asgi_server(start_timeout: float = 60.0):
     A separate process, as in production: the websocket consumer talks to the worker only
     through the database and the Redis channel layer."""
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test", "PYTHONPATH": str(ROOT),
+           **test_database_env()}
     log_path = ROOT / "artifacts" / f"daphne-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
