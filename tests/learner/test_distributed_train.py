@@ -52,12 +52,15 @@ def test_two_ranks_learn_a_step_that_audit_recomputes_and_equals_the_single_proc
 
     evs = events(tmp_path / "w2.jsonl")
     backward_lanes = {e["lane"] for e in evs if e["type"] == "span" and e["kind"] == "learner.backward"}
-    assert backward_lanes == {"learner/0", "learner/1"}  # both ranks learnt, each on its own lane
+    # each rank on its own lane; a rank whose groups all had equal rewards runs no backward at all
+    # (the zero-variance skip, docs/learner.md), so the lanes are a non-empty subset
+    assert backward_lanes and backward_lanes <= {"learner/0", "learner/1"}
     values = next(e for e in evs if e["type"] == "metrics")["values"]
     assert values["actor/grad_norm"] > 0.01  # clipping was active
     assert values["learner/ranks_in_sync"] == 1.0  # every rank's parameters hashed bit-identical
     assert {"learner/0/idle_ratio", "learner/1/idle_ratio"} <= set(values)
     assert values["learner/0/trajectories"] + values["learner/1/trajectories"] == 16
+    assert values["learner/0/trajectories"] > 0 and values["learner/1/trajectories"] > 0  # both ranks got groups
 
     cfg1 = config(tmp_path, "clip1", "float64", grad_clip=0.01, lr=lr, output_dir=str(tmp_path / "w1"))
     r1 = thundersync("train", "--config", str(cfg1), "--steps", "1", "--quiet", "--events", str(tmp_path / "w1.jsonl"),
