@@ -40,19 +40,18 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     from learner.bench.measure import measured_steps
-    from learner.bench.run import Runner
+    from learner.bench.run import Runner, alternating
     from learner.config import load_config
 
     load_start = os.getloadavg()[0]
     steps: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="thundersync-det-") as tmp:
-        for r in range(args.rounds):
-            for name in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:
-                schedule, deterministic = VARIANTS[name]
-                cfg = load_config(args.config)
-                cfg.learner.deterministic = deterministic
-                events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
-                steps[name] += measured_steps(events, warmup=1)
+        for r, name in alternating(list(VARIANTS), args.rounds):
+            schedule, deterministic = VARIANTS[name]
+            cfg = load_config(args.config)
+            cfg.learner.deterministic = deterministic
+            events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
+            steps[name] += measured_steps(events, warmup=1)
     out = {"variants": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
            "load_start": load_start}
     for name, values in steps.items():

@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     from learner.bench.measure import measured_steps
-    from learner.bench.run import Runner
+    from learner.bench.run import Runner, alternating
     from learner.config import load_config
 
     variants = {"streaming-unlimited": ("streaming", None), f"streaming-K{args.cap}": ("streaming", args.cap),
@@ -47,15 +47,14 @@ def main() -> int:
     steps: dict[str, list[dict]] = {name: [] for name in variants}
     arrivals: list[dict] = []  # per measured sync step: the arrival bound per K
     with tempfile.TemporaryDirectory(prefix="thundersync-cap-") as tmp:
-        for r in range(args.rounds):
-            for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
-                schedule, cap = variants[name]
-                cfg = load_config(args.config)
-                cfg.learner.max_open_groups = cap
-                events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
-                steps[name] += measured_steps(events, warmup=1)
-                if schedule == "sync":
-                    arrivals += [b for b in bounds(events, [None, args.cap]) if b["step"] >= 1]
+        for r, name in alternating(list(variants), args.rounds):
+            schedule, cap = variants[name]
+            cfg = load_config(args.config)
+            cfg.learner.max_open_groups = cap
+            events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
+            steps[name] += measured_steps(events, warmup=1)
+            if schedule == "sync":
+                arrivals += [b for b in bounds(events, [None, args.cap]) if b["step"] >= 1]
     out = {"variants": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
            "load_start": load_start}
     for name, values in steps.items():

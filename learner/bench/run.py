@@ -171,6 +171,14 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dic
     return out
 
 
+def alternating(arms: list, rounds: int):
+    """(round, arm) for every arm in every round, the order reversed each round: a shared
+    machine's speed drifts over minutes, and alternating puts the drift on every arm alike."""
+    for r in range(rounds):
+        for arm in arms if r % 2 == 0 else arms[::-1]:
+            yield r, arm
+
+
 def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
                       scale: float, rounds: int, reference: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure every schedule at one scale, ``rounds`` times in alternating order (sync first,
@@ -179,11 +187,10 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
     ``reference``: also the ``sync-per-trajectory`` row."""
     order = list(dict.fromkeys(["sync", *(REFERENCE_ROWS if reference else []), *schedules]))
     runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in order}
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            drain = drain_steps(name, runner.cfg.train.max_staleness)
-            run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
-            runs[name].append(runner.train(run_label, name, steps + drain, scale))
+    for r, name in alternating(order, rounds):
+        drain = drain_steps(name, runner.cfg.train.max_staleness)
+        run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
+        runs[name].append(runner.train(run_label, name, steps + drain, scale))
     summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
     results = compare(summaries, alone=set(REFERENCE_ROWS))
     for name, r in results.items():
