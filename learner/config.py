@@ -135,6 +135,9 @@ class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(24, ge=1, le=4096, description="per turn")
+    continuous_batching: bool = Field(
+        True, description="torch engine: a loop that becomes ready mid-call joins the running generate call "
+        "and a finished row leaves it (false: one fixed batch per call)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
                                      description="the run fails when the fleet sends nothing for this long")

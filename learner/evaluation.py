@@ -68,7 +68,8 @@ class Evaluator:
             from learner.rollout.engine import TorchEngine
             from learner.rollout.worker import AgentWorker
 
-            engine = TorchEngine(self.model, self.tok.pad_token_id)
+            engine = TorchEngine(self.model, self.tok.pad_token_id,
+                                 continuous_batching=self.cfg.rollout.continuous_batching)
             self.worker = AgentWorker(-1, _eval_config(self.cfg), engine, self.tok, None, None, queue.SimpleQueue(),
                                       time.monotonic(), stop_ids=self.stop_ids)
         return self.worker

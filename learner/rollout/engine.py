@@ -14,6 +14,8 @@ from typing import Callable, Mapping, Protocol
 
 import torch
 
+from learner.rollout import kv_rows
+
 
 @dataclass
 class SamplingParams:
@@ -42,6 +44,9 @@ class EngineStats:
 
 # on_done(i, completion): prompt i's completion is final (called once per prompt)
 OnDone = Callable[[int, Completion], None]
+# admit(): (prompt, seed) rows to join a running generate call (continuous batching); the k-th
+# row admitted in a call is row len(prompts) + k for on_done and in the returned list
+Admit = Callable[[], list[tuple[list[int], int]]]
 
 
 def report_all(completions: list[Completion], on_done: OnDone | None) -> list[Completion]:
@@ -60,7 +65,9 @@ class Engine(Protocol):
         """``seeds``: one per prompt; the same (prompt, seed, weights) samples the same tokens.
         ``on_done`` is called once per prompt as soon as its completion is final, so a caller
         can act on a finished row (run its tool, verify it, ship the trajectory) while the rest
-        of the batch still decodes; engines that finish a batch at once call it on return."""
+        of the batch still decodes; engines that finish a batch at once call it on return.
+        An engine with ``continuous_batching`` true also takes ``admit`` (``Admit``): called
+        between decode steps, the rows it returns join the running call."""
         ...
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None: ...
@@ -93,19 +100,33 @@ class TorchEngine:
 
     Prompts are left-padded into one batch; each step feeds one token per row with the
     cache, so the cost per step is O(batch) regardless of context length.
+
+    ``continuous_batching`` (``rollout.continuous_batching``, docs/learner.md): a row that ends
+    leaves the batch at once (no more decoding of its padding), and rows handed in by the
+    caller's ``admit`` hook between decode steps are prefilled and joined to the running batch
+    (``rollout/kv_rows.py``), so an agent loop whose tool answered mid-call starts its next
+    turn now instead of when the call's longest row ends. Off: one fixed batch per call, as
+    before (kept to measure the difference).
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True):
+    def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True,
+                 continuous_batching: bool = True):
         self.model = model.eval()
         self.device = next(model.parameters()).device  # CPU here; a CUDA model samples on its GPU
         self.pad_id = pad_id
         self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/first_row.py)
+        self.continuous_batching = continuous_batching
         self.version = 0
         self.stats = EngineStats()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
+                 seeds: list[int] | None = None, on_done: OnDone | None = None,
+                 admit: Admit | None = None) -> list[Completion]:
+        if self.continuous_batching:
+            return self._generate_continuous(prompts, params, seeds, on_done, admit)
+        if admit is not None:
+            raise ValueError("admit: this engine runs with continuous_batching off; it cannot take rows mid-call")
         if not prompts:
             return []
         B, width, dev = len(prompts), max(len(p) for p in prompts), self.device
@@ -155,6 +176,95 @@ class TorchEngine:
                 on_done(b, result[b])
         return result
 
+    def _generate_continuous(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
+                             on_done: OnDone | None, admit: Admit | None) -> list[Completion]:
+        """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
+        token, its own positions and mask), so its tokens and behavior log-probs do not depend
+        on which rows share the batch or when it joined (up to float round-off)."""
+        seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
+        stop_ids = set(params.stop_token_ids)
+        tokens: list[list[int]] = []
+        logps: list[list[float]] = []
+        gens: list[torch.Generator] = []
+        results: list[Completion | None] = []
+        run = _Running()
+
+        def join(new_prompts: list[list[int]], new_seeds: list[int]) -> None:
+            first = len(tokens)
+            for s in new_seeds:
+                tokens.append([])
+                logps.append([])
+                gens.append(torch.Generator().manual_seed(s))
+                results.append(None)
+            self._join(run, new_prompts, list(range(first, first + len(new_prompts))))
+
+        if prompts:
+            join(prompts, seeds)
+        while run.rows:
+            # CPU generators: a row's draws depend on its seed alone, on any device
+            u = torch.cat([torch.rand(1, generator=gens[i], dtype=torch.float64) for i in run.rows]).to(self.device)
+            tok = sample_next(run.logits.double(), params.temperature, params.top_p, u)  # (B,)
+            logp = torch.log_softmax(run.logits, -1).gather(-1, tok[:, None]).squeeze(-1)  # (B,)
+            tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step, not 2B
+            keep: list[int] = []
+            for j, i in enumerate(run.rows):
+                tokens[i].append(tok_row[j])
+                logps[i].append(logp_row[j])
+                hit = tok_row[j] in stop_ids
+                if hit or len(tokens[i]) >= params.max_new_tokens:
+                    results[i] = Completion(tokens[i], logps[i], hit)
+                    if on_done is not None:  # final: the caller acts on it while the rest decodes
+                        on_done(i, results[i])
+                else:
+                    keep.append(j)
+            if len(keep) < len(run.rows):
+                self._retire(run, keep)
+            if run.rows:
+                run.attn = torch.cat([run.attn, run.attn.new_ones((len(run.rows), 1))], dim=1)
+                out = self.model(input_ids=tok[keep][:, None] if len(keep) < len(tok) else tok[:, None],
+                                 attention_mask=run.attn, position_ids=run.pos, past_key_values=run.cache, use_cache=True)
+                run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
+                run.pos = run.pos + 1
+            if admit is not None:  # loops that became ready meanwhile start their turn now
+                new = admit()
+                if new:
+                    join([p for p, _ in new], [s for _, s in new])
+                    self.stats.extra["rows_admitted"] = self.stats.extra.get("rows_admitted", 0) + len(new)
+        self.stats.calls += 1
+        self.stats.tokens_out += sum(len(t) for t in tokens)
+        return results  # type: ignore[return-value]  (every row ended: none is None)
+
+    def _join(self, run: "_Running", prompts: list[list[int]], rows: list[int]) -> None:
+        """Prefill ``prompts`` (left-padded among themselves) and join them to the running batch."""
+        B, width, dev = len(prompts), max(len(p) for p in prompts), self.device
+        ids = torch.full((B, width), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((B, width), dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p):] = torch.tensor(p)
+            attn[b, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache, logits = self._prefill(prompts, ids, attn, pos)
+        kv_rows.check_joinable(cache)
+        next_pos = pos[:, -1:] + 1
+        if not run.rows:
+            run.cache, run.attn, run.pos, run.logits, run.rows = cache, attn, next_pos, logits, rows
+            return
+        run.cache, run.attn = kv_rows.join(run.cache, run.attn, cache, attn)
+        run.pos = torch.cat([run.pos, next_pos])
+        run.logits = torch.cat([run.logits, logits])
+        run.rows = run.rows + rows
+
+    @staticmethod
+    def _retire(run: "_Running", keep: list[int]) -> None:
+        """Rows that ended leave the batch: the next decode step computes only the others."""
+        run.rows = [run.rows[j] for j in keep]
+        if not keep:
+            run.cache = run.attn = run.pos = run.logits = None
+            return
+        idx = torch.tensor(keep, device=run.attn.device)
+        run.attn = kv_rows.keep_rows(run.cache, run.attn, idx)
+        run.pos, run.logits = run.pos[idx], run.logits[idx]
+
     def _prefill(self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
         """Forward the prompts once per distinct prompt, then give each row its copy of the KV
         cache: a GRPO group's trajectories share their first-turn prompt, so a batch of P
@@ -194,3 +304,14 @@ class TorchEngine:
 
     def close(self) -> None:
         pass
+
+
+@dataclass
+class _Running:
+    """The rows decoding in a continuous-batching call, in batch order."""
+
+    rows: list[int] = field(default_factory=list)  # the call's row index of each batch row
+    cache: object = None  # their KV cache (B rows)
+    attn: torch.Tensor | None = None  # (B, T) attention mask over the cache's columns
+    pos: torch.Tensor | None = None  # (B, 1) position of each row's next token
+    logits: torch.Tensor | None = None  # (B, V) next-token logits of each row

@@ -13,4 +13,5 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     from learner.rollout.engine import TorchEngine
     from learner.rollout.models import load_model
 
-    return TorchEngine(load_model(policy_dir).to(cfg.model.device), pad_id=tokenizer.pad_token_id)
+    return TorchEngine(load_model(policy_dir).to(cfg.model.device), pad_id=tokenizer.pad_token_id,
+                       continuous_batching=cfg.rollout.continuous_batching)

@@ -6,8 +6,11 @@ the scored turn goes to the learner at once) -> the tool runs while the other lo
 generating -> observation -> next turn ... -> final answer -> verifier -> the finished
 trajectory goes to the learner. Turns of all loops that are ready are batched into one
 engine call; a row that stops is handled at once (its tool starts, or it is verified and
-sent to the learner) while the rest of the call decodes. Every phase is reported as a span
-on the trajectory's slot lane.
+sent to the learner) while the rest of the call decodes, and with continuous batching
+(``rollout.continuous_batching``, the torch engine) a loop that becomes ready while a call
+runs joins it between two decode steps (``admit`` in ``step_loops``) rather than waiting for
+the call to end, so turns, and rewards, do not start in waves. Every phase is reported as a
+span on the trajectory's slot lane; a turn's generate span starts when its row joins a call.
 
 Messages to the driver (``out_q``: the worker's own pipe, ``rollout/outbox.py``) and commands
 from it: ``rollout/messages.py``.
@@ -148,15 +151,25 @@ class AgentWorker:
         self.maybe_follow_latest()
         ro = self.cfg.rollout
         params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
-        seeds = [lp.seed * 1000 + len(lp.turn_spans) for lp in ready]
-        t0 = self.now()
+        rows: list[LoopState] = []  # the call's row i -> its loop
+        started: list[float] = []  # row i's admission: its turn's generate span starts there
+        in_call: set[int] = set()
+
+        def take(loops: list[LoopState]) -> list[tuple[list[int], int]]:
+            t = self.now()
+            for lp in loops:
+                rows.append(lp)
+                started.append(t)
+                in_call.add(lp.traj)
+            return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans)) for lp in loops]
 
         def turn_done(i: int, out) -> None:
             # called the moment row i stops, while the rest of the batch still decodes: a
             # direct answer is verified and shipped (and a tool call starts) without waiting
             # for the batch's longest row
-            lp, turn = ready[i], len(ready[i].turn_spans)
-            self.span(Kind.GENERATE, t0, self.now(), lp, turn=turn, tokens=len(out.token_ids))
+            lp, turn = rows[i], len(rows[i].turn_spans)
+            in_call.discard(lp.traj)
+            self.span(Kind.GENERATE, started[i], self.now(), lp, turn=turn, tokens=len(out.token_ids))
             start = len(lp.ids)
             lp.ids += out.token_ids
             lp.mask += [1] * len(out.token_ids)
@@ -167,7 +180,19 @@ class AgentWorker:
                 score_turn(self, lp, turn)
             self.advance(lp, out)
 
-        self.engine.generate([lp.ids for lp in ready], params, seeds=seeds, on_done=turn_done)
+        def admit() -> list[tuple[list[int], int]]:
+            # between decode steps (continuous batching): a loop whose tool answered or whose
+            # modelled latency ended meanwhile joins the running call instead of waiting for it
+            for traj, t0, t1, output in self.tools.finished():
+                observe(self, self.loops[traj], t0, t1, output)
+            if self.follow_latest and self.store.version > self.engine.version:
+                return []  # fully-async: let the call drain, so the next turns start on the newer weights
+            now = self.now()
+            return take([lp for lp in self.loops.values() if lp.ready_at <= now and lp.traj not in in_call])
+
+        first = take(ready)
+        hook = {"admit": admit} if getattr(self.engine, "continuous_batching", False) else {}
+        self.engine.generate([p for p, _ in first], params, seeds=[s for _, s in first], on_done=turn_done, **hook)
         self.flush_spans()
 
     def advance(self, lp: LoopState, out) -> None:

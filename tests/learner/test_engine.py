@@ -1,5 +1,6 @@
 """Torch engine: KV-cache sampling matches a full forward; per-trajectory seeds; weight store."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -108,3 +109,55 @@ def test_the_store_is_its_own_shared_fp32_host_copy_of_the_weights():
     assert torch.equal(store.tensors[name], before)
     store.publish(dict(learner.named_parameters()), 1)
     assert torch.equal(store.tensors[name], param.detach().float())
+
+
+# ---------------------------------------------------------------- continuous batching
+
+
+def test_rows_admitted_mid_call_sample_as_if_generated_alone():
+    """Rows joined to a running call between decode steps (and rows leaving it as they stop)
+    get the same tokens and behavior log-probs as when each is generated alone."""
+    model = tiny_model()
+    params = SamplingParams(max_new_tokens=20, stop_token_ids=[2])
+    alone = {s: TorchEngine(model, pad_id=0, continuous_batching=False).generate([PROMPTS[s % 3]], params, seeds=[s])[0]
+             for s in range(9)}
+    waiting = [[(PROMPTS[s % 3], s)] for s in (3, 4)] + [[(PROMPTS[5 % 3], 5), (PROMPTS[6 % 3], 6)]] + [[(PROMPTS[s % 3], s)] for s in (7, 8)]
+    engine, calls, batch_sizes = TorchEngine(model, pad_id=0), {"n": 0}, []  # decode rows per step
+    forward = engine.model.forward
+
+    def recording_forward(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] == 1:  # a decode step (prompts here are longer)
+            batch_sizes.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    def admit():
+        calls["n"] += 1
+        return waiting.pop(0) if calls["n"] % 3 == 0 and waiting else []  # every third step, one or two rows
+
+    engine.model.forward = recording_forward
+    done: dict[int, int] = {}
+    outs = engine.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], params, seeds=[0, 1, 2], admit=admit,
+                           on_done=lambda i, c: done.setdefault(i, len(c.token_ids)))
+    assert len(outs) == 9 and sorted(done) == list(range(9))  # admitted rows are rows 3.. in admission order
+    assert engine.stats.extra["rows_admitted"] == 6
+    for seed, out in enumerate(outs):
+        assert out.token_ids == alone[seed].token_ids and out.stopped == alone[seed].stopped
+        assert max(abs(x - y) for x, y in zip(out.logprobs, alone[seed].logprobs)) < 1e-5
+        assert done[seed] == len(out.token_ids)  # reported with its final tokens
+    # a row is decoded once per token but its last: rows that ended left the batch at once
+    assert sum(batch_sizes) == sum(len(o.token_ids) - 1 for o in outs)
+
+
+def test_a_fixed_batch_engine_refuses_rows_mid_call():
+    engine = TorchEngine(tiny_model(), pad_id=0, continuous_batching=False)
+    with pytest.raises(ValueError, match="admit: .*continuous_batching off"):
+        engine.generate([PROMPTS[0]], PARAMS, seeds=[1], admit=lambda: [])
+
+
+def test_both_batching_modes_sample_the_same_tokens():
+    model = tiny_model()
+    fixed = TorchEngine(model, pad_id=0, continuous_batching=False).generate(PROMPTS * 3, PARAMS, seeds=list(range(9)))
+    cont = TorchEngine(model, pad_id=0).generate(PROMPTS * 3, PARAMS, seeds=list(range(9)))
+    for a, b in zip(fixed, cont, strict=True):
+        assert a.token_ids == b.token_ids and a.stopped == b.stopped
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5

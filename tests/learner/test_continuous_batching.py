@@ -1,0 +1,72 @@
+"""Continuous batching in the torch engine, through the real agent loop: a loop whose tool
+answered (and whose modelled latency ended) while a generate call ran joins that call, and the
+trajectories are the same as with one fixed batch per call (docs/learner.md, "Continuous
+batching"); each turn's generate span starts when its row joined, after its tool's spans."""
+
+from __future__ import annotations
+
+import queue
+import random
+import time
+
+import pytest
+
+from learner.config import ConfigError, RunConfig, parse_config
+from learner.rollout.chat import turn_stop_ids
+from learner.rollout.engine import TorchEngine
+from learner.rollout.env import ArithToolEnv
+from learner.rollout.messages import Finished, Work, WorkItem
+from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.worker import AgentWorker
+from learner.timeline import Kind
+from learner.trajectory import Trajectory
+
+
+def run(continuous: bool, n: int = 24):
+    policy = resolve_model_dir("builtin:tiny")
+    tok = load_tokenizer(policy)
+    # a short constant modelled latency (labelled: task.tool_latency) ends while other rows decode
+    cfg = RunConfig.model_validate({"task": {"tool_latency": {"distribution": "constant", "median_s": 0.01}},
+                                    "rollout": {"continuous_batching": continuous}})
+    engine = TorchEngine(load_model(policy), tok.pad_token_id, continuous_batching=continuous)
+    worker = AgentWorker(0, cfg, engine, tok, None, None, queue.Queue(), time.monotonic(),
+                         stop_ids=turn_stop_ids(tok, policy))
+    env = ArithToolEnv(cfg.task)
+    items = [WorkItem(i, i // 4, env.sample_task(random.Random(i // 4)), 11 + i) for i in range(n)]
+    worker.handle(Work(0, items))
+    worker.run_loops(timeout_s=120)
+    trajs, spans = [], []
+    while not worker.out_q.empty():
+        msg = worker.out_q.get_nowait()
+        spans += msg.spans
+        if isinstance(msg, Finished) and isinstance(msg.item, Trajectory):
+            trajs.append(msg.item)
+    return sorted(trajs, key=lambda t: t.id), spans, engine.stats
+
+
+def test_loops_join_running_calls_and_sample_the_same_trajectories():
+    fixed, _, _ = run(continuous=False)
+    cont, spans, stats = run(continuous=True)
+    assert len(cont) == len(fixed) == 24
+    assert sum(len(t.turn_spans) > 1 for t in cont) >= 3, "some loops should call the calculator"
+    assert stats.extra.get("rows_admitted", 0) > 0  # turns started inside a running call
+    for a, b in zip(fixed, cont):
+        assert (a.id, a.input_ids, a.loss_mask, a.turn_spans, a.reward) == (b.id, b.input_ids, b.loss_mask, b.turn_spans, b.reward)
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+    # spans stay honest: a turn's generate span starts after its previous turn's tool and wait
+    by_traj: dict[int, list] = {}
+    for s in spans:
+        by_traj.setdefault(s.traj, []).append(s)
+    for traj in cont:
+        own = sorted(by_traj[traj.id], key=lambda s: (s.t0, s.t1))
+        gens = [s for s in own if s.kind == Kind.GENERATE]
+        assert [s.turn for s in gens] == list(range(len(traj.turn_spans)))
+        for earlier, later in zip(own, own[1:]):
+            assert later.t0 >= earlier.t1 - 1e-9, (earlier, later)  # one phase at a time per loop
+
+
+@pytest.mark.parametrize("value", ["many", [1]])
+def test_continuous_batching_is_validated_naming_the_field(value):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"rollout": {"continuous_batching": value}})
+    assert str(err.value).startswith("rollout.continuous_batching: ")
