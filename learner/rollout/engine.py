@@ -10,27 +10,13 @@ corrects it in the off-policy schedules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Mapping, Protocol
 
 import torch
 
-from learner.rollout import kv_rows
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int
-    stop_token_ids: list[int]
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    logprobs: list[float]  # behavior log-prob of each sampled token
-    stopped: bool  # ended on a stop token (False: hit max_new_tokens)
+from learner.rollout.continuous import generate_continuous
+# re-exported: callers import the sampling types from here
+from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next  # noqa: F401
 
 
 @dataclass
@@ -40,13 +26,6 @@ class EngineStats:
     weight_loads: int = 0
     seconds_loading: float = 0.0
     extra: dict = field(default_factory=dict)
-
-
-# on_done(i, completion): prompt i's completion is final (called once per prompt)
-OnDone = Callable[[int, Completion], None]
-# admit(): (prompt, seed) rows to join a running generate call (continuous batching); the k-th
-# row admitted in a call is row len(prompts) + k for on_done and in the returned list
-Admit = Callable[[], list[tuple[list[int], int]]]
 
 
 def report_all(completions: list[Completion], on_done: OnDone | None) -> list[Completion]:
@@ -79,34 +58,18 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> torch.Tensor:
-    """Sample one token per row of logits (B, V) with temperature and nucleus (top-p) by
-    inverse CDF on the uniforms ``u`` (B,): each row's draw depends only on its own
-    random stream, so a trajectory samples the same tokens whatever batch it lands in.
-    ``temperature`` 0 is greedy: the most likely token (eval, learner.evaluation)."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
-    sorted_p, idx = probs.sort(dim=-1, descending=True)
-    if top_p < 1.0:
-        sorted_p = sorted_p * (sorted_p.cumsum(-1) - sorted_p < top_p)  # keeps the top token
-    cdf = sorted_p.cumsum(-1)  # (B, V)
-    choice = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)  # (B, 1)
-    return idx.gather(-1, choice).squeeze(-1)
-
-
 class TorchEngine:
     """Batched sampling on a Hugging Face causal LM with a KV cache.
 
     Prompts are left-padded into one batch; each step feeds one token per row with the
     cache, so the cost per step is O(batch) regardless of context length.
 
-    ``continuous_batching`` (``rollout.continuous_batching``, docs/learner.md): a row that ends
-    leaves the batch at once (no more decoding of its padding), and rows handed in by the
-    caller's ``admit`` hook between decode steps are prefilled and joined to the running batch
-    (``rollout/kv_rows.py``), so an agent loop whose tool answered mid-call starts its next
-    turn now instead of when the call's longest row ends. Off: one fixed batch per call, as
-    before (kept to measure the difference).
+    ``continuous_batching`` (``rollout.continuous_batching``, docs/learner.md;
+    ``rollout/continuous.py``): rows that ended leave the batch, and rows handed in by the
+    caller's ``admit`` hook between decode steps are prefilled and joined to the running
+    batch, so an agent loop whose tool answered mid-call starts its next turn within a few
+    decode steps instead of when the call's longest row ends. Off: one fixed batch per call,
+    as before (kept to measure the difference).
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True,
@@ -124,7 +87,7 @@ class TorchEngine:
                  seeds: list[int] | None = None, on_done: OnDone | None = None,
                  admit: Admit | None = None) -> list[Completion]:
         if self.continuous_batching:
-            return self._generate_continuous(prompts, params, seeds, on_done, admit)
+            return generate_continuous(self, prompts, params, seeds, on_done, admit)
         if admit is not None:
             raise ValueError("admit: this engine runs with continuous_batching off; it cannot take rows mid-call")
         if not prompts:
@@ -176,95 +139,6 @@ class TorchEngine:
                 on_done(b, result[b])
         return result
 
-    def _generate_continuous(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
-                             on_done: OnDone | None, admit: Admit | None) -> list[Completion]:
-        """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
-        token, its own positions and mask), so its tokens and behavior log-probs do not depend
-        on which rows share the batch or when it joined (up to float round-off)."""
-        seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
-        stop_ids = set(params.stop_token_ids)
-        tokens: list[list[int]] = []
-        logps: list[list[float]] = []
-        gens: list[torch.Generator] = []
-        results: list[Completion | None] = []
-        run = _Running()
-
-        def join(new_prompts: list[list[int]], new_seeds: list[int]) -> None:
-            first = len(tokens)
-            for s in new_seeds:
-                tokens.append([])
-                logps.append([])
-                gens.append(torch.Generator().manual_seed(s))
-                results.append(None)
-            self._join(run, new_prompts, list(range(first, first + len(new_prompts))))
-
-        if prompts:
-            join(prompts, seeds)
-        while run.rows:
-            # CPU generators: a row's draws depend on its seed alone, on any device
-            u = torch.cat([torch.rand(1, generator=gens[i], dtype=torch.float64) for i in run.rows]).to(self.device)
-            tok = sample_next(run.logits.double(), params.temperature, params.top_p, u)  # (B,)
-            logp = torch.log_softmax(run.logits, -1).gather(-1, tok[:, None]).squeeze(-1)  # (B,)
-            tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step, not 2B
-            keep: list[int] = []
-            for j, i in enumerate(run.rows):
-                tokens[i].append(tok_row[j])
-                logps[i].append(logp_row[j])
-                hit = tok_row[j] in stop_ids
-                if hit or len(tokens[i]) >= params.max_new_tokens:
-                    results[i] = Completion(tokens[i], logps[i], hit)
-                    if on_done is not None:  # final: the caller acts on it while the rest decodes
-                        on_done(i, results[i])
-                else:
-                    keep.append(j)
-            if len(keep) < len(run.rows):
-                self._retire(run, keep)
-            if run.rows:
-                run.attn = torch.cat([run.attn, run.attn.new_ones((len(run.rows), 1))], dim=1)
-                out = self.model(input_ids=tok[keep][:, None] if len(keep) < len(tok) else tok[:, None],
-                                 attention_mask=run.attn, position_ids=run.pos, past_key_values=run.cache, use_cache=True)
-                run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
-                run.pos = run.pos + 1
-            if admit is not None:  # loops that became ready meanwhile start their turn now
-                new = admit()
-                if new:
-                    join([p for p, _ in new], [s for _, s in new])
-                    self.stats.extra["rows_admitted"] = self.stats.extra.get("rows_admitted", 0) + len(new)
-        self.stats.calls += 1
-        self.stats.tokens_out += sum(len(t) for t in tokens)
-        return results  # type: ignore[return-value]  (every row ended: none is None)
-
-    def _join(self, run: "_Running", prompts: list[list[int]], rows: list[int]) -> None:
-        """Prefill ``prompts`` (left-padded among themselves) and join them to the running batch."""
-        B, width, dev = len(prompts), max(len(p) for p in prompts), self.device
-        ids = torch.full((B, width), self.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((B, width), dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, width - len(p):] = torch.tensor(p)
-            attn[b, width - len(p):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache, logits = self._prefill(prompts, ids, attn, pos)
-        kv_rows.check_joinable(cache)
-        next_pos = pos[:, -1:] + 1
-        if not run.rows:
-            run.cache, run.attn, run.pos, run.logits, run.rows = cache, attn, next_pos, logits, rows
-            return
-        run.cache, run.attn = kv_rows.join(run.cache, run.attn, cache, attn)
-        run.pos = torch.cat([run.pos, next_pos])
-        run.logits = torch.cat([run.logits, logits])
-        run.rows = run.rows + rows
-
-    @staticmethod
-    def _retire(run: "_Running", keep: list[int]) -> None:
-        """Rows that ended leave the batch: the next decode step computes only the others."""
-        run.rows = [run.rows[j] for j in keep]
-        if not keep:
-            run.cache = run.attn = run.pos = run.logits = None
-            return
-        idx = torch.tensor(keep, device=run.attn.device)
-        run.attn = kv_rows.keep_rows(run.cache, run.attn, idx)
-        run.pos, run.logits = run.pos[idx], run.logits[idx]
-
     def _prefill(self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
         """Forward the prompts once per distinct prompt, then give each row its copy of the KV
         cache: a GRPO group's trajectories share their first-turn prompt, so a batch of P
@@ -304,14 +178,3 @@ class TorchEngine:
 
     def close(self) -> None:
         pass
-
-
-@dataclass
-class _Running:
-    """The rows decoding in a continuous-batching call, in batch order."""
-
-    rows: list[int] = field(default_factory=list)  # the call's row index of each batch row
-    cache: object = None  # their KV cache (B rows)
-    attn: torch.Tensor | None = None  # (B, T) attention mask over the cache's columns
-    pos: torch.Tensor | None = None  # (B, 1) position of each row's next token
-    logits: torch.Tensor | None = None  # (B, V) next-token logits of each row

@@ -28,23 +28,25 @@ def check_joinable(cache) -> None:
                          "joined row by row (only full-attention DynamicLayer); set rollout.continuous_batching: false")
 
 
-def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    extra = width - t.shape[dim]
-    if extra == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _stack_right(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows of ``a`` then ``b`` (batch dim 0), each right-aligned on ``dim`` in one new tensor
+    of their wider width, zeros before the narrower: one copy of each, not a pad then a cat."""
+    width = max(a.shape[dim], b.shape[dim])
+    shape = list(a.shape)
+    shape[0], shape[dim] = a.shape[0] + b.shape[0], width
+    out = a.new_zeros(shape)
+    out[: a.shape[0]].narrow(dim, width - a.shape[dim], a.shape[dim]).copy_(a)
+    out[a.shape[0]:].narrow(dim, width - b.shape[dim], b.shape[dim]).copy_(b)
+    return out
 
 
 def join(a: DynamicCache, attn_a: torch.Tensor, b: DynamicCache, attn_b: torch.Tensor):
     """Rows of ``b`` after those of ``a`` (``a`` is updated in place and returned), with the
     joined 2-D attention mask. Widths may differ: the narrower side is left-padded."""
-    width = max(attn_a.shape[1], attn_b.shape[1])
     for la, lb in zip(a.layers, b.layers, strict=True):
-        la.keys = torch.cat([_pad_left(la.keys, width, 2), _pad_left(lb.keys, width, 2)], dim=0)
-        la.values = torch.cat([_pad_left(la.values, width, 2), _pad_left(lb.values, width, 2)], dim=0)
-    return a, torch.cat([_pad_left(attn_a, width, 1), _pad_left(attn_b, width, 1)], dim=0)
+        la.keys = _stack_right(la.keys, lb.keys, 2)
+        la.values = _stack_right(la.values, lb.values, 2)
+    return a, _stack_right(attn_a, attn_b, 1)
 
 
 def keep_rows(cache: DynamicCache, attn: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ trajectory goes to the learner. Turns of all loops that are ready are batched in
 engine call; a row that stops is handled at once (its tool starts, or it is verified and
 sent to the learner) while the rest of the call decodes, and with continuous batching
 (``rollout.continuous_batching``, the torch engine) a loop that becomes ready while a call
-runs joins it between two decode steps (``admit`` in ``step_loops``) rather than waiting for
+runs joins it between two decode steps (``EngineCall.admit``) rather than waiting for
 the call to end, so turns, and rewards, do not start in waves. Every phase is reported as a
 span on the trajectory's slot lane; a turn's generate span starts when its row joins a call.
 
@@ -151,48 +151,10 @@ class AgentWorker:
         self.maybe_follow_latest()
         ro = self.cfg.rollout
         params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
-        rows: list[LoopState] = []  # the call's row i -> its loop
-        started: list[float] = []  # row i's admission: its turn's generate span starts there
-        in_call: set[int] = set()
-
-        def take(loops: list[LoopState]) -> list[tuple[list[int], int]]:
-            t = self.now()
-            for lp in loops:
-                rows.append(lp)
-                started.append(t)
-                in_call.add(lp.traj)
-            return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans)) for lp in loops]
-
-        def turn_done(i: int, out) -> None:
-            # called the moment row i stops, while the rest of the batch still decodes: a
-            # direct answer is verified and shipped (and a tool call starts) without waiting
-            # for the batch's longest row
-            lp, turn = rows[i], len(rows[i].turn_spans)
-            in_call.discard(lp.traj)
-            self.span(Kind.GENERATE, started[i], self.now(), lp, turn=turn, tokens=len(out.token_ids))
-            start = len(lp.ids)
-            lp.ids += out.token_ids
-            lp.mask += [1] * len(out.token_ids)
-            lp.blogp += out.logprobs
-            lp.turn_spans.append((start, len(lp.ids)))
-            lp.turn_versions.append(self.engine.version)
-            if self.teacher is not None:
-                score_turn(self, lp, turn)
-            self.advance(lp, out)
-
-        def admit() -> list[tuple[list[int], int]]:
-            # between decode steps (continuous batching): a loop whose tool answered or whose
-            # modelled latency ended meanwhile joins the running call instead of waiting for it
-            for traj, t0, t1, output in self.tools.finished():
-                observe(self, self.loops[traj], t0, t1, output)
-            if self.follow_latest and self.store.version > self.engine.version:
-                return []  # fully-async: let the call drain, so the next turns start on the newer weights
-            now = self.now()
-            return take([lp for lp in self.loops.values() if lp.ready_at <= now and lp.traj not in in_call])
-
-        first = take(ready)
-        hook = {"admit": admit} if getattr(self.engine, "continuous_batching", False) else {}
-        self.engine.generate([p for p, _ in first], params, seeds=[s for _, s in first], on_done=turn_done, **hook)
+        call = EngineCall(self)
+        first = call.take(ready)
+        hook = {"admit": call.admit} if getattr(self.engine, "continuous_batching", False) else {}
+        self.engine.generate([p for p, _ in first], params, seeds=[s for _, s in first], on_done=call.turn_done, **hook)
         self.flush_spans()
 
     def advance(self, lp: LoopState, out) -> None:
@@ -239,6 +201,55 @@ class AgentWorker:
                 self.step_loops()
         finally:
             self.tools.close()
+
+
+class EngineCall:
+    """The agent loops of one engine call: row i of the call is ``rows[i]``."""
+
+    def __init__(self, worker: AgentWorker):
+        self.worker = worker
+        self.rows: list[LoopState] = []
+        self.started: list[float] = []  # row i's admission: its turn's generate span starts there
+        self.in_call: set[int] = set()
+
+    def take(self, loops: list[LoopState]) -> list[tuple[list[int], int]]:
+        t = self.worker.now()
+        for lp in loops:
+            self.rows.append(lp)
+            self.started.append(t)
+            self.in_call.add(lp.traj)
+        return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans)) for lp in loops]
+
+    def turn_done(self, i: int, out) -> None:
+        # called the moment row i stops, while the rest of the batch still decodes: a direct
+        # answer is verified and shipped (and a tool call starts) without waiting for the
+        # batch's longest row
+        w, lp = self.worker, self.rows[i]
+        turn = len(lp.turn_spans)
+        self.in_call.discard(lp.traj)
+        w.span(Kind.GENERATE, self.started[i], w.now(), lp, turn=turn, tokens=len(out.token_ids))
+        start = len(lp.ids)
+        lp.ids += out.token_ids
+        lp.mask += [1] * len(out.token_ids)
+        lp.blogp += out.logprobs
+        lp.turn_spans.append((start, len(lp.ids)))
+        lp.turn_versions.append(w.engine.version)
+        if w.teacher is not None:
+            score_turn(w, lp, turn)
+        w.advance(lp, out)
+
+    def admit(self, min_rows: int) -> list[tuple[list[int], int]]:
+        """Between decode steps (continuous batching): loops whose tool answered or whose
+        modelled latency ended meanwhile join the running call instead of waiting for it to
+        end, once at least ``min_rows`` are ready (the engine's batching rule)."""
+        w = self.worker
+        for traj, t0, t1, output in w.tools.finished():
+            observe(w, w.loops[traj], t0, t1, output)
+        if w.follow_latest and w.store.version > w.engine.version:
+            return []  # fully-async: let the call drain, so the next turns start on the newer weights
+        now = w.now()
+        joining = [lp for lp in w.loops.values() if lp.ready_at <= now and lp.traj not in self.in_call]
+        return self.take(joining) if len(joining) >= min_rows else []
 
 
 def score_turn(worker: AgentWorker, lp: LoopState, turn: int) -> None:

@@ -1,0 +1,145 @@
+"""Continuous batching for the torch engine (``rollout.continuous_batching``, docs/learner.md).
+
+One generate call whose batch changes while it runs: a row that ends leaves it, and rows that
+the caller's ``admit`` hook hands in between decode steps are prefilled and joined to it
+(``rollout/kv_rows.py``), so an agent loop whose tool answered mid-call starts its next turn
+within a few decode steps instead of when the call's longest row ends. ``engine`` is the
+``TorchEngine`` (its model, device, pad id, shared-prompt prefill and stats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from learner.rollout import kv_rows
+from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
+
+ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
+
+
+def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
+                        on_done: OnDone | None, admit: Admit | None) -> list[Completion]:
+    """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
+    token, its own positions and mask), so its tokens and behavior log-probs do not depend
+    on which rows share the batch or when it joined (up to float round-off).
+
+    What joining and leaving cost decides when they happen. Both copy the batch's whole KV
+    cache (measured on the built-in policy, 256 rows x 100 columns: a copy 6 ms, a decode
+    step 11 ms), and a join also runs a prefill forward (~2.5 ms for one row). So a row that
+    ended stays in the batch as masked padding until a quarter of the batch has ended (or
+    rows join: the join copies anyway), and ready rows join once they are an eighth of the
+    running batch or ``ADMIT_WAIT_STEPS`` decode steps after the last join: a loop whose
+    tool answered waits a few decode steps, not the rest of the call."""
+    seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
+    stop_ids = set(params.stop_token_ids)
+    tokens: list[list[int]] = []
+    logps: list[list[float]] = []
+    gens: list[torch.Generator] = []
+    results: list[Completion | None] = []
+    run = _Running()
+
+    def join(new_prompts: list[list[int]], new_seeds: list[int]) -> None:
+        first = len(tokens)
+        for s in new_seeds:
+            tokens.append([])
+            logps.append([])
+            gens.append(torch.Generator().manual_seed(s))
+            results.append(None)
+        _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))))
+
+    if prompts:
+        join(prompts, seeds)
+    since_join = 0
+    while run.alive:
+        live = [j for j, i in enumerate(run.rows) if i >= 0]
+        logits = run.logits if len(live) == len(run.rows) else run.logits[live]
+        # CPU generators: a row's draws depend on its seed alone, on any device
+        u = torch.cat([torch.rand(1, generator=gens[run.rows[j]], dtype=torch.float64) for j in live]).to(engine.device)
+        tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (live,)
+        logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+        tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
+        step_tok = [engine.pad_id] * len(run.rows)
+        for k, j in enumerate(live):
+            i = run.rows[j]
+            tokens[i].append(tok_row[k])
+            logps[i].append(logp_row[k])
+            hit = tok_row[k] in stop_ids
+            if hit or len(tokens[i]) >= params.max_new_tokens:
+                results[i] = Completion(tokens[i], logps[i], hit)
+                run.rows[j] = -1  # ended: masked padding from now on
+                run.alive -= 1
+                if on_done is not None:  # final: the caller acts on it while the rest decodes
+                    on_done(i, results[i])
+            else:
+                step_tok[j] = tok_row[k]
+        new = []
+        if admit is not None:  # loops that became ready meanwhile start their turn now
+            since_join += 1
+            new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // 8))
+        ended = len(run.rows) - run.alive
+        if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
+            keep = [j for j, i in enumerate(run.rows) if i >= 0]
+            step_tok = [step_tok[j] for j in keep]
+            _retire(run, keep)
+        if run.alive:
+            tok_in = torch.tensor(step_tok, device=engine.device)[:, None]
+            col = torch.tensor([[int(i >= 0)] for i in run.rows], device=engine.device)
+            run.attn = torch.cat([run.attn, col], dim=1)
+            out = engine.model(input_ids=tok_in, attention_mask=run.attn, position_ids=run.pos,
+                             past_key_values=run.cache, use_cache=True)
+            run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
+            run.pos = run.pos + 1
+        if new:
+            join([p for p, _ in new], [s for _, s in new])
+            since_join = 0
+            engine.stats.extra["rows_admitted"] = engine.stats.extra.get("rows_admitted", 0) + len(new)
+    engine.stats.calls += 1
+    engine.stats.tokens_out += sum(len(t) for t in tokens)
+    return results  # type: ignore[return-value]  (every row ended: none is None)
+
+
+def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int]) -> None:
+    """Prefill ``prompts`` (left-padded among themselves) and join them to the running batch."""
+    B, width, dev = len(prompts), max(len(p) for p in prompts), engine.device
+    ids = torch.full((B, width), engine.pad_id, dtype=torch.long, device=dev)
+    attn = torch.zeros((B, width), dtype=torch.long, device=dev)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        attn[b, width - len(p):] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    cache, logits = engine._prefill(prompts, ids, attn, pos)
+    kv_rows.check_joinable(cache)
+    next_pos = pos[:, -1:] + 1
+    run.alive += B
+    if not run.rows:
+        run.cache, run.attn, run.pos, run.logits, run.rows = cache, attn, next_pos, logits, rows
+        return
+    run.cache, run.attn = kv_rows.join(run.cache, run.attn, cache, attn)
+    run.pos = torch.cat([run.pos, next_pos])
+    run.logits = torch.cat([run.logits, logits])
+    run.rows = run.rows + rows
+
+
+def _retire(run: "_Running", keep: list[int]) -> None:
+    """Rows that ended leave the batch: the next decode steps compute only the others."""
+    run.rows = [run.rows[j] for j in keep]
+    if not keep:
+        run.cache = run.attn = run.pos = run.logits = None
+        return
+    idx = torch.tensor(keep, device=run.attn.device)
+    run.attn = kv_rows.keep_rows(run.cache, run.attn, idx)
+    run.pos, run.logits = run.pos[idx], run.logits[idx]
+
+
+@dataclass
+class _Running:
+    """The rows decoding in a continuous-batching call, in batch order."""
+
+    rows: list[int] = field(default_factory=list)  # the call's row index of each batch row (-1: ended)
+    alive: int = 0  # rows still sampling
+    cache: object = None  # their KV cache (B rows)
+    attn: torch.Tensor | None = None  # (B, T) attention mask over the cache's columns
+    pos: torch.Tensor | None = None  # (B, 1) position of each row's next token
+    logits: torch.Tensor | None = None  # (B, V) next-token logits of each row
