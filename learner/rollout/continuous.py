@@ -1,4 +1,4 @@
-"""Continuous batching for the torch engine (``rollout.continuous_batching``, docs/learner.md).
+"""Continuous batching for the torch engine (``rollout.continuous_batching``, docs/architecture.md).
 
 One generate call whose batch changes while it runs: a row that ends leaves it, and rows that
 the caller's ``admit`` hook hands in between decode steps are prefilled and joined to it

@@ -64,7 +64,7 @@ class TorchEngine:
     Prompts are left-padded into one batch; each step feeds one token per row with the
     cache, so the cost per step is O(batch) regardless of context length.
 
-    ``continuous_batching`` (``rollout.continuous_batching``, docs/learner.md;
+    ``continuous_batching`` (``rollout.continuous_batching``, docs/architecture.md;
     ``rollout/continuous.py``): rows that ended leave the batch, and rows handed in by the
     caller's ``admit`` hook between decode steps are prefilled and joined to the running
     batch, so an agent loop whose tool answered mid-call starts its next turn within a few

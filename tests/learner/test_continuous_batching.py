@@ -1,7 +1,7 @@
 """Continuous batching in the torch engine, through the real agent loop: a loop whose tool
 answered (and whose modelled latency ended) while a generate call ran joins that call, and the
-trajectories are the same as with one fixed batch per call (docs/learner.md, "Continuous
-batching"); each turn's generate span starts when its row joined, after its tool's spans."""
+trajectories are the same as with one fixed batch per call (docs/architecture.md, "Torch
+engine: continuous batching"); each turn's generate span starts when its row joined, after its tool's spans."""
 
 from __future__ import annotations
 
