@@ -66,8 +66,10 @@ def test_a_wake_queue_ends_a_wait_when_another_thread_puts():
 # ------------------------------------------------------------------ two nodes on this machine
 
 
-def _start_two_nodes(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, subprocess.Popen]:
-    """Rank 0 (``train``, node a) and, once it prints the command, rank 1 (``join-rank``, node b)."""
+def _start_two_nodes(tmp_path: Path, steps: int, env_a: dict | None = None,
+                     via_b: tuple[list[str], dict] = ([], {})) -> tuple[subprocess.Popen, subprocess.Popen]:
+    """Rank 0 (``train``, node a) and, once it prints the command, rank 1 (``join-rank``, node b);
+    ``env_a``: node a's extra environment; ``via_b``: node b's command prefix and environment."""
     cfg = {"name": "two-nodes", "seed": 0, "model": {"policy": "builtin:tiny"},
            "task": {"name": "arith-tool", "min_ops": 1, "max_ops": 2, "max_operand": 20,
                     "tool_latency": {"distribution": "lognormal", "median_s": 0.05, "sigma": 0.8}},
@@ -76,15 +78,16 @@ def _start_two_nodes(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, subp
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     env = {k: v for k, v in os.environ.items() if k != "THUNDERSYNC_RANK_KEY"}
     a = subprocess.Popen(CLI + ["train", "--config", str(tmp_path / "run.json"), "--events", str(tmp_path / "ev.jsonl"),
-                                "--quiet"], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                                "--quiet"], stderr=subprocess.PIPE, text=True, env={**env, **(env_a or {})},
+                         start_new_session=True)
     deadline, line = time.monotonic() + 300, ""
     while "join-rank" not in line:
         assert time.monotonic() < deadline and a.poll() is None, "rank 0 printed no join-rank command"
         line = a.stderr.readline()
     key, control = re.search(r"THUNDERSYNC_RANK_KEY=(\w+) .* --control (\S+)", line).groups()
     threading.Thread(target=a.stderr.read, daemon=True).start()  # keep its pipe drained
-    b = subprocess.Popen(CLI + ["join-rank", "--control", control, "--rank", "1", "--node", "b"],
-                         env={**env, "THUNDERSYNC_RANK_KEY": key}, stderr=subprocess.PIPE, text=True,
+    b = subprocess.Popen(via_b[0] + CLI + ["join-rank", "--control", control, "--rank", "1", "--node", "b"],
+                         env={**env, **via_b[1], "THUNDERSYNC_RANK_KEY": key}, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     return a, b
 
@@ -101,16 +104,55 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-def test_node_b_samples_its_ranks_groups_with_its_own_published_weights(tmp_path):
-    a, b = _start_two_nodes(tmp_path, steps=2)
+@pytest.fixture
+def network_namespace():
+    """Node b's own network stack: a namespace joined to this one by a veth pair, each end with
+    its own address (``ip netns``; needs root and iproute2, as on this project's machines).
+    Yields (node a's address, node a's interface, node b's interface, the command prefix)."""
+    tag = os.getpid() % 100_000
+    ns, a_if, b_if, net = f"ts-b{tag}", f"tsa{tag}", f"tsb{tag}", f"10.77.{tag % 250}"
+    setup = [["ip", "netns", "add", ns], ["ip", "link", "add", a_if, "type", "veth", "peer", "name", b_if],
+             ["ip", "link", "set", b_if, "netns", ns], ["ip", "addr", "add", f"{net}.1/24", "dev", a_if],
+             ["ip", "link", "set", a_if, "up"], ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/24", "dev", b_if],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", b_if, "up"],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+    try:
+        for cmd in setup:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            if r.returncode:
+                pytest.skip(f"no network namespaces here ({' '.join(cmd)}: {r.stderr.strip()})")
+        yield f"{net}.1", a_if, b_if, ["ip", "netns", "exec", ns]
+    finally:
+        subprocess.run(["ip", "link", "del", a_if], capture_output=True, timeout=30)  # its peer goes with it
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def _run_to_the_end(a: subprocess.Popen, b: subprocess.Popen, tmp_path: Path) -> list[dict]:
     try:
         assert a.wait(timeout=400) == 0
         assert b.wait(timeout=60) == 0, b.stderr.read()
     finally:
         for p in (a, b):
             p.kill()
-    events = [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (tmp_path / "ev.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_node_b_samples_its_ranks_groups_with_its_own_published_weights(tmp_path):
+    _check_two_node_run(_run_to_the_end(*_start_two_nodes(tmp_path, steps=2), tmp_path))
+
+
+@pytest.mark.slow
+def test_two_nodes_with_their_own_network_stacks(tmp_path, network_namespace):
+    """Node b in a network namespace: control port, TCP store, gloo and the rollout messages all
+    cross a veth link between two addresses, not loopback (docs/distributed.md)."""
+    addr_a, if_a, if_b, prefix = network_namespace
+    run = _start_two_nodes(tmp_path, steps=2, env_a={"THUNDERSYNC_NODE_ADDR": addr_a, "GLOO_SOCKET_IFNAME": if_a},
+                           via_b=(prefix, {"GLOO_SOCKET_IFNAME": if_b}))
+    _check_two_node_run(_run_to_the_end(*run, tmp_path))
+
+
+def _check_two_node_run(events: list[dict]) -> None:
     spans = [e for e in events if e["type"] == "span"]
     metrics = [e["values"] for e in events if e["type"] == "metrics"]
     assert len(metrics) == 2
