@@ -15,10 +15,13 @@ from controller.config_merge import run_config
 from controller.launching import launch_run
 from controller.models import Experiment, Run, RunNode, Span, StepMetric
 
+from tests.harness.web_harness import browser_page, live_url  # noqa: F401 (fixtures)
+
 from .conftest import QUICKSTART
+from .test_browser_insight import open_run_page
 from .faults import WorkerProcess, assert_nothing_left, children, proc_stat, wait_final, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 BOUND_S = 60.0
 TWO_NODES = {**QUICKSTART, "learner": {"world_size": 2, "nodes": ["a", "b"], "timeout_s": 60}}
 
@@ -37,7 +40,7 @@ def two_nodes(tmp_path):
 
 
 def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes, alice, alice_client,
-                                                                      streaming_preset):
+                                                                      streaming_preset, live_url, browser_page):
     node_a, node_b = two_nodes
     experiment = Experiment.objects.create(owner=alice, name="two nodes", config=TWO_NODES)
     assert run_config(experiment.config, streaming_preset.overrides(), 1, "")["learner"]["nodes"] == ["a", "b"]
@@ -56,6 +59,12 @@ def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes
     generated = {s["lane"].split("/")[1] for s in served if s["kind"] == "rollout.generate"}
     assert generated == {"0", "1"}, generated
     assert {s["lane"] for s in served if s["kind"] == "learner.publish"} >= {"replica/0", "replica/1"}
+    # and on the page: the Gantt's lanes hold both nodes' ranks and both nodes' rollout slots
+    page, errors = browser_page
+    open_run_page(page, live_url, run)
+    shown = page.evaluate("document.getElementById('gantt').layout.yaxis.categoryarray")
+    assert lanes <= set(shown) and {lane.split("/")[1] for lane in shown if lane.startswith("rollout/")} == {"0", "1"}
+    assert errors == []
     assert run.summary["steps"] == 1
     # node b's task records its rank's end once join-rank has stopped its rollout worker too
     wait_until(lambda: RunNode.objects.get(run=run).status != "running", 30, "node b's task to finish")
