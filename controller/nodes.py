@@ -111,7 +111,7 @@ def run_rank_on_this_node(run_id: int, rank: int, node: str, control: str, key: 
 def _watch(child: subprocess.Popen, run_id: int, rank: int) -> int:
     """Stamp the heartbeat until the rank exits; SIGTERM it (SIGKILL after the grace) once the
     run has ended or is being cancelled elsewhere. Returns its exit code."""
-    kill_at = None
+    stop_at = kill_at = None
     while True:
         try:
             return child.wait(timeout=settings.THUNDERSYNC_HEARTBEAT_S)
@@ -119,7 +119,12 @@ def _watch(child: subprocess.Popen, run_id: int, rank: int) -> int:
             pass
         RunNode.objects.filter(run_id=run_id, rank=rank).update(heartbeat=timezone.now())
         run = Run.objects.only("status", "cancel_requested").get(pk=run_id)
-        if kill_at is None and (run.status in Run.FINISHED or run.cancel_requested):
+        if stop_at is None and (run.status in Run.FINISHED or run.cancel_requested):
+            # rank 0 of a run that succeeded told this rank to stop: it exits by itself once it has
+            # stopped its node's rollout workers, so it gets the grace before any signal
+            succeeded = run.status == Run.Status.SUCCEEDED and not run.cancel_requested
+            stop_at = time.monotonic() + (settings.THUNDERSYNC_CANCEL_GRACE_S if succeeded else 0.0)
+        if kill_at is None and stop_at is not None and time.monotonic() >= stop_at:
             log.info("run %s ended (%s): stopping learner rank %s", run_id, run.status, rank)
             ownership.signal_group(child.pid, signal.SIGTERM, 0.0)
             kill_at = time.monotonic() + settings.THUNDERSYNC_CANCEL_GRACE_S

@@ -139,6 +139,9 @@ class RolloutConfig(Strict):
         True, description="torch engine: a loop that becomes ready mid-call joins the running generate call "
         "and a finished row leaves it (false: one fixed batch per call)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
+    on_every_node: bool = Field(
+        True, description="with learner.nodes: every node runs these workers (replicas), each group sampled on "
+        "the node of the rank that learns it (docs/distributed.md); false: the first node samples everything")
     receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
                                      description="the run fails when the fleet sends nothing for this long")
     max_worker_restarts: int = Field(

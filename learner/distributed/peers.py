@@ -17,6 +17,7 @@ from multiprocessing.connection import Listener
 
 from learner.config import RunConfig
 from learner.distributed.barrier import DistributedBatchError
+from learner.distributed.node_rollouts import rollout_hosts
 from learner.distributed.ranks import free_port, stop_processes
 from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, run_key
 from learner.distributed.worker import rank_main
@@ -31,7 +32,7 @@ class RankPeers:
 
     def __init__(self, cfg: RunConfig, policy_dir: str, on_rank_phase: RankPhase):
         lrn = cfg.learner
-        self.world, self.timeout_s = lrn.world_size, lrn.timeout_s
+        self.cfg, self.world, self.timeout_s = cfg, lrn.world_size, lrn.timeout_s
         self.on_rank_phase = on_rank_phase
         self.stats: dict[int, dict] = {}
         here = lrn.node_of(0)
@@ -68,6 +69,10 @@ class RankPeers:
                           f"join-rank --control {host}:{port} --rank {r} --node {node}", file=sys.stderr)
             return accept_ranks(listener, remote, (cfg.model_dump(), self.world, self.init_method), self.up_q,
                                 self.timeout_s)
+
+    def rollout_hosts(self) -> dict[str, RemoteRank]:
+        """{node: the connection to the rank that runs that node's rollout workers} (``node_rollouts``)."""
+        return {node: self.cmd_qs[rank - 1] for node, rank in rollout_hosts(self.cfg).items()}
 
     @property
     def pids(self) -> list[int]:

@@ -25,6 +25,8 @@ import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 
+from learner.distributed.node_rollouts import FLEET_UP, NodeRollouts, WakeQueue, rollout_hosts
+
 KEY_ENV = "THUNDERSYNC_RANK_KEY"  # hex; the control connection's shared key
 ADDR_ENV = "THUNDERSYNC_NODE_ADDR"  # the address other nodes reach this node at
 PORT_ENV = "THUNDERSYNC_CONTROL_PORT"  # rank 0's control port (0 or unset: a free one)
@@ -42,6 +44,7 @@ class RemoteRank:
 
     def __init__(self, conn: Connection, rank: int, node: str, clock_offset: float, up_q):
         self.conn, self.rank, self.node, self.offset, self.up_q = conn, rank, node, clock_offset, up_q
+        self.fleet_q = WakeQueue()  # what its node's rollout workers send, if it hosts them (node_rollouts)
         self.lost = False
         self._closing = False
         self._send = threading.Lock()
@@ -51,13 +54,18 @@ class RemoteRank:
         try:
             while True:
                 msg = self.conn.recv()
+                if msg[0] in FLEET_UP:
+                    self.fleet_q.put(msg)
+                    continue
                 if msg[0] == "phase":  # ("phase", rank, kind, t0, t1, traj, group)
                     msg = (*msg[:3], msg[3] + self.offset, msg[4] + self.offset, *msg[5:])
                 self.up_q.put(msg)
         except (EOFError, OSError):
             if not self._closing:
                 self.lost = True
-                self.up_q.put(("error", self.rank, f"node {self.node}: the connection to rank {self.rank} was lost"))
+                lost = f"node {self.node}: the connection to rank {self.rank} was lost"
+                self.up_q.put(("error", self.rank, lost))
+                self.fleet_q.put(("fleet-error", lost))
 
     def put(self, msg) -> None:
         try:
@@ -73,6 +81,7 @@ class RemoteRank:
         except RuntimeError:
             pass
         self.conn.close()
+        self.fleet_q.close()
 
 
 def accept_ranks(listener: Listener, expected: dict[int, str], init: tuple, up_q, timeout_s: float) -> dict[int, RemoteRank]:
@@ -116,28 +125,49 @@ def accept_ranks(listener: Listener, expected: dict[int, str], init: tuple, up_q
     return joined
 
 
-class _Inbox:
-    """A remote rank's command queue: ``get(timeout)`` over the control connection."""
+_LOST = ("lost",)
 
-    def __init__(self, conn: Connection):
-        self.conn = conn
+
+class _Inbox:
+    """A remote rank's command queue: ``get(timeout)``. A reader thread takes every message off
+    the control connection at once, so the node's rollout commands (``("fleet", ...)``) reach
+    its fleet thread even while the rank is inside a backward pass."""
+
+    def __init__(self, conn: Connection, rollouts=None):
+        self.conn, self.rollouts = conn, rollouts
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._read, name="control-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg[0] == "fleet" and self.rollouts is not None:
+                    self.rollouts.commands.put(msg[1:])
+                else:
+                    self._q.put(msg)
+        except (EOFError, OSError):
+            self._q.put(_LOST)
 
     def get(self, timeout: float):
-        try:
-            if not self.conn.poll(timeout):
-                raise queue.Empty
-            return self.conn.recv()
-        except (EOFError, OSError):
-            raise RuntimeError("rank 0 closed the control connection (the run ended or its node failed)") from None
+        msg = self._q.get(timeout=timeout)  # queue.Empty past it
+        if msg is _LOST:
+            self._q.put(_LOST)  # every later get says so too
+            raise RuntimeError("rank 0 closed the control connection (the run ended or its node failed)")
+        return msg
 
 
 class _Outbox:
+    """Sends up the control connection; the rank's loop and its node's fleet thread share it."""
+
     def __init__(self, conn: Connection):
         self.conn = conn
+        self._lock = threading.Lock()
 
     def put(self, msg) -> None:
         try:
-            self.conn.send(msg)
+            with self._lock:
+                self.conn.send(msg)
         except OSError:
             pass  # rank 0 is gone: the inbox says so
 
@@ -172,8 +202,17 @@ def join_rank(address: tuple[str, int], rank: int, node: str, key: bytes, timeou
     cfg = RunConfig.model_validate(cfg_dict)
     # this node's copy of the policy (every rank then starts from rank 0's weights: a broadcast)
     policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
-    error = rank_main(cfg_dict, str(policy_dir), rank, world, init_method, _Inbox(conn), _Outbox(conn))
-    conn.close()
+    outbox = _Outbox(conn)
+    # the node's first rank runs its rollout workers; they import torch while the rank loads
+    rollouts = (NodeRollouts(cfg, node, str(policy_dir), outbox.put)
+                if rollout_hosts(cfg).get(node) == rank else None)
+    try:
+        error = rank_main(cfg_dict, str(policy_dir), rank, world, init_method, _Inbox(conn, rollouts), outbox,
+                          rollouts)
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+        conn.close()
     if error:
         print(f"thundersync: learner rank {rank} (node {node}): {error}", file=sys.stderr)
         return 1

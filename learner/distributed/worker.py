@@ -2,7 +2,8 @@
 barrier and the reduction; rank 0 (the driver) publishes (docs/distributed.md).
 
 Rank 0 sends, in order, per batch: ``("begin", {group: size})``, ``("learn", items)`` (only this
-rank's groups), ``("finish",)``; and ``("stop",)`` at the end. This rank answers on the shared
+rank's groups), ``("finish",)``; ``("publish", version, weights)`` to a rank that hosts its node's
+rollout workers (``learner.distributed.node_rollouts``); and ``("stop",)`` at the end. This rank answers on the shared
 up-queue with ``("phase", rank, kind, t0, t1, traj, group)`` for each backward / group close (raw
 ``time.monotonic()``, the same clock in every process of the node), then ``("stepped", rank,
 stats)`` after its optimizer step, or ``("error", rank, message)`` before it exits.
@@ -65,9 +66,11 @@ def param_digest(model) -> str:
     return h.hexdigest()
 
 
-def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q) -> str | None:
+def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_method: str, cmd_q, up_q,
+              rollouts=None) -> str | None:
     """Entry point of a rank process (spawned beside rank 0, or ``thundersync join-rank`` on
-    another node); returns its error, which it has also reported to rank 0."""
+    another node); returns its error, which it has also reported to rank 0. ``rollouts``: the
+    node's rollout workers this rank hosts (``learner.distributed.node_rollouts``), or None."""
     from learner.config import RunConfig
     from learner.distributed.ranks import init_rank
 
@@ -78,7 +81,9 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
         init_rank(rank, world, init_method, cfg.learner.timeout_s)
         rl, engine = build_rank(cfg, policy_dir, rank, world)
-        _serve(rl, engine, rank, cmd_q, up_q)
+        if rollouts is not None:
+            rollouts.attach(rl.learner.model)
+        _serve(rl, engine, rank, cmd_q, up_q, rollouts)
         return None
     except BaseException as exc:  # rank 0 reports it and stops the run
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -91,7 +96,7 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
             dist.destroy_process_group()
 
 
-def _serve(rl, engine, rank: int, cmd_q, up_q) -> None:
+def _serve(rl, engine, rank: int, cmd_q, up_q, rollouts) -> None:
     def on_phase(kind, t0, t1, traj, group) -> None:
         up_q.put(("phase", rank, kind, t0, t1, traj, group))
 
@@ -120,6 +125,8 @@ def _serve(rl, engine, rank: int, cmd_q, up_q) -> None:
             stats["param_digest"] = param_digest(rl.learner.model)
             on_phase(Kind.OPTIMIZER, t0, time.monotonic(), None, None)
             up_q.put(("stepped", rank, stats))
+        elif msg[0] == "publish":  # ("publish", version, weights | None): between steps, as rank 0's
+            rollouts.publish(msg[1], msg[2])
         elif msg[0] == "stop":
             return
         else:

@@ -12,7 +12,6 @@ from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
 from learner.distributed.front import DataParallelLearner
 from learner.driver.setup import RunParts
-from learner.lora import publish_view
 from learner.mismatch import check_sampled_versions, step_mismatch
 from learner.timeline import Kind
 
@@ -45,7 +44,7 @@ def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, 
     rec.trained_version = version
     version += 1
     t0 = recorder.now()
-    parts.store.publish(publish_view(model), version)
+    parts.publish(version)
     if wait_for_replicas:
         rollouts.ensure_version(version)
     recorder.learner_span(Kind.PUBLISH, t0, recorder.now(), version)

@@ -32,6 +32,7 @@ from learner import stopping
 from learner.checkpoint import save_final_model
 from learner.config import RunConfig
 from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
+from learner.distributed.node_rollouts import rollout_hosts
 from learner.driver import rules
 from learner.driver.barrier import barrier
 from learner.driver.metrics import StepRecord, step_metrics
@@ -74,7 +75,8 @@ class Trainer:
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
-        self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs), self.now()))
+        nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
+        self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs) * nodes, self.now()))
 
     def dispatch_open(self) -> None:
         """Dispatch what the schedule's rules allow now: whole batches in order (sync,

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from learner.checkpoint import RunState, load_behavior, load_checkpoint, save_checkpoint
-from learner.lora import publish_view
 
 
 @dataclass
@@ -70,7 +69,7 @@ class Checkpointer:
         weights = load_behavior(trainer.resume.path) if trainer.resume else None
         if weights is not None:
             self.behavior, self.replay = (trainer.first_step, weights), trainer.version - 1
-            trainer.parts.store.publish(weights, self.replay)
+            trainer.parts.publish(self.replay, weights)
 
     def dispatch_version(self, batch: int) -> int:
         """The policy version batch ``batch`` is sampled with (a resumed async run: its first
@@ -83,7 +82,7 @@ class Checkpointer:
         t = self.trainer
         if self.replay is not None:
             self.replay = None
-            t.parts.store.publish(publish_view(t.model), t.version)
+            t.parts.publish(t.version)
         elif self.every and t.schedule == "async":
             self.behavior = (batch, {n: x.clone() for n, x in t.parts.store.tensors.items()})
 

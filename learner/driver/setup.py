@@ -13,6 +13,7 @@ import torch
 from learner.config import RunConfig
 from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
+from learner.distributed.placed_fleet import PlacedFleet
 from learner.evaluation import Evaluator
 from learner.deterministic import on_policy_learner
 from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner
@@ -40,8 +41,15 @@ class RunParts:
     learner: StreamingLearner | OffPolicyLearner | DataParallelLearner
     env: Environment
     store: WeightStore
-    fleet: Fleet
+    fleet: Fleet | PlacedFleet  # PlacedFleet: rollouts on every node of the run
     evaluator: Evaluator | None  # train.eval_every: held-out evaluation after a publish
+
+    def publish(self, version: int, weights=None) -> None:
+        """``version`` into the weight store (the policy's weights, or ``weights``) and, for a fleet
+        on several nodes, into theirs."""
+        self.store.publish(publish_view(self.model) if weights is None else weights, version)
+        if isinstance(self.fleet, PlacedFleet):  # each other node's store: docs/distributed.md
+            self.fleet.published(version, weights)
 
     def close(self) -> None:
         """Stop the rollout workers and the learner's processes (if it has any), whatever happens."""
@@ -89,6 +97,8 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
         if version:
             store.publish(publish_view(model), version)  # the workers start from the resumed version
         fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
+        if isinstance(learner, DataParallelLearner) and learner.peers.rollout_hosts():
+            fleet = PlacedFleet(cfg, fleet, learner.peers.rollout_hosts(), origin, version)  # docs/distributed.md
     except BaseException:
         learner.close()  # a data-parallel learner's rank processes end with the failed set-up
         raise

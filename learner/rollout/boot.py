@@ -61,6 +61,7 @@ class BootedWorkers:
     cores: list[int | None] = field(default_factory=list)
     procs: list[Any] = field(default_factory=list)
     taken: bool = False  # a Fleet owns them now and stops them
+    first_wid: int = 0  # worker ids are global over the run's nodes: this node's start here
 
     def close(self) -> None:
         """Stop workers no Fleet took over (the driver failed before it built its fleet)."""
@@ -76,7 +77,8 @@ class BootedWorkers:
         self.conns[wid].close()
         self.cmd_qs[wid].cancel_join_thread()
         self.cmd_qs[wid].close()
-        self.procs[wid], self.cmd_qs[wid], self.conns[wid] = spawn_worker(wid, self.cores[wid], self.counters)
+        self.procs[wid], self.cmd_qs[wid], self.conns[wid] = spawn_worker(self.first_wid + wid, self.cores[wid],
+                                                                          self.counters)
 
 
 def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
@@ -90,19 +92,24 @@ def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
             p.join(timeout=10)
 
 
-def boot_fleet(cfg) -> BootedWorkers:
-    """The workers of run config ``cfg``: one per torch worker, or per vLLM replica (each
-    owns one engine), on the cores ``core_plan`` gives them."""
-    n = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
-    return boot_workers(core_plan(n, cfg.rollout.pin_cores)[1])
+def workers_per_node(cfg) -> int:
+    """Rollout workers of one node: one per torch worker, or per vLLM replica (each owns one engine)."""
+    return cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
 
 
-def boot_workers(cores: list[int | None]) -> BootedWorkers:
+def boot_fleet(cfg, first_wid: int = 0) -> BootedWorkers:
+    """The workers of run config ``cfg`` on this node, on the cores ``core_plan`` gives them;
+    ``first_wid``: the id of this node's first worker (docs/distributed.md, "Rollouts on every node")."""
+    return boot_workers(core_plan(workers_per_node(cfg), cfg.rollout.pin_cores)[1], first_wid)
+
+
+def boot_workers(cores: list[int | None], first_wid: int = 0) -> BootedWorkers:
     """Spawn one worker process per entry of ``cores`` (its core, or None)."""
     ctx = mp.get_context("spawn")
-    booted = BootedWorkers(conns=[], cmd_qs=[], counters=(ctx.Value("q", 0), ctx.Value("q", 0)), cores=list(cores))
+    booted = BootedWorkers(conns=[], cmd_qs=[], counters=(ctx.Value("q", 0), ctx.Value("q", 0)), cores=list(cores),
+                           first_wid=first_wid)
     for w, core in enumerate(cores):
-        proc, cmd_q, conn = spawn_worker(w, core, booted.counters, START_METHOD)
+        proc, cmd_q, conn = spawn_worker(first_wid + w, core, booted.counters, START_METHOD)
         booted.procs.append(proc)
         booted.cmd_qs.append(cmd_q)
         booted.conns.append(conn)

@@ -162,10 +162,10 @@ class Fleet:
         """A message is waiting (never blocks, consumes nothing)."""
         return bool(self._inbox) or bool(connection.wait(self.booted.conns, 0))
 
-    def poll(self):
-        """A message already waiting, or None (never blocks)."""
+    def poll(self, timeout: float = 0.0):
+        """A message already waiting or arriving within ``timeout``, else None."""
         if not self._inbox:
-            self._pull(0)
+            self._pull(timeout)
         return self._inbox.popleft() if self._inbox else None
 
     # -- sending ---------------------------------------------------------------------
@@ -195,7 +195,7 @@ class Fleet:
                 if isinstance(msg, Ack) and msg.version > version:
                     raise RolloutError(f"replica {msg.worker} acknowledged version {msg.version}, expected {version}")
                 if isinstance(msg, Ack) and msg.version == version:
-                    self._acks[msg.worker] = (msg.worker, msg.t0, msg.t1)
+                    self._acks[msg.worker - self.booted.first_wid] = (msg.worker, msg.t0, msg.t1)
                 elif not isinstance(msg, Ack):  # (an older version: a replica that was booting then)
                     on_other(*decode(msg))
             return list(self._acks.values())

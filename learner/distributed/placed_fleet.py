@@ -1,0 +1,161 @@
+"""Rank 0's rollout fleet when rollouts run on every node (docs/distributed.md, "Rollouts on every
+node"): its own workers (``Fleet``) and each other node's, hosted there by the node's first rank
+(``learner.distributed.node_rollouts``), behind the calls the driver makes of a ``Fleet``.
+
+Placement: a group is sampled on the node of the rank that will learn it, the owner the ranks
+compute from the dispatch batch's ``{group: size}`` (``assign_owners``: the driver begins each
+on-policy batch with exactly the groups of one dispatch call). Fully-async groups join a batch only
+when a step takes them, so they go to the node with the fewest trajectories in flight. Placement
+only decides where a trajectory is sampled; which rank learns it is decided at ``begin_batch`` as
+before, so exactness does not depend on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from multiprocessing import connection
+
+from learner import stopping
+from learner.config import RunConfig
+from learner.distributed.assignment import assign_owners
+from learner.distributed.remote import RemoteRank
+from learner.rollout.fleet import POLL_S, READY_TIMEOUT_S, Fleet, RolloutError, decode
+from learner.rollout.messages import Finished, WorkItem
+from learner.trajectory import Trajectory
+
+
+class PlacedFleet:
+    def __init__(self, cfg: RunConfig, local: Fleet, hosts: dict[str, RemoteRank], origin: float, version: int):
+        """``hosts``: {node: the rank that runs its workers}; ``origin``: the run clock's origin on
+        this node (each host gets it on its own clock); ``version``: what the stores hold now."""
+        self.cfg, self.local, self.hosts = cfg, local, hosts
+        self.here = cfg.learner.node_of(0)
+        self.receive_timeout_s = cfg.rollout.receive_timeout_s
+        self.remote_in_flight: Counter = Counter()  # node -> its trajectories not finished yet
+        self._inbox: deque = deque()
+        self._ready: set[str] = set()
+        self._acks: dict[str, tuple[int, list]] = {}
+        for host in hosts.values():
+            host.put(("fleet", "start", origin - host.offset, version))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self._ready != hosts.keys():
+            stopping.check()
+            if time.monotonic() > deadline:
+                missing = sorted(hosts.keys() - self._ready)
+                raise TimeoutError(f"rollout workers of node(s) {missing} not ready within {READY_TIMEOUT_S:g} s")
+            self._pull(POLL_S)
+
+    # -- receiving -----------------------------------------------------------------------------
+    def _pull(self, timeout: float) -> None:
+        """Wait at most ``timeout`` for a message from any node; take in what arrived."""
+        connection.wait([*self.local.booted.conns, *(h.fleet_q for h in self.hosts.values())], timeout)
+        while (msg := self.local.poll()) is not None:  # also notices this node's dead workers
+            self._inbox.append(msg)
+        for node, host in self.hosts.items():
+            for msg in host.fleet_q.take_all():
+                self._remote(node, msg)
+
+    def _remote(self, node: str, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "fleet-msg":
+            if isinstance(msg[1], Finished) and isinstance(msg[1].item, Trajectory):
+                self.remote_in_flight[node] -= 1
+            self._inbox.append(msg[1])
+        elif kind == "fleet-acks":
+            self._acks[node] = (msg[1], msg[2])
+        elif kind == "fleet-ready":
+            self._ready.add(node)
+        elif kind == "fleet-error":
+            raise RolloutError(f"rollout workers of node {node}: {msg[1]}")
+
+    def get(self, timeout: float | None = None, interruptible: bool = True):
+        """The next message from any node, within ``timeout`` (default ``rollout.receive_timeout_s``)."""
+        limit = self.receive_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while not self._inbox:
+            if interruptible:
+                stopping.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no message from the rollout fleet for {limit:g}s (rollout.receive_timeout_s)")
+            self._pull(min(left, POLL_S))
+        return self._inbox.popleft()
+
+    def poll(self, timeout: float = 0.0):
+        if not self._inbox:
+            self._pull(timeout)
+        return self._inbox.popleft() if self._inbox else None
+
+    def has_message(self) -> bool:
+        return bool(self._inbox) or self.local.has_message() or any(not h.fleet_q.empty() for h in self.hosts.values())
+
+    # -- sending -------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self.local.begin_step(step)
+        for host in self.hosts.values():
+            host.put(("fleet", "begin_step", step))
+
+    def place(self, step: int, items: list[WorkItem]) -> dict[str, list[WorkItem]]:
+        """``{node: its items}``: a batch's groups on their owner rank's node; fully-async groups
+        (``step`` -1) each on the node with the fewest trajectories in flight."""
+        load = {n: self.remote_in_flight[n] for n in self.hosts}
+        load[self.here] = sum(len(w) for w in self.local.in_flight.items)
+        node_of = place_groups(Counter(item.group for item in items), step, self.cfg, load)
+        placed: dict[str, list[WorkItem]] = {}
+        for item in items:
+            placed.setdefault(node_of[item.group], []).append(item)
+        return placed
+
+    def dispatch(self, step: int, items: list[WorkItem]) -> None:
+        for node, part in self.place(step, items).items():
+            if node == self.here:
+                self.local.dispatch(step, part)
+            else:
+                self.hosts[node].put(("fleet", "dispatch", step, part))
+                self.remote_in_flight[node] += len(part)
+
+    def published(self, version: int, weights=None) -> None:
+        """Each other node's host publishes ``version`` from its own rank's weights (bit-identical
+        to these after every step), or ``weights`` when they are not the policy's (a resumed async
+        run's behaviour weights)."""
+        for host in self.hosts.values():
+            host.put(("publish", version, weights))
+
+    def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
+        """Every replica of every node loads ``version``; (worker, t0, t1) per ack."""
+        self._acks = {}
+        for host in self.hosts.values():
+            host.put(("fleet", "load", version))
+        acks = self.local.load_all(version, on_other)
+        deadline = time.monotonic() + self.receive_timeout_s
+        while any(self._acks.get(n, (None,))[0] != version for n in self.hosts):
+            while self._inbox:  # what other nodes sent before their acks, in order
+                on_other(*decode(self._inbox.popleft()))
+            if time.monotonic() > deadline:
+                late = sorted(n for n in self.hosts if self._acks.get(n, (None,))[0] != version)
+                raise TimeoutError(f"the replicas of node(s) {late} did not load version {version} within "
+                                   f"{self.receive_timeout_s:g}s (rollout.receive_timeout_s)")
+            self._pull(POLL_S)
+        while self._inbox:
+            on_other(*decode(self._inbox.popleft()))
+        return acks + [ack for n in self.hosts for ack in self._acks[n][1]]
+
+    def close(self) -> None:
+        """This node's workers; the other nodes' stop with their rank (``RankPeers.close``)."""
+        self.local.close()
+
+
+def place_groups(sizes: dict[int, int], step: int, cfg: RunConfig, in_flight: dict[str, int]) -> dict[int, str]:
+    """``{group: node}`` for one dispatch call's ``{group: size}``: a batch (``step`` >= 0) on its
+    owner ranks' nodes, as the ranks will assign it; fully-async groups (``step`` -1) one by one to
+    the node with the fewest trajectories in flight (``in_flight``, ties: node order)."""
+    lrn = cfg.learner
+    if step >= 0:
+        owners = assign_owners(sizes, lrn.world_size)
+        return {g: lrn.node_of(owners[g]) for g in sizes}
+    load, node_of = dict(in_flight), {}
+    for g, size in sizes.items():
+        node_of[g] = min(load, key=lambda n: (load[n], lrn.nodes.index(n)))
+        load[node_of[g]] += size
+    return node_of
