@@ -1,6 +1,6 @@
 """Continuous batching in the torch engine on vs off, on the bench workload under sync, side by side.
 
-    .venv/bin/python bench/continuous_batching.py [--scale 0] [--steps 6] [--rounds 2] [--json out.json]
+    .venv/bin/python bench/continuous_batching.py [--scale 0] [--steps 6] [--rounds 2] [--cap N] [--json out.json]
 
 Trains ``configs/bench.yaml`` under ``sync`` (micro-batched learner) with
 ``rollout.continuous_batching`` true and false, one fresh ``thundersync train`` process per run,
@@ -10,7 +10,8 @@ on this machine: docs/bench.md). Per arm, over the pooled measured steps: the ro
 (step start to last reward), the learner's L, the step, and the arrival bound
 (``bench/arrival_bound.py``, ``--balance 1``: backward work = R) as the earliest finish over R,
 i.e. 1 / the ceiling on streaming's efficiency that the reward arrival times impose; plus the
-share of learnt rows that arrived after half of R. Sampled tokens do not depend on the mode
+share of learnt rows that arrived after half of R. ``--cap N`` runs the continuous arm with
+``rollout.max_running_rows: N`` (later turns first). Sampled tokens do not depend on the mode
 (tests/learner/test_continuous_batching.py), so both arms train the same trajectories.
 """
 
@@ -45,6 +46,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.0, help="tool-latency scale (0: generation alone)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cap", type=int, help="rollout.max_running_rows of the continuous arm")
     ap.add_argument("--json")
     args = ap.parse_args()
     from learner.bench.measure import measured_steps
@@ -60,12 +62,13 @@ def main() -> int:
         for r, name in alternating(list(arms), args.rounds):
             cfg = load_config(args.config)
             cfg.rollout.continuous_batching = arms[name]
+            cfg.rollout.max_running_rows = args.cap if arms[name] else None
             events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", "sync", args.steps, args.scale)
             steps[name] += measured_steps(events, warmup=1)
             bound[name] += [b["finish_s"]["unlimited"] / b["rollout_s"]
                             for b in bounds(events, [None], balance=1.0) if b["step"] >= 1]
             late[name] += late_share(events, warmup=1)
-    out = {"arms": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
+    out = {"arms": {}, "scale": args.scale, "cap": args.cap, "steps_per_run": args.steps, "rounds": args.rounds,
            "load_start": load_start}
     for name, values in steps.items():
         rollout = [v["step/last_reward_t"] - v["step/t_start"] for v in values]

@@ -138,6 +138,10 @@ class RolloutConfig(Strict):
     continuous_batching: bool = Field(
         True, description="torch engine: a loop that becomes ready mid-call joins the running generate call "
         "and a finished row leaves it (false: one fixed batch per call)")
+    max_running_rows: int | None = Field(
+        None, ge=1, le=1_000_000, description="torch engine with continuous batching: at most this many rows "
+        "decode at once, loops in later turns first, so rewards and group closes spread over the rollout "
+        "(null: every ready loop; docs/architecture.md)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     on_every_node: bool = Field(
         True, description="with learner.nodes: every node runs these workers (replicas), each group sampled on "
@@ -147,6 +151,13 @@ class RolloutConfig(Strict):
     max_worker_restarts: int = Field(
         2, ge=0, le=100, description="a rollout worker that dies is respawned and its trajectories sampled "
         "again, this many times per step; one failure more fails the run")
+
+    @model_validator(mode="after")
+    def _cap_needs_continuous_batching(self) -> "RolloutConfig":
+        if self.max_running_rows is not None and (self.engine != "torch" or not self.continuous_batching):
+            raise ValueError("max_running_rows: caps the torch engine's continuous batching; it needs engine: torch "
+                             "and continuous_batching: true (vLLM has its own max_num_seqs)")
+        return self
 
 
 class AdvantageConfig(Strict):

@@ -17,6 +17,7 @@ from learner.rollout import kv_rows
 from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
 
 ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
+ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the running batch
 
 
 def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
@@ -77,7 +78,7 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         new = []
         if admit is not None:  # loops that became ready meanwhile start their turn now
             since_join += 1
-            new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // 8))
+            new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // ADMIT_SHARE))
         ended = len(run.rows) - run.alive
         if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
             keep = [j for j, i in enumerate(run.rows) if i >= 0]

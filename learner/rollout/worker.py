@@ -151,9 +151,10 @@ class AgentWorker:
         self.maybe_follow_latest()
         ro = self.cfg.rollout
         params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
-        call = EngineCall(self)
-        first = call.take(ready)
-        hook = {"admit": call.admit} if getattr(self.engine, "continuous_batching", False) else {}
+        continuous = getattr(self.engine, "continuous_batching", False)
+        call = EngineCall(self, ro.max_running_rows if continuous else None)
+        first = call.take(call.first(ready))
+        hook = {"admit": call.admit} if continuous else {}
         self.engine.generate([p for p, _ in first], params, seeds=[s for _, s in first], on_done=call.turn_done, **hook)
         self.flush_spans()
 
@@ -206,11 +207,19 @@ class AgentWorker:
 class EngineCall:
     """The agent loops of one engine call: row i of the call is ``rows[i]``."""
 
-    def __init__(self, worker: AgentWorker):
-        self.worker = worker
+    def __init__(self, worker: AgentWorker, cap: int | None = None):
+        self.worker, self.cap = worker, cap  # cap: rollout.max_running_rows
         self.rows: list[LoopState] = []
         self.started: list[float] = []  # row i's admission: its turn's generate span starts there
         self.in_call: set[int] = set()
+
+    def first(self, loops: list[LoopState]) -> list[LoopState]:
+        """Under a cap, the loops in later turns first (nearest their reward), then by group, so
+        trajectories and groups finish through the rollout instead of all near its end."""
+        if self.cap is None:
+            return loops
+        free = self.cap - len(self.in_call)
+        return sorted(loops, key=lambda lp: (-len(lp.turn_spans), lp.group, lp.traj))[:max(free, 0)]
 
     def take(self, loops: list[LoopState]) -> list[tuple[list[int], int]]:
         t = self.worker.now()
@@ -248,8 +257,8 @@ class EngineCall:
         if w.follow_latest and w.store.version > w.engine.version:
             return []  # fully-async: let the call drain, so the next turns start on the newer weights
         now = w.now()
-        joining = [lp for lp in w.loops.values() if lp.ready_at <= now and lp.traj not in self.in_call]
-        return self.take(joining) if len(joining) >= min_rows else []
+        joining = self.first([lp for lp in w.loops.values() if lp.ready_at <= now and lp.traj not in self.in_call])
+        return self.take(joining) if joining and len(joining) >= min_rows else []
 
 
 def score_turn(worker: AgentWorker, lp: LoopState, turn: int) -> None:

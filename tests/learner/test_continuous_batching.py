@@ -22,13 +22,22 @@ from learner.timeline import Kind
 from learner.trajectory import Trajectory
 
 
-def run(continuous: bool, n: int = 24):
+def run(continuous: bool, n: int = 24, cap: int | None = None, live_rows: list | None = None):
     policy = resolve_model_dir("builtin:tiny")
     tok = load_tokenizer(policy)
     # a short constant modelled latency (labelled: task.tool_latency) ends while other rows decode
     cfg = RunConfig.model_validate({"task": {"tool_latency": {"distribution": "constant", "median_s": 0.01}},
-                                    "rollout": {"continuous_batching": continuous}})
+                                    "rollout": {"continuous_batching": continuous, "max_running_rows": cap}})
     engine = TorchEngine(load_model(policy), tok.pad_token_id, continuous_batching=continuous)
+    if live_rows is not None:  # rows still sampling in each decode step (ended rows are masked padding)
+        forward = engine.model.forward
+
+        def recording_forward(*args, **kwargs):
+            if kwargs["input_ids"].shape[1] == 1:
+                live_rows.append(int(kwargs["attention_mask"][:, -1].sum()))
+            return forward(*args, **kwargs)
+
+        engine.model.forward = recording_forward
     worker = AgentWorker(0, cfg, engine, tok, None, None, queue.Queue(), time.monotonic(),
                          stop_ids=turn_stop_ids(tok, policy))
     env = ArithToolEnv(cfg.task)
@@ -63,6 +72,24 @@ def test_loops_join_running_calls_and_sample_the_same_trajectories():
         assert [s.turn for s in gens] == list(range(len(traj.turn_spans)))
         for earlier, later in zip(own, own[1:]):
             assert later.t0 >= earlier.t1 - 1e-9, (earlier, later)  # one phase at a time per loop
+
+
+def test_a_row_cap_runs_later_turns_first_and_samples_the_same_trajectories():
+    fixed, _, _ = run(continuous=False)
+    live: list[int] = []
+    capped, _, stats = run(continuous=True, cap=5, live_rows=live)
+    assert max(live) <= 5 and stats.extra.get("rows_admitted", 0) > 0
+    for a, b in zip(fixed, capped, strict=True):
+        assert (a.id, a.input_ids, a.turn_spans, a.reward) == (b.id, b.input_ids, b.turn_spans, b.reward)
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("rollout", [{"continuous_batching": False, "max_running_rows": 64},
+                                     {"engine": "vllm", "max_running_rows": 64}, {"max_running_rows": 0}])
+def test_a_row_cap_is_validated_naming_the_field(rollout):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"rollout": rollout})
+    assert str(err.value).startswith(("rollout.max_running_rows: ", "rollout: max_running_rows: ")), str(err.value)
 
 
 @pytest.mark.parametrize("value", ["many", [1]])
