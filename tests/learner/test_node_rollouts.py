@@ -28,17 +28,10 @@ TWO_NODES = {"learner": {"world_size": 2, "nodes": ["a", "b"], "timeout_s": 120}
 def test_each_batch_group_is_sampled_on_the_node_of_the_rank_that_learns_it():
     cfg = parse_config({"learner": {"world_size": 4, "nodes": ["a", "b"]}})
     sizes = {g: 4 for g in range(10, 16)}
-    placed = place_groups(sizes, 3, cfg, {"a": 0, "b": 0})
+    placed = place_groups(sizes, cfg)
     owners = assign_owners(sizes, 4)  # what every rank computes at begin_batch
     assert placed == {g: "a" if owners[g] < 2 else "b" for g in sizes}
     assert set(placed.values()) == {"a", "b"}
-
-
-def test_fully_async_groups_go_to_the_node_with_the_least_in_flight():
-    cfg = parse_config(TWO_NODES)
-    assert place_groups({7: 4}, -1, cfg, {"a": 6, "b": 2}) == {7: "b"}
-    assert place_groups({7: 4}, -1, cfg, {"a": 3, "b": 3}) == {7: "a"}  # ties: node order
-    assert place_groups({7: 4, 8: 4, 9: 4}, -1, cfg, {"a": 0, "b": 4}) == {7: "a", 8: "a", 9: "b"}
 
 
 def test_which_rank_hosts_a_nodes_rollouts():
