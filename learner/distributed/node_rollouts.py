@@ -14,7 +14,7 @@ item to its owner rank as for its own workers.
 Control messages (on the rank's control connection, ``learner.distributed.remote``):
 down ``("fleet", "start", origin, version)``, ``("fleet", "begin_step", step)``,
 ``("fleet", "dispatch", step, items)``, ``("fleet", "load", version)`` to the fleet thread here, and
-``("publish", version, weights | None)`` to the rank's own loop (it touches the model between
+``("publish", version)`` to the rank's own loop (it touches the model between
 steps); up ``("fleet-ready",)``, ``("fleet-msg", message)``, ``("fleet-acks", version, acks)``,
 ``("fleet-error", text)``.
 """
@@ -110,14 +110,14 @@ class NodeRollouts:
         self.model = model
         self._model_ready.set()
 
-    def publish(self, version: int, weights=None) -> None:
-        """Called by the rank's loop between steps: its parameters (or ``weights``) as ``version``;
-        the workers' loads wait for it (``WeightStore.read_into``)."""
+    def publish(self, version: int) -> None:
+        """Called by the rank's loop between steps: its parameters as ``version``; the workers'
+        loads wait for it (``WeightStore.read_into``)."""
         from learner.lora import publish_view
 
         if self.store is None:
             raise RuntimeError(f"node {self.node}: a publish before rank 0 started this node's rollouts")
-        self.store.publish(weights if weights is not None else publish_view(self.model), version)
+        self.store.publish(publish_view(self.model), version)
 
     # -- the fleet thread -------------------------------------------------------------------
     def _run(self) -> None:

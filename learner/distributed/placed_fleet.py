@@ -3,11 +3,10 @@ node"): its own workers (``Fleet``) and each other node's, hosted there by the n
 (``learner.distributed.node_rollouts``), behind the calls the driver makes of a ``Fleet``.
 
 Placement: a group is sampled on the node of the rank that will learn it, the owner the ranks
-compute from the dispatch batch's ``{group: size}`` (``assign_owners``: the driver begins each
-on-policy batch with exactly the groups of one dispatch call). Fully-async groups join a batch only
-when a step takes them, so they go to the node with the fewest trajectories in flight. Placement
-only decides where a trajectory is sampled; which rank learns it is decided at ``begin_batch`` as
-before, so exactness does not depend on it.
+compute from the dispatch batch's ``{group: size}`` (``assign_owners``: data-parallel ranks train
+the on-policy schedules, whose driver begins each batch with exactly the groups of one dispatch
+call). Placement only decides where a trajectory is sampled; which rank learns it is decided at
+``begin_batch`` as before, so exactness does not depend on it.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from learner.config import RunConfig
 from learner.distributed.assignment import assign_owners
 from learner.distributed.remote import RemoteRank
 from learner.rollout.fleet import POLL_S, READY_TIMEOUT_S, Fleet, RolloutError, decode
-from learner.rollout.messages import Finished, WorkItem
-from learner.trajectory import Trajectory
+from learner.rollout.messages import WorkItem
 
 
 class PlacedFleet:
@@ -32,7 +30,6 @@ class PlacedFleet:
         self.cfg, self.local, self.hosts = cfg, local, hosts
         self.here = cfg.learner.node_of(0)
         self.receive_timeout_s = cfg.rollout.receive_timeout_s
-        self.remote_in_flight: Counter = Counter()  # node -> its trajectories not finished yet
         self._inbox: deque = deque()
         self._ready: set[str] = set()
         self._acks: dict[str, tuple[int, list]] = {}
@@ -59,8 +56,6 @@ class PlacedFleet:
     def _remote(self, node: str, msg: tuple) -> None:
         kind = msg[0]
         if kind == "fleet-msg":
-            if isinstance(msg[1], Finished) and isinstance(msg[1].item, Trajectory):
-                self.remote_in_flight[node] -= 1
             self._inbox.append(msg[1])
         elif kind == "fleet-acks":
             self._acks[node] = (msg[1], msg[2])
@@ -96,31 +91,26 @@ class PlacedFleet:
         for host in self.hosts.values():
             host.put(("fleet", "begin_step", step))
 
-    def place(self, step: int, items: list[WorkItem]) -> dict[str, list[WorkItem]]:
-        """``{node: its items}``: a batch's groups on their owner rank's node; fully-async groups
-        (``step`` -1) each on the node with the fewest trajectories in flight."""
-        load = {n: self.remote_in_flight[n] for n in self.hosts}
-        load[self.here] = sum(len(w) for w in self.local.in_flight.items)
-        node_of = place_groups(Counter(item.group for item in items), step, self.cfg, load)
+    def place(self, items: list[WorkItem]) -> dict[str, list[WorkItem]]:
+        """``{node: its items}``: a batch's groups on their owner rank's node."""
+        node_of = place_groups(Counter(item.group for item in items), self.cfg)
         placed: dict[str, list[WorkItem]] = {}
         for item in items:
             placed.setdefault(node_of[item.group], []).append(item)
         return placed
 
     def dispatch(self, step: int, items: list[WorkItem]) -> None:
-        for node, part in self.place(step, items).items():
+        for node, part in self.place(items).items():
             if node == self.here:
                 self.local.dispatch(step, part)
             else:
                 self.hosts[node].put(("fleet", "dispatch", step, part))
-                self.remote_in_flight[node] += len(part)
 
-    def published(self, version: int, weights=None) -> None:
+    def published(self, version: int) -> None:
         """Each other node's host publishes ``version`` from its own rank's weights (bit-identical
-        to these after every step), or ``weights`` when they are not the policy's (a resumed async
-        run's behaviour weights)."""
+        to these after every step: no weights cross the network)."""
         for host in self.hosts.values():
-            host.put(("publish", version, weights))
+            host.put(("publish", version))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
         """Every replica of every node loads ``version``; (worker, t0, t1) per ack."""
@@ -146,16 +136,10 @@ class PlacedFleet:
         self.local.close()
 
 
-def place_groups(sizes: dict[int, int], step: int, cfg: RunConfig, in_flight: dict[str, int]) -> dict[int, str]:
-    """``{group: node}`` for one dispatch call's ``{group: size}``: a batch (``step`` >= 0) on its
-    owner ranks' nodes, as the ranks will assign it; fully-async groups (``step`` -1) one by one to
-    the node with the fewest trajectories in flight (``in_flight``, ties: node order)."""
+
+def place_groups(sizes: dict[int, int], cfg: RunConfig) -> dict[int, str]:
+    """``{group: node}`` for one dispatch batch's ``{group: size}``: each group on the node of the
+    rank the ranks will assign it to at ``begin_batch``."""
     lrn = cfg.learner
-    if step >= 0:
-        owners = assign_owners(sizes, lrn.world_size)
-        return {g: lrn.node_of(owners[g]) for g in sizes}
-    load, node_of = dict(in_flight), {}
-    for g, size in sizes.items():
-        node_of[g] = min(load, key=lambda n: (load[n], lrn.nodes.index(n)))
-        load[node_of[g]] += size
-    return node_of
+    owners = assign_owners(sizes, lrn.world_size)
+    return {g: lrn.node_of(owners[g]) for g in sizes}

@@ -2,7 +2,7 @@
 barrier and the reduction; rank 0 (the driver) publishes (docs/distributed.md).
 
 Rank 0 sends, in order, per batch: ``("begin", {group: size})``, ``("learn", items)`` (only this
-rank's groups), ``("finish",)``; ``("publish", version, weights)`` to a rank that hosts its node's
+rank's groups), ``("finish",)``; ``("publish", version)`` to a rank that hosts its node's
 rollout workers (``learner.distributed.node_rollouts``); and ``("stop",)`` at the end. This rank answers on the shared
 up-queue with ``("phase", rank, kind, t0, t1, traj, group)`` for each backward / group close (raw
 ``time.monotonic()``, the same clock in every process of the node), then ``("stepped", rank,
@@ -125,8 +125,8 @@ def _serve(rl, engine, rank: int, cmd_q, up_q, rollouts) -> None:
             stats["param_digest"] = param_digest(rl.learner.model)
             on_phase(Kind.OPTIMIZER, t0, time.monotonic(), None, None)
             up_q.put(("stepped", rank, stats))
-        elif msg[0] == "publish":  # ("publish", version, weights | None): between steps, as rank 0's
-            rollouts.publish(msg[1], msg[2])
+        elif msg[0] == "publish":  # ("publish", version): between steps, as rank 0's
+            rollouts.publish(msg[1])
         elif msg[0] == "stop":
             return
         else:

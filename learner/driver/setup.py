@@ -49,7 +49,7 @@ class RunParts:
         on several nodes, into theirs."""
         self.store.publish(publish_view(self.model) if weights is None else weights, version)
         if isinstance(self.fleet, PlacedFleet):  # each other node's store: docs/distributed.md
-            self.fleet.published(version, weights)
+            self.fleet.published(version)
 
     def close(self) -> None:
         """Stop the rollout workers and the learner's processes (if it has any), whatever happens."""
