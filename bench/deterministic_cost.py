@@ -14,21 +14,23 @@ idle ratio, micro-batches per step and the accumulator's MB (docs/learner.md, "D
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.load_report import finish  # noqa: E402
+from bench.variants import compare_variants  # noqa: E402
 
-VARIANTS = {"streaming-adaptive": ("streaming", False), "streaming-deterministic": ("streaming", True),
-            "sync": ("sync", False)}
-COLUMNS = {"step_s": "timing_s/step", "learner_s": "timing_s/learner", "tail_s": "timing_s/tail",
-           "trainer_idle": "trainer/idle_ratio", "micro_batches": "learner/micro_batches",
-           "accumulator_mb": "learner/peak_accumulator_mb"}
+
+def _deterministic(on: bool):
+    def edit(cfg) -> None:
+        cfg.learner.deterministic = on
+    return edit
+
+
+VARIANTS = {"streaming-adaptive": ("streaming", _deterministic(False)),
+            "streaming-deterministic": ("streaming", _deterministic(True)), "sync": ("sync", _deterministic(False))}
 
 
 def main() -> int:
@@ -39,31 +41,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
-    from learner.bench.measure import measured_steps
-    from learner.bench.run import Runner, alternating
-    from learner.config import load_config
-
-    load_start = os.getloadavg()[0]
-    steps: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory(prefix="thundersync-det-") as tmp:
-        for r, name in alternating(list(VARIANTS), args.rounds):
-            schedule, deterministic = VARIANTS[name]
-            cfg = load_config(args.config)
-            cfg.learner.deterministic = deterministic
-            events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", schedule, args.steps, args.scale)
-            steps[name] += measured_steps(events, warmup=1)
-    out = {"variants": {}, "scale": args.scale, "steps_per_run": args.steps, "rounds": args.rounds,
-           "load_start": load_start}
-    for name, values in steps.items():
-        row = {col: statistics.median(v[metric] for v in values) for col, metric in COLUMNS.items()}
-        out["variants"][name] = {**row, "step_s_all": [v[COLUMNS["step_s"]] for v in values]}
-    base = out["variants"]["streaming-adaptive"]
-    for name, v in out["variants"].items():
-        v["step_vs_adaptive"] = v["step_s"] / base["step_s"]
-        v["learner_vs_adaptive"] = v["learner_s"] / base["learner_s"]
-        print(f"{name:24} step {v['step_s']:.3f} s ({v['step_vs_adaptive']:.2f}x)  learner {v['learner_s']:.3f} s "
-              f"({v['learner_vs_adaptive']:.2f}x)  tail {v['tail_s']:.3f} s  idle {v['trainer_idle']:.2f}  "
-              f"micro-batches {v['micro_batches']:.0f}  accumulator {v['accumulator_mb']:.2f} MB")
+    out = compare_variants(args.config, VARIANTS, "streaming-adaptive", args.scale, args.steps, args.rounds)
     return finish(out, args.json)
 
 

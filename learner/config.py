@@ -240,10 +240,11 @@ class LearnerConfig(Strict):
     accumulator_device: Literal["device", "host"] = Field(
         "device", description="where open groups' sums live: beside the model, or in host memory "
                               "(page-locked when the model is on a GPU)")
-    speculate_zero_variance: bool = Field(
-        False, description="adaptive learner: learn members of a group whose rewards so far are all equal "
-                           "when nothing else waits (false: they wait for a second reward or the close, so "
-                           "no backward is spent on a group that ends zero-variance)")
+    speculate_zero_variance: bool | None = Field(
+        None, description="adaptive learner: learn members of a group whose rewards so far are all equal "
+                          "when nothing else waits (false: they wait for a second reward or the close, so "
+                          "no backward is spent on a group that ends zero-variance); null: on exactly when "
+                          "the loss has a KL or entropy term, which those members need learnt anyway")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
@@ -300,6 +301,15 @@ class RunConfig(Strict):
         """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
         path = self.learner.path
         return BEST_LEARNER_PATH[self.train.schedule] if path == "auto" else path
+
+    def speculate_zero_variance(self) -> bool:
+        """``learner.speculate_zero_variance``, null resolved: with a KL or entropy term a zero-variance
+        candidate's backward is never wasted (that term does not depend on the advantage and the
+        open-group bucket learns it in the same pass), so the learner need not wait for its close."""
+        wanted = self.learner.speculate_zero_variance
+        if wanted is None:
+            return self.algorithm.kl_coef > 0 or self.algorithm.entropy_coef > 0
+        return wanted
 
     def deterministic_learner(self) -> bool:
         """Does streaming learn with the deterministic learner (``learner.deterministic``, null resolved)?"""

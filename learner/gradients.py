@@ -93,7 +93,7 @@ class LearnerOptions:
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
                    deterministic=cfg.deterministic_learner(),
-                   speculate_zero_variance=cfg.learner.speculate_zero_variance)
+                   speculate_zero_variance=cfg.speculate_zero_variance())
 
     @property
     def min_stream_tokens(self) -> int:

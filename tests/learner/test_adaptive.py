@@ -281,3 +281,18 @@ def test_a_dumped_step_of_each_learner_path_passes_the_audit(tmp_path, schedule,
     if "max_open_groups" in learner:
         assert values["actor/peak_buffers"] <= 1 + 2 * 2
     assert values["learner/micro_batches"] >= 1
+
+
+@pytest.mark.parametrize("algorithm, explicit, expected", [
+    ({}, None, False),  # no aux term: a zero-variance candidate may need no backward at all
+    ({"kl_coef": 0.04}, None, True),  # its KL backward is needed anyway
+    ({"entropy_coef": 0.01}, None, True),
+    ({"kl_coef": 0.04}, False, False),  # an explicit setting wins
+    ({}, True, True),
+])
+def test_zero_variance_speculation_defaults_to_on_exactly_with_a_kl_or_entropy_term(algorithm, explicit, expected):
+    from learner.config import parse_config
+
+    cfg = parse_config({"algorithm": algorithm, "learner": {"speculate_zero_variance": explicit}})
+    assert cfg.speculate_zero_variance() is expected
+    assert LearnerOptions.from_config(cfg).speculate_zero_variance is expected
