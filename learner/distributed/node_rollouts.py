@@ -150,7 +150,7 @@ class NodeRollouts:
             connection.wait([self.commands], WAIT_SLICE_S)
             cmd = next((c for c in self.commands.take_all() if c[0] == "start"), None)
         _, origin, version = cmd
-        if not self._model_ready.wait(max(deadline - time.monotonic(), 0.0)):
+        if not self._model_ready.wait(max(deadline - time.monotonic(), 0.0)) or self.model is None:
             raise TimeoutError(f"node {self.node}: the rank's model was not built within {READY_TIMEOUT_S:g} s")
         cfg = self.cfg
         teacher = (str(resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed))
@@ -180,6 +180,7 @@ class NodeRollouts:
     def close(self) -> None:
         """Stop the thread, then the workers (``Fleet.close``, or the booted ones if none started)."""
         self._stop.set()
+        self._model_ready.set()  # a thread still waiting for the model: it finds the stop flag
         self.commands.put(("stop",))
         self._thread.join(timeout=10.0)
         if self.fleet is not None:
