@@ -1,0 +1,21 @@
+"""Fixtures for every test."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _process_cores_and_threads_restored():
+    """A test that trains in this process pins it to the learner's core with one torch thread
+    (``learner.driver.setup``); the next test in the same pytest process gets every core and its
+    torch threads back, instead of running pinned (and a core-plan test seeing one core)."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if cores is not None and os.sched_getaffinity(0) != cores:
+        os.sched_setaffinity(0, cores)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
