@@ -59,14 +59,16 @@ def test_a_wake_queue_ends_a_wait_when_another_thread_puts():
 # ------------------------------------------------------------------ two nodes on this machine
 
 
-def _start_two_nodes(tmp_path: Path, steps: int, objective: str = "grpo", env_a: dict | None = None,
+def _start_two_nodes(tmp_path: Path, steps: int, objective: str = "grpo", engine: str = "torch",
+                     env_a: dict | None = None,
                      via_b: tuple[list[str], dict] = ([], {})) -> tuple[subprocess.Popen, subprocess.Popen]:
     """Rank 0 (``train``, node a) and, once it prints the command, rank 1 (``join-rank``, node b);
     ``env_a``: node a's extra environment; ``via_b``: node b's command prefix and environment."""
     cfg = {"name": "two-nodes", "seed": 0, "model": {"policy": "builtin:tiny"},
            "task": {"name": "arith-tool", "min_ops": 1, "max_ops": 2, "max_operand": 20,
                     "tool_latency": {"distribution": "lognormal", "median_s": 0.05, "sigma": 0.8}},
-           "rollout": {"workers": 1, "max_new_tokens": 24}, "algorithm": {"objective": objective}, **TWO_NODES,
+           "rollout": {"engine": engine, "workers": 1, "replicas": 1, "max_new_tokens": 24},
+           "algorithm": {"objective": objective}, **TWO_NODES,
            "train": {"schedule": "streaming", "steps": steps, "prompts_per_step": 4, "group_size": 4, "lr": 5e-4}}
     (tmp_path / "run.json").write_text(json.dumps(cfg))
     env = {k: v for k, v in os.environ.items() if k != "THUNDERSYNC_RANK_KEY"}
@@ -134,6 +136,12 @@ def _run_to_the_end(a: subprocess.Popen, b: subprocess.Popen, tmp_path: Path) ->
 def test_node_b_samples_its_ranks_groups_with_its_own_published_weights_opd_on_loopback(tmp_path):
     """OPD (node b's teacher scores its turns on node b), both nodes on 127.0.0.1."""
     _check_two_node_run(_run_to_the_end(*_start_two_nodes(tmp_path, steps=2, objective="opd"), tmp_path))
+
+
+@pytest.mark.slow
+def test_each_node_runs_its_own_vllm_replica(tmp_path):
+    """vLLM: one replica per node (node b's loads the weights node b's rank published), on loopback."""
+    _check_two_node_run(_run_to_the_end(*_start_two_nodes(tmp_path, steps=2, engine="vllm"), tmp_path))
 
 
 @pytest.mark.slow
