@@ -77,9 +77,10 @@ class PlacedFleet:
             self._pull(min(left, POLL_S))
         return self._inbox.popleft()
 
-    def poll(self, timeout: float = 0.0):
+    def poll(self):
+        """A message already waiting, or None (never blocks)."""
         if not self._inbox:
-            self._pull(timeout)
+            self._pull(0)
         return self._inbox.popleft() if self._inbox else None
 
     def has_message(self) -> bool:

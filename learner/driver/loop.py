@@ -43,7 +43,7 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
-from learner.timeline import EventSink, Kind, Metric, StepMetrics
+from learner.timeline import EventSink, Metric, StepMetrics
 from learner.trajectory import ScoredTurn, Trajectory
 
 

@@ -97,8 +97,9 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
         if version:
             store.publish(publish_view(model), version)  # the workers start from the resumed version
         fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
-        if isinstance(learner, DataParallelLearner) and learner.peers.rollout_hosts():
-            fleet = PlacedFleet(cfg, fleet, learner.peers.rollout_hosts(), origin, version)  # docs/distributed.md
+        hosts = learner.peers.rollout_hosts() if isinstance(learner, DataParallelLearner) else {}
+        if hosts:  # rollouts on every node of the run: docs/distributed.md
+            fleet = PlacedFleet(cfg, fleet, hosts, origin, version)
     except BaseException:
         learner.close()  # a data-parallel learner's rank processes end with the failed set-up
         raise

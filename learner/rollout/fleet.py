@@ -162,10 +162,10 @@ class Fleet:
         """A message is waiting (never blocks, consumes nothing)."""
         return bool(self._inbox) or bool(connection.wait(self.booted.conns, 0))
 
-    def poll(self, timeout: float = 0.0):
-        """A message already waiting or arriving within ``timeout``, else None."""
+    def poll(self):
+        """A message already waiting, or None (never blocks)."""
         if not self._inbox:
-            self._pull(timeout)
+            self._pull(0)
         return self._inbox.popleft() if self._inbox else None
 
     # -- sending ---------------------------------------------------------------------
