@@ -1,6 +1,8 @@
-"""Continuous batching in the torch engine on vs off, on the bench workload under sync, side by side.
+"""Continuous batching in the torch engine on vs off (or, with ``--switch reuse_kv``, KV reuse
+across turns on vs off, continuous batching on in both), on the bench workload under sync, side by side.
 
-    .venv/bin/python bench/continuous_batching.py [--scale 0] [--steps 6] [--rounds 2] [--cap N] [--json out.json]
+    .venv/bin/python bench/continuous_batching.py [--switch continuous_batching|reuse_kv] [--scale 0]
+        [--steps 6] [--rounds 2] [--cap N] [--json out.json]
 
 Trains ``configs/bench.yaml`` under ``sync`` (micro-batched learner) with
 ``rollout.continuous_batching`` true and false, one fresh ``thundersync train`` process per run,
@@ -47,13 +49,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cap", type=int, help="rollout.max_running_rows of the continuous arm")
+    ap.add_argument("--switch", choices=["continuous_batching", "reuse_kv"], default="continuous_batching",
+                    help="the rollout setting the two arms differ in")
     ap.add_argument("--json")
     args = ap.parse_args()
     from learner.bench.measure import measured_steps
     from learner.bench.run import Runner, alternating
     from learner.config import load_config
 
-    arms = {"continuous": True, "fixed": False}
+    arms = ({"continuous": True, "fixed": False} if args.switch == "continuous_batching"
+            else {"reuse-kv": True, "full-prefill": False})
     load_start = os.getloadavg()[0]
     steps: dict[str, list[dict]] = {name: [] for name in arms}
     bound: dict[str, list[float]] = {name: [] for name in arms}
@@ -61,19 +66,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="thundersync-contbatch-") as tmp:
         for r, name in alternating(list(arms), args.rounds):
             cfg = load_config(args.config)
-            cfg.rollout.continuous_batching = arms[name]
-            cfg.rollout.max_running_rows = args.cap if arms[name] else None
+            if args.switch == "reuse_kv":
+                cfg.rollout.reuse_kv = arms[name]
+                cfg.rollout.max_running_rows = args.cap
+            else:
+                cfg.rollout.continuous_batching = arms[name]
+                cfg.rollout.reuse_kv = cfg.rollout.reuse_kv and arms[name]
+                cfg.rollout.max_running_rows = args.cap if arms[name] else None
             events = Runner(cfg, Path(tmp)).train(f"{name}-r{r}", "sync", args.steps, args.scale)
             steps[name] += measured_steps(events, warmup=1)
             bound[name] += [b["finish_s"]["unlimited"] / b["rollout_s"]
                             for b in bounds(events, [None], balance=1.0) if b["step"] >= 1]
             late[name] += late_share(events, warmup=1)
-    out = {"arms": {}, "scale": args.scale, "cap": args.cap, "steps_per_run": args.steps, "rounds": args.rounds,
+    out = {"arms": {}, "scale": args.scale, "cap": args.cap, "switch": args.switch, "steps_per_run": args.steps, "rounds": args.rounds,
            "load_start": load_start}
     for name, values in steps.items():
         rollout = [v["step/last_reward_t"] - v["step/t_start"] for v in values]
         out["arms"][name] = {
-            "continuous_batching": arms[name],
+            args.switch: arms[name],
             "rollout_s": statistics.median(rollout), "rollout_s_all": rollout,
             "learner_s": statistics.median(v["timing_s/learner"] for v in values),
             "step_s": statistics.median(v["timing_s/step"] for v in values),
@@ -82,7 +92,7 @@ def main() -> int:
             "late_share": statistics.median(late[name]),
         }
     for name, a in out["arms"].items():
-        print(f"{name:11} R {a['rollout_s']:.3f} s ({min(a['rollout_s_all']):.2f}-{max(a['rollout_s_all']):.2f})  "
+        print(f"{name:12} R {a['rollout_s']:.3f} s ({min(a['rollout_s_all']):.2f}-{max(a['rollout_s_all']):.2f})  "
               f"L {a['learner_s']:.3f} s  step {a['step_s']:.3f} s  arrival bound at balance "
               f"{a['bound_finish_over_r']:.2f} R ({min(a['bound_finish_over_r_all']):.2f}-"
               f"{max(a['bound_finish_over_r_all']):.2f}; efficiency <= {a['efficiency_ceiling']:.2f})  "

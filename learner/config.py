@@ -138,6 +138,9 @@ class RolloutConfig(Strict):
     continuous_batching: bool = Field(
         True, description="torch engine: a loop that becomes ready mid-call joins the running generate call "
         "and a finished row leaves it (false: one fixed batch per call)")
+    reuse_kv: bool = Field(
+        True, description="torch engine with continuous batching: an agent loop's next turn starts from the "
+        "keys/values of its last turn (only the new tokens are prefilled) instead of its whole context")
     max_running_rows: int | None = Field(
         None, ge=1, le=1_000_000, description="torch engine with continuous batching: at most this many rows "
         "decode at once, loops in later turns first, so rewards and group closes spread over the rollout "

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from transformers.cache_utils import DynamicCache
+
 from learner.rollout import kv_rows
+from learner.rollout.prefix_store import past_cache
 from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
 
 ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
@@ -21,7 +24,7 @@ ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the r
 
 
 def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
-                        on_done: OnDone | None, admit: Admit | None) -> list[Completion]:
+                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None) -> list[Completion]:
     """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
     token, its own positions and mask), so its tokens and behavior log-probs do not depend
     on which rows share the batch or when it joined (up to float round-off).
@@ -37,21 +40,27 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     stop_ids = set(params.stop_token_ids)
     tokens: list[list[int]] = []
     logps: list[list[float]] = []
+    fed: list[list[int]] = []  # each row's prompt (its context so far)
+    row_keys: list = []  # each row's key in engine.prefixes (None: not kept)
+    store = engine.prefixes
     gens: list[torch.Generator] = []
     results: list[Completion | None] = []
     run = _Running()
 
-    def join(new_prompts: list[list[int]], new_seeds: list[int]) -> None:
+    def join(new_prompts: list[list[int]], new_seeds: list[int], new_keys: list) -> None:
         first = len(tokens)
-        for s in new_seeds:
+        for p, s, k in zip(new_prompts, new_seeds, new_keys, strict=True):
             tokens.append([])
             logps.append([])
             gens.append(torch.Generator().manual_seed(s))
             results.append(None)
-        _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))))
+            fed.append(p)
+            row_keys.append(k)
+        reuse = [None if store is None or k is None else store.take(k, p) for p, k in zip(new_prompts, new_keys)]
+        _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))), reuse)
 
     if prompts:
-        join(prompts, seeds)
+        join(prompts, seeds, keys if keys is not None else [None] * len(prompts))
     since_join = 0
     while run.alive:
         live = [j for j, i in enumerate(run.rows) if i >= 0]
@@ -62,6 +71,7 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
         step_tok = [engine.pad_id] * len(run.rows)
+        ending: list[tuple[int, int, list[int]]] = []  # (row, batch row, context) of rows whose keys/values are kept
         for k, j in enumerate(live):
             i = run.rows[j]
             tokens[i].append(tok_row[k])
@@ -69,12 +79,19 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             hit = tok_row[k] in stop_ids
             if hit or len(tokens[i]) >= params.max_new_tokens:
                 results[i] = Completion(tokens[i], logps[i], hit)
+                context = len(fed[i]) + len(tokens[i]) - 1
+                if store is not None and row_keys[i] is not None and context >= store.min_tokens:
+                    # its next turn starts from these keys/values
+                    ending.append((i, j, fed[i] + tokens[i][:-1]))  # before on_done: the caller may extend its prompt
                 run.rows[j] = -1  # ended: masked padding from now on
                 run.alive -= 1
                 if on_done is not None:  # final: the caller acts on it while the rest decodes
                     on_done(i, results[i])
             else:
                 step_tok[j] = tok_row[k]
+        if ending:  # copied before the batch changes: one copy per layer for all of them
+            store.keep([row_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
+                       [j for _, j, _ in ending], run.attn)
         new = []
         if admit is not None:  # loops that became ready meanwhile start their turn now
             since_join += 1
@@ -93,7 +110,7 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
             run.pos = run.pos + 1
         if new:
-            join([p for p, _ in new], [s for _, s in new])
+            join([r[0] for r in new], [r[1] for r in new], [r[2] if len(r) > 2 else None for r in new])
             since_join = 0
             engine.stats.extra["rows_admitted"] = engine.stats.extra.get("rows_admitted", 0) + len(new)
     engine.stats.calls += 1
@@ -101,18 +118,23 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     return results  # type: ignore[return-value]  (every row ended: none is None)
 
 
-def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int]) -> None:
-    """Prefill ``prompts`` (left-padded among themselves) and join them to the running batch."""
-    B, width, dev = len(prompts), max(len(p) for p in prompts), engine.device
-    ids = torch.full((B, width), engine.pad_id, dtype=torch.long, device=dev)
-    attn = torch.zeros((B, width), dtype=torch.long, device=dev)
-    for b, p in enumerate(prompts):
-        ids[b, width - len(p):] = torch.tensor(p)
-        attn[b, width - len(p):] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache, logits = engine._prefill(prompts, ids, attn, pos)
+def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:
+    """Prefill ``prompts`` (left-padded among themselves; after their kept prefix where ``reuse``
+    has one) and join them to the running batch."""
+    if any(r is not None for r in reuse):
+        cache, attn, next_pos, logits = _prefill_after(engine, prompts, reuse)
+    else:
+        B, width, dev = len(prompts), max(len(p) for p in prompts), engine.device
+        ids = torch.full((B, width), engine.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((B, width), dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, width - len(p):] = torch.tensor(p)
+            attn[b, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache, logits = engine._prefill(prompts, ids, attn, pos)
+        next_pos = pos[:, -1:] + 1
     kv_rows.check_joinable(cache)
-    next_pos = pos[:, -1:] + 1
+    B = len(prompts)
     run.alive += B
     if not run.rows:
         run.cache, run.attn, run.pos, run.logits, run.rows = cache, attn, next_pos, logits, rows
@@ -121,6 +143,35 @@ def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int]) ->
     run.pos = torch.cat([run.pos, next_pos])
     run.logits = torch.cat([run.logits, logits])
     run.rows = run.rows + rows
+
+
+def _prefill_after(engine, prompts: list[list[int]], reuse: list):
+    """Forward only what follows each row's kept prefix (``rollout/prefix_store.py``).
+
+    The rows' kept keys/values form the first Wp columns (``past_cache``: each row right-aligned,
+    its own padding masked), their new tokens right-aligned in the next Ws; what lies between is
+    masked padding, and each token keeps its true position (prefix length + offset), so every row
+    attends to exactly its own context, as in a prefill of the whole prompt. A row without a
+    kept prefix is all new tokens."""
+    dev, B = engine.device, len(prompts)
+    kept = [0 if r is None else len(r.tokens) for r in reuse]
+    new = [p[k:] for p, k in zip(prompts, kept)]
+    Ws = max(len(x) for x in new)
+    layers, past_mask = past_cache(reuse)
+    cache = DynamicCache()
+    for layer, (keys, values) in enumerate(layers):
+        cache.update(keys, values, layer)
+    ids = torch.full((B, Ws), engine.pad_id, dtype=torch.long, device=dev)
+    new_mask = torch.zeros((B, Ws), dtype=torch.long, device=dev)
+    pos = torch.zeros((B, Ws), dtype=torch.long, device=dev)
+    for b, (x, k) in enumerate(zip(new, kept)):
+        ids[b, Ws - len(x):] = torch.tensor(x)
+        new_mask[b, Ws - len(x):] = 1
+        pos[b, Ws - len(x):] = torch.arange(k, k + len(x))
+    attn = torch.cat([past_mask.to(torch.long), new_mask], dim=1)
+    out = engine.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+    engine.stats.extra["prefill_tokens_reused"] = engine.stats.extra.get("prefill_tokens_reused", 0) + sum(kept)
+    return out.past_key_values, attn, pos[:, -1:] + 1, out.logits[:, -1].float()
 
 
 def _retire(run: "_Running", keep: list[int]) -> None:

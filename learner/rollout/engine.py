@@ -15,6 +15,7 @@ from typing import Mapping, Protocol
 import torch
 
 from learner.rollout.continuous import generate_continuous
+from learner.rollout.prefix_store import PrefixStore
 # re-exported: callers import the sampling types from here
 from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next  # noqa: F401
 
@@ -73,21 +74,26 @@ class TorchEngine:
     """
 
     def __init__(self, model: torch.nn.Module, pad_id: int, share_prefill: bool = True,
-                 continuous_batching: bool = True):
+                 continuous_batching: bool = True, reuse_kv: bool = False):
         self.model = model.eval()
         self.device = next(model.parameters()).device  # CPU here; a CUDA model samples on its GPU
         self.pad_id = pad_id
         self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/first_row.py)
         self.continuous_batching = continuous_batching
+        # rollout.reuse_kv: a loop's next turn starts from its last turn's keys/values (continuous
+        # batching only; an engine sharing a model that changes without load_weights must not)
+        self.prefixes = PrefixStore() if reuse_kv and continuous_batching else None
         self.version = 0
         self.stats = EngineStats()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None, on_done: OnDone | None = None,
-                 admit: Admit | None = None) -> list[Completion]:
+                 admit: Admit | None = None, keys: list | None = None) -> list[Completion]:
+        """``keys``: one per prompt (an agent loop's identity), under which the row's keys/values
+        are kept for its next turn (``rollout.reuse_kv``); ignored without the prefix store."""
         if self.continuous_batching:
-            return generate_continuous(self, prompts, params, seeds, on_done, admit)
+            return generate_continuous(self, prompts, params, seeds, on_done, admit, keys)
         if admit is not None:
             raise ValueError("admit: this engine runs with continuous_batching off; it cannot take rows mid-call")
         if not prompts:
@@ -163,6 +169,8 @@ class TorchEngine:
         with torch.no_grad():
             for name, t in named_tensors.items():
                 params[name].copy_(t)
+        if self.prefixes is not None:
+            self.prefixes.clear()  # kept keys/values belong to the weights that computed them
         self.version = version
         self.stats.weight_loads += 1
 

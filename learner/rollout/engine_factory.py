@@ -14,4 +14,4 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     from learner.rollout.models import load_model
 
     return TorchEngine(load_model(policy_dir).to(cfg.model.device), pad_id=tokenizer.pad_token_id,
-                       continuous_batching=cfg.rollout.continuous_batching)
+                       continuous_batching=cfg.rollout.continuous_batching, reuse_kv=cfg.rollout.reuse_kv)

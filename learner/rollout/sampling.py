@@ -27,10 +27,10 @@ class Completion:
 
 # on_done(i, completion): prompt i's completion is final (called once per prompt)
 OnDone = Callable[[int, Completion], None]
-# admit(min_rows): (prompt, seed) rows to join a running generate call (continuous batching),
-# none unless at least min_rows are ready; the k-th row admitted in a call is row
-# len(prompts) + k for on_done and in the returned list
-Admit = Callable[[int], list[tuple[list[int], int]]]
+# admit(min_rows): (prompt, seed) or (prompt, seed, key) rows to join a running generate call
+# (continuous batching), none unless at least min_rows are ready; the k-th row admitted in a call
+# is row len(prompts) + k for on_done and in the returned list; key: as generate's ``keys``
+Admit = Callable[[int], list[tuple]]
 
 
 

@@ -154,8 +154,9 @@ class AgentWorker:
         continuous = getattr(self.engine, "continuous_batching", False)
         call = EngineCall(self, ro.max_running_rows if continuous else None)
         first = call.take(call.first(ready))
-        hook = {"admit": call.admit} if continuous else {}
-        self.engine.generate([p for p, _ in first], params, seeds=[s for _, s in first], on_done=call.turn_done, **hook)
+        hook = {"admit": call.admit, "keys": [k for *_, k in first]} if continuous else {}
+        self.engine.generate([p for p, *_ in first], params, seeds=[s for _, s, _ in first], on_done=call.turn_done,
+                             **hook)
         self.flush_spans()
 
     def advance(self, lp: LoopState, out) -> None:
@@ -221,13 +222,14 @@ class EngineCall:
         free = self.cap - len(self.in_call)
         return sorted(loops, key=lambda lp: (-len(lp.turn_spans), lp.group, lp.traj))[:max(free, 0)]
 
-    def take(self, loops: list[LoopState]) -> list[tuple[list[int], int]]:
+    def take(self, loops: list[LoopState]) -> list[tuple[list[int], int, int]]:
+        """(prompt, seed, key) per loop: the key (its trajectory) finds its last turn's kept keys/values."""
         t = self.worker.now()
         for lp in loops:
             self.rows.append(lp)
             self.started.append(t)
             self.in_call.add(lp.traj)
-        return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans)) for lp in loops]
+        return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans), lp.traj) for lp in loops]
 
     def turn_done(self, i: int, out) -> None:
         # called the moment row i stops, while the rest of the batch still decodes: a direct
@@ -247,7 +249,7 @@ class EngineCall:
             score_turn(w, lp, turn)
         w.advance(lp, out)
 
-    def admit(self, min_rows: int) -> list[tuple[list[int], int]]:
+    def admit(self, min_rows: int) -> list[tuple[list[int], int, int]]:
         """Between decode steps (continuous batching): loops whose tool answered or whose
         modelled latency ended meanwhile join the running call instead of waiting for it to
         end, once at least ``min_rows`` are ready (the engine's batching rule)."""

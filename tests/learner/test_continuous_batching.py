@@ -22,19 +22,24 @@ from learner.timeline import Kind
 from learner.trajectory import Trajectory
 
 
-def run(continuous: bool, n: int = 24, cap: int | None = None, live_rows: list | None = None):
+def run(continuous: bool, n: int = 24, cap: int | None = None, live_rows: list | None = None,
+        reuse_kv: bool = False, prefill_tokens: list | None = None):
     policy = resolve_model_dir("builtin:tiny")
     tok = load_tokenizer(policy)
     # a short constant modelled latency (labelled: task.tool_latency) ends while other rows decode
     cfg = RunConfig.model_validate({"task": {"tool_latency": {"distribution": "constant", "median_s": 0.01}},
                                     "rollout": {"continuous_batching": continuous, "max_running_rows": cap}})
-    engine = TorchEngine(load_model(policy), tok.pad_token_id, continuous_batching=continuous)
-    if live_rows is not None:  # rows still sampling in each decode step (ended rows are masked padding)
+    engine = TorchEngine(load_model(policy), tok.pad_token_id, continuous_batching=continuous, reuse_kv=reuse_kv)
+    if reuse_kv:
+        engine.prefixes.min_tokens = 1  # these contexts are short: keep every one
+    if live_rows is not None or prefill_tokens is not None:
         forward = engine.model.forward
 
         def recording_forward(*args, **kwargs):
-            if kwargs["input_ids"].shape[1] == 1:
-                live_rows.append(int(kwargs["attention_mask"][:, -1].sum()))
+            if kwargs["input_ids"].shape[1] == 1 and live_rows is not None:
+                live_rows.append(int(kwargs["attention_mask"][:, -1].sum()))  # rows still sampling
+            elif kwargs["input_ids"].shape[1] > 1 and prefill_tokens is not None:
+                prefill_tokens.append(int(kwargs["input_ids"].numel()))  # tokens a prefill forwards
             return forward(*args, **kwargs)
 
         engine.model.forward = recording_forward
@@ -72,6 +77,22 @@ def test_loops_join_running_calls_and_sample_the_same_trajectories():
         assert [s.turn for s in gens] == list(range(len(traj.turn_spans)))
         for earlier, later in zip(own, own[1:]):
             assert later.t0 >= earlier.t1 - 1e-9, (earlier, later)  # one phase at a time per loop
+
+
+def test_later_turns_reuse_their_kept_keys_and_values_and_sample_the_same_trajectories():
+    fixed, _, _ = run(continuous=False)
+    full: list[int] = []
+    run(continuous=True, prefill_tokens=full)
+    reused: list[int] = []
+    cont, _, stats = run(continuous=True, reuse_kv=True, prefill_tokens=reused)
+    later_turns = sum(len(t.turn_spans) - 1 for t in cont)
+    assert later_turns >= 3 and stats.extra.get("rows_admitted", 0) > 0
+    assert stats.extra.get("prefill_tokens_reused", 0) > 0
+    # a later turn forwards only its new tokens (the sampled token not fed yet and the tool's answer)
+    assert sum(reused) < sum(full), (sum(reused), sum(full))
+    for a, b in zip(fixed, cont, strict=True):
+        assert (a.id, a.input_ids, a.loss_mask, a.turn_spans, a.reward) == (b.id, b.input_ids, b.loss_mask, b.turn_spans, b.reward)
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
 
 
 def test_a_row_cap_runs_later_turns_first_and_samples_the_same_trajectories():
