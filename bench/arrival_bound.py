@@ -1,6 +1,6 @@
 """How early a streaming learner can finish a step, given when its trajectories arrived (docs/learner.md).
 
-    .venv/bin/python bench/arrival_bound.py SYNC_EVENTS.jsonl [--caps none,0,2,4] [--balance 1]
+    .venv/bin/python bench/arrival_bound.py SYNC_EVENTS.jsonl [--caps none,0,2,4] [--balance 1] [--open-cost 2.2]
 
 Reads a **sync** run's events (``thundersync train --events``, or a bench run kept with
 ``--events-dir``): each trajectory's reward time (the end of its last rollout span), its group, and
@@ -61,8 +61,13 @@ def step_arrivals(events: list[dict]) -> list[StepArrivals]:
     return out
 
 
-def learner_finish(s: StepArrivals, cap: int | None) -> float:
-    """Earliest end of the step's backward work (seconds from the step's start) under K = ``cap``."""
+def learner_finish(s: StepArrivals, cap: int | None, open_cost: float = 1.0, open_until: float | None = None) -> float:
+    """Earliest end of the step's backward work (seconds from the step's start) under K = ``cap``.
+
+    ``open_cost``: what a row learnt into running sums (its group not closed yet) costs, in rows
+    of the known-advantage path (with a KL term the open row's two cotangents cost ~2.2×,
+    ``bench/learner_paths.py``); ``open_until``: open rows are learnt only before this time
+    (seconds from the step's start; later, rows wait for their close)."""
     close: dict[int, float] = defaultdict(float)
     for traj, g in s.group.items():
         close[g] = max(close[g], s.arrival[traj])
@@ -71,8 +76,10 @@ def learner_finish(s: StepArrivals, cap: int | None) -> float:
     while len(done) < len(rows):
         sums = {g for g in sums if close[g] > now}  # a closed group's sums are folded: its buffer is free
         waiting = [t for t in rows if t not in done and s.arrival[t] <= now]
-        pick = [t for t in waiting if close[s.group[t]] <= now] or [t for t in waiting if s.group[t] in sums]
-        if not pick and (cap is None or len(sums) < cap) and waiting:
+        known = [t for t in waiting if close[s.group[t]] <= now]
+        may_open = open_until is None or now - s.t_start < open_until
+        pick = known or ([t for t in waiting if s.group[t] in sums] if may_open else [])
+        if not pick and may_open and (cap is None or len(sums) < cap) and waiting:
             count: dict[int, int] = defaultdict(int)
             for t in waiting:
                 count[s.group[t]] += 1
@@ -81,23 +88,44 @@ def learner_finish(s: StepArrivals, cap: int | None) -> float:
             pick = [t for t in waiting if s.group[t] == g]
         if pick:
             done.add(pick[0])
-            now += s.row_s
+            now += s.row_s * (1.0 if known else open_cost)
         else:  # nothing learnable: wait for the next arrival or close
             now = min([s.arrival[t] for t in rows if t not in done and s.arrival[t] > now]
                       + [close[s.group[t]] for t in waiting if close[s.group[t]] > now])
     return now - s.t_start
 
 
-def bounds(events: list[dict], caps: list[int | None], balance: float | None = None) -> list[dict]:
+def best_with_open_cost(s: StepArrivals, open_cost: float) -> tuple[float, str]:
+    """With open rows dearer than known ones, being always busy is no longer best: the earliest
+    finish over a family of policies (any K in 0, 1, 2, 4, 8, unlimited; open rows only before
+    0, 0.1, ..., 1.0 R or always), and which one gave it. The best of a family, not a proof over
+    all policies."""
+    rollout_s = s.last_reward - s.t_start
+    best = (float("inf"), "")
+    for cap in (0, 1, 2, 4, 8, None):
+        for until in [None] + [k / 10 for k in range(11)]:
+            f = learner_finish(s, cap, open_cost, None if until is None else until * rollout_s)
+            if f < best[0]:
+                best = (f, f"K={'unlimited' if cap is None else cap}, open rows {'always' if until is None else f'before {until:.1f} R'}")
+    return best
+
+
+def bounds(events: list[dict], caps: list[int | None], balance: float | None = None,
+           open_cost: float = 1.0) -> list[dict]:
     """Per step: R (last reward), the backward work (the sync run's, or ``balance``·R), and the
-    learner's earliest finish per K."""
+    learner's earliest finish per K (open rows at ``open_cost``; above 1 also the best policy of
+    ``best_with_open_cost``)."""
     out = []
     for s in step_arrivals(events):
         rollout_s = s.last_reward - s.t_start
         if balance is not None and s.learnt:
             s.row_s = balance * rollout_s / len(s.learnt)
-        out.append({"step": s.step, "rollout_s": rollout_s, "backward_s": s.row_s * len(s.learnt), "rows": len(s.learnt),
-                    "finish_s": {("unlimited" if k is None else f"K={k}"): learner_finish(s, k) for k in caps}})
+        finish = {("unlimited" if k is None else f"K={k}"): learner_finish(s, k, open_cost) for k in caps}
+        row = {"step": s.step, "rollout_s": rollout_s, "backward_s": s.row_s * len(s.learnt), "rows": len(s.learnt),
+               "finish_s": finish}
+        if open_cost != 1.0:
+            finish["best"], row["best_policy"] = best_with_open_cost(s, open_cost)
+        out.append(row)
     return out
 
 
@@ -106,14 +134,16 @@ def main() -> int:
     ap.add_argument("events", help="a sync run's events JSONL")
     ap.add_argument("--caps", default="none,0,2,4", help="comma list of K; none = unlimited")
     ap.add_argument("--balance", type=float, help="backward work = X * R per step instead of the sync run's")
+    ap.add_argument("--open-cost", type=float, default=1.0,
+                    help="cost of a row learnt into running sums, in known-advantage rows (KL: ~2.2)")
     args = ap.parse_args()
     caps = [None if c == "none" else int(c) for c in args.caps.split(",")]
     with open(args.events) as handle:
         events = [json.loads(line) for line in handle if line.strip()]
-    for b in bounds(events, caps, args.balance):
+    for b in bounds(events, caps, args.balance, args.open_cost):
         finish = "  ".join(f"{k} {v:.2f} ({v / b['rollout_s']:.2f} R)" for k, v in b["finish_s"].items())
         print(f"step {b['step']}: R {b['rollout_s']:.2f} s, backward {b['backward_s']:.2f} s ({b['rows']} rows); "
-              f"earliest finish: {finish}")
+              f"earliest finish: {finish}" + (f" [{b['best_policy']}]" if "best_policy" in b else ""))
     return 0
 
 
