@@ -48,3 +48,20 @@ def test_zero_variance_members_cost_nothing_and_balance_rescales_the_work_to_r()
     assert step["rows"] == 2 and abs(step["backward_s"] - 1.0) < 1e-9
     # two rows of 0.5 s each from 0.5 on: the learner ends at 1.5 = 1.5 R however early it starts
     assert abs(step["finish_s"]["unlimited"] - 1.5) < 1e-9
+
+
+def test_open_rows_at_their_cost_and_the_best_policy_that_waits_for_the_close():
+    bound = load_script()
+    # the same arrivals as the first test; an open row costs 3 known rows
+    events = sync_events({0: (0, 0.1), 1: (0, 0.2), 2: (1, 0.15), 3: (1, 1.0)}, {0, 1, 2, 3}, 0.1)
+    [step] = bound.bounds(events, [None, 0], open_cost=3.0)
+    finish = step["finish_s"]
+    # always busy: row 0 (open, 0.1 -> 0.4), row 1 (group 0 closed at 0.2: known, -> 0.5), row 2
+    # (open, -> 0.8), then row 3 at 1.0 (known) -> 1.1
+    assert abs(finish["unlimited"] - 1.1) < 1e-9
+    # K = 0 learns every row known: 0 and 1 after 0.2, 2 and 3 after 1.0 -> 1.2
+    assert abs(finish["K=0"] - 1.2) < 1e-9
+    assert abs(finish["best"] - 1.1) < 1e-9 and "K=" in step["best_policy"]
+    # an open row dearer still: waiting for the close wins, and the best policy says so
+    [step] = bound.bounds(events, [None], open_cost=8.0)
+    assert step["finish_s"]["unlimited"] > 1.2 + 1e-9 and abs(step["finish_s"]["best"] - 1.2) < 1e-9
