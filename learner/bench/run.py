@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from learner.bench.arrival import streaming_ceiling
 from learner.bench.measure import (
     BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
 )
@@ -195,6 +196,10 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
     results = compare(summaries, alone=set(REFERENCE_ROWS))
     for name, r in results.items():
         r["learner"] = runner.config(name).learner_path()
+    if "streaming" in results:  # what the sync runs' arrival times leave it (docs/bench.md)
+        results["streaming"].update(streaming_ceiling(runs["sync"], warmup, steps,
+                                                      runner.config("streaming").learner.max_open_groups,
+                                                      results["streaming"]["bound_s"]))
     from learner.sim.workload import SimInputError
 
     try:  # the sync recordings replayed: as they ran, and at each schedule's machine speed

@@ -65,6 +65,11 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
         assert r["peak_rss_mb"] > 50
         assert r["dropped_groups"] == 0  # only fully-async drops groups, and it does not run here
     assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
+    # what the sync runs' arrival times leave the streaming learner (bench/arrival_bound.py's replay)
+    streaming = doc["schedules"]["streaming"]
+    assert streaming["arrival_bound_s"] > 0 and 0 < streaming["efficiency_ceiling"] <= 1.0
+    assert streaming["efficiency_ceiling"] == pytest.approx(min(1.0, streaming["bound_s"] / streaming["arrival_bound_s"]))
+    assert "efficiency_ceiling" not in doc["schedules"]["async"]
     assert doc["workload"]["trajectories_per_step"] == 4 and doc["workload"]["tool_latency"]["scale"] == 1.0
     assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["load_avg_start"]) == 3
 
