@@ -184,6 +184,18 @@ class _Batch:
     rows: int = 0
     closes: int = 0
     backward_s: float = 0.0
+    # rows and seconds of micro-batches into running sums (open groups) vs straight into G: their
+    # per-row ratio is what an open row costs here (docs/learner.md; the bench's ceiling uses it)
+    open_rows: int = 0
+    open_s: float = 0.0
+    known_rows: int = 0
+    known_s: float = 0.0
+
+    def open_row_cost(self) -> float | None:
+        """Seconds per open-group row over seconds per known row; None unless both ran."""
+        if not (self.open_rows and self.known_rows and self.open_s > 0 and self.known_s > 0):
+            return None
+        return (self.open_s / self.open_rows) / (self.known_s / self.known_rows)
 
     def counters(self) -> tuple:
         return self.rows, self.micro_batches, self.backward_s, self.n_tokens, self.closes
@@ -349,7 +361,8 @@ class StreamingLearner:
         return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
                 **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
-                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path}
+                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path,
+                **({} if state.open_row_cost() is None else {"open_row_cost": state.open_row_cost()})}
 
 
 class OnPolicyBackward:
@@ -423,7 +436,12 @@ class OnPolicyBackward:
             if aux_grads is not None:
                 self.acc.add_direct(aux_grads)
         del fwd, pg, aux
-        _report(state, rows, t0, time.monotonic(), on_phase)
+        t1 = time.monotonic()
+        if bucket is None:
+            state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
+        else:
+            state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
+        _report(state, rows, t0, t1, on_phase)
 
 
 def _report(state: _Batch, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:

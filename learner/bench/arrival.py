@@ -24,6 +24,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
+from learner.bench.measure import measured_steps
+
 
 @dataclass
 class StepArrivals:
@@ -88,18 +90,21 @@ def learner_finish(s: StepArrivals, cap: int | None, open_cost: float = 1.0, ope
     return now - s.t_start
 
 
-def best_with_open_cost(s: StepArrivals, open_cost: float) -> tuple[float, str]:
+def best_with_open_cost(s: StepArrivals, open_cost: float, cap: int | None = None) -> tuple[float, str]:
     """With open rows dearer than known ones, being always busy is no longer best: the earliest
-    finish over a family of policies (any K in 0, 1, 2, 4, 8, unlimited; open rows only before
-    0, 0.1, ..., 1.0 R or always), and which one gave it. The best of a family, not a proof over
-    all policies."""
+    finish over a family of policies (K in 0, 1, 2, 4, 8, unlimited, none above ``cap``; open rows
+    only before 0, 0.1, ..., 1.0 R or always), and which one gave it. The best of a family, not a
+    proof over all policies."""
     rollout_s = s.last_reward - s.t_start
+    caps = [k for k in (0, 1, 2, 4, 8, None) if cap is None or (k is not None and k < cap)]
+    caps += [] if cap is None else [cap]
     best = (float("inf"), "")
-    for cap in (0, 1, 2, 4, 8, None):
-        for until in [None] + [k / 10 for k in range(11)]:
-            f = learner_finish(s, cap, open_cost, None if until is None else until * rollout_s)
+    for k in caps:
+        for until in [None] + [i / 10 for i in range(11)]:
+            f = learner_finish(s, k, open_cost, None if until is None else until * rollout_s)
             if f < best[0]:
-                best = (f, f"K={'unlimited' if cap is None else cap}, open rows {'always' if until is None else f'before {until:.1f} R'}")
+                best = (f, f"K={'unlimited' if k is None else k}, open rows "
+                           f"{'always' if until is None else f'before {until:.1f} R'}")
     return best
 
 
@@ -122,16 +127,23 @@ def bounds(events: list[dict], caps: list[int | None], balance: float | None = N
     return out
 
 
-def streaming_ceiling(sync_runs: list[list[dict]], warmup: int, end: int, cap: int | None, bound_s: float) -> dict:
-    """What the sync runs' arrival times leave a streaming learner of K = ``cap`` (an open row at
-    a known row's cost): ``arrival_bound_s``, the median over the measured steps (``warmup`` ..
-    ``end`` − 1) of the earliest end of its backward work, and ``efficiency_ceiling``, ``bound_s``
-    over it (at most 1): the efficiency no drain policy reaches, before the optimizer and the
-    publish. With a KL or entropy term an open row costs more (docs/bench.md), so it is a loose
-    ceiling there."""
-    finishes = [learner_finish(s, cap) for events in sync_runs for s in step_arrivals(events)
-                if warmup <= s.step < end and s.learnt]
+def streaming_ceiling(sync_runs: list[list[dict]], streaming_runs: list[list[dict]], warmup: int, end: int,
+                      cap: int | None, bound_s: float) -> dict:
+    """What the sync runs' arrival times leave a streaming learner of K = ``cap``: the median over
+    the measured steps (``warmup`` .. ``end`` − 1) of the earliest end of its backward work
+    (``arrival_bound_s``), and ``bound_s`` over it, at most 1 (``efficiency_ceiling``): the
+    efficiency no drain policy reaches, before the optimizer and the publish. An open-group row
+    costs what the streaming runs measured (``learner/open_row_cost``, median over their measured
+    steps: with a KL or entropy term it needs two cotangents); at most 1 counts as 1, and above it
+    the best of ``best_with_open_cost``'s policies is taken."""
+    costs = [v["learner/open_row_cost"] for events in streaming_runs for v in measured_steps(events, warmup, end)
+             if "learner/open_row_cost" in v]
+    open_cost = max(1.0, statistics.median(costs)) if costs else 1.0
+    finishes = [learner_finish(s, cap) if open_cost == 1.0 else best_with_open_cost(s, open_cost, cap)[0]
+                for events in sync_runs for s in step_arrivals(events) if warmup <= s.step < end and s.learnt]
     if not finishes:
         return {}
     finish = statistics.median(finishes)
-    return {"arrival_bound_s": finish, "efficiency_ceiling": min(1.0, bound_s / finish)}
+    return {"arrival_bound_s": finish, "efficiency_ceiling": min(1.0, bound_s / finish),
+            "open_row_cost": statistics.median(costs) if costs else None}
+

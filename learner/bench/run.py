@@ -197,7 +197,7 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
     for name, r in results.items():
         r["learner"] = runner.config(name).learner_path()
     if "streaming" in results:  # what the sync runs' arrival times leave it (docs/bench.md)
-        results["streaming"].update(streaming_ceiling(runs["sync"], warmup, steps,
+        results["streaming"].update(streaming_ceiling(runs["sync"], runs["streaming"], warmup, steps,
                                                       runner.config("streaming").learner.max_open_groups,
                                                       results["streaming"]["bound_s"]))
     from learner.sim.workload import SimInputError

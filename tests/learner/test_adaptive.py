@@ -296,3 +296,26 @@ def test_zero_variance_speculation_defaults_to_on_exactly_with_a_kl_or_entropy_t
     cfg = parse_config({"algorithm": algorithm, "learner": {"speculate_zero_variance": explicit}})
     assert cfg.speculate_zero_variance() is expected
     assert LearnerOptions.from_config(cfg).speculate_zero_variance is expected
+
+
+def test_a_step_that_learnt_open_and_known_rows_reports_what_an_open_row_cost():
+    # group 0 gets two distinct rewards and is learnt open in idle time; group 1 closes at once
+    model = tiny_llama(torch.float32, 0)
+    ref = tiny_llama(torch.float32, 0)
+    rng = random.Random(0)
+    algo = AlgorithmConfig(kl_coef=0.05)
+    trajs = [random_trajectory(rng, i, 0, reward) for i, reward in enumerate([1.0, 0.0, 1.0])]
+    trajs += [random_trajectory(rng, 3 + i, 1, reward) for i, reward in enumerate([1.0, 0.0])]
+    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive"))
+    learner.begin_batch({0: 4, 1: 2})
+    learner.learn(trajs[:2])
+    while learner.idle_work():
+        pass  # group 0's two buckets, into its running sums
+    learner.learn(trajs[2:])  # group 1 closes: its rows are known; group 0's third member waits
+    learner.learn([random_trajectory(rng, 5, 0, 0.0)])  # group 0 closes
+    stats = learner.finish_batch()
+    assert stats["open_row_cost"] > 0
+    sync = StreamingLearner(model, algo, ref, LearnerOptions("micro-batched"))
+    sync.begin_batch({0: 1})
+    sync.learn([random_trajectory(rng, 0, 0, 1.0)])
+    assert "open_row_cost" not in sync.finish_batch()  # nothing was learnt open

@@ -69,6 +69,7 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     streaming = doc["schedules"]["streaming"]
     assert streaming["arrival_bound_s"] > 0 and 0 < streaming["efficiency_ceiling"] <= 1.0
     assert streaming["efficiency_ceiling"] == pytest.approx(min(1.0, streaming["bound_s"] / streaming["arrival_bound_s"]))
+    assert streaming["open_row_cost"] is None or streaming["open_row_cost"] > 0
     assert "efficiency_ceiling" not in doc["schedules"]["async"]
     assert doc["workload"]["trajectories_per_step"] == 4 and doc["workload"]["tool_latency"]["scale"] == 1.0
     assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["load_avg_start"]) == 3
