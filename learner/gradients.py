@@ -358,11 +358,12 @@ class StreamingLearner:
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         self._batch = None
+        open_cost = state.open_row_cost()
         return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
                 **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path,
-                **({} if state.open_row_cost() is None else {"open_row_cost": state.open_row_cost()})}
+                **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
 class OnPolicyBackward:

@@ -138,12 +138,13 @@ def streaming_ceiling(sync_runs: list[list[dict]], streaming_runs: list[list[dic
     the best of ``best_with_open_cost``'s policies is taken."""
     costs = [v["learner/open_row_cost"] for events in streaming_runs for v in measured_steps(events, warmup, end)
              if "learner/open_row_cost" in v]
-    open_cost = max(1.0, statistics.median(costs)) if costs else 1.0
+    measured = statistics.median(costs) if costs else None
+    open_cost = max(1.0, measured) if measured is not None else 1.0
     finishes = [learner_finish(s, cap) if open_cost == 1.0 else best_with_open_cost(s, open_cost, cap)[0]
                 for events in sync_runs for s in step_arrivals(events) if warmup <= s.step < end and s.learnt]
     if not finishes:
         return {}
     finish = statistics.median(finishes)
     return {"arrival_bound_s": finish, "efficiency_ceiling": min(1.0, bound_s / finish),
-            "open_row_cost": statistics.median(costs) if costs else None}
+            "open_row_cost": measured}
 

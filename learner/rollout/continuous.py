@@ -79,8 +79,8 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             hit = tok_row[k] in stop_ids
             if hit or len(tokens[i]) >= params.max_new_tokens:
                 results[i] = Completion(tokens[i], logps[i], hit)
-                context = len(fed[i]) + len(tokens[i]) - 1
-                if store is not None and row_keys[i] is not None and context >= store.min_tokens:
+                if (store is not None and row_keys[i] is not None
+                        and len(fed[i]) + len(tokens[i]) - 1 >= store.min_tokens):
                     # its next turn starts from these keys/values
                     ending.append((i, j, fed[i] + tokens[i][:-1]))  # before on_done: the caller may extend its prompt
                 run.rows[j] = -1  # ended: masked padding from now on

@@ -154,9 +154,9 @@ class AgentWorker:
         continuous = getattr(self.engine, "continuous_batching", False)
         call = EngineCall(self, ro.max_running_rows if continuous else None)
         first = call.take(call.first(ready))
-        hook = {"admit": call.admit, "keys": [k for *_, k in first]} if continuous else {}
+        joining = {"admit": call.admit, "keys": [k for *_, k in first]} if continuous else {}
         self.engine.generate([p for p, *_ in first], params, seeds=[s for _, s, _ in first], on_done=call.turn_done,
-                             **hook)
+                             **joining)
         self.flush_spans()
 
     def advance(self, lp: LoopState, out) -> None:
