@@ -18,6 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
 
 
+@pytest.fixture(autouse=True)
+def fresh_channel_layer():
+    """Each test gets channel layers of its own. pytest-asyncio runs every async test in a new
+    event loop, and a layer kept from an earlier test holds locks bound to that test's loop: a
+    consumer cancelled at the end of a later test then failed with "<Lock> is bound to a different
+    event loop" (seen once in a full CI run, depending on which tests shared the xdist worker)."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user("alice", password="alice-password")

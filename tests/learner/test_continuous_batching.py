@@ -21,6 +21,11 @@ from learner.rollout.worker import AgentWorker
 from learner.timeline import Kind
 from learner.trajectory import Trajectory
 
+# The same token's float32 log-prob under different batch shapes (fixed batch, rows joining a
+# running call, a row cap, a reused prefix) differs by round-off: up to 7.3e-6 here alone and
+# 1.4e-5 once in a full CI run (30-60 ulps at |log p| ~ 2), so "the same" means within this.
+LOGPROB_ATOL = 5e-5
+
 
 def run(continuous: bool, n: int = 24, cap: int | None = None, live_rows: list | None = None,
         reuse_kv: bool = False, prefill_tokens: list | None = None):
@@ -66,7 +71,7 @@ def test_loops_join_running_calls_and_sample_the_same_trajectories():
     assert stats.extra.get("rows_admitted", 0) > 0  # turns started inside a running call
     for a, b in zip(fixed, cont):
         assert (a.id, a.input_ids, a.loss_mask, a.turn_spans, a.reward) == (b.id, b.input_ids, b.loss_mask, b.turn_spans, b.reward)
-        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < LOGPROB_ATOL
     # spans stay honest: a turn's generate span starts after its previous turn's tool and wait
     by_traj: dict[int, list] = {}
     for s in spans:
@@ -92,7 +97,7 @@ def test_later_turns_reuse_their_kept_keys_and_values_and_sample_the_same_trajec
     assert sum(reused) < sum(full), (sum(reused), sum(full))
     for a, b in zip(fixed, cont, strict=True):
         assert (a.id, a.input_ids, a.loss_mask, a.turn_spans, a.reward) == (b.id, b.input_ids, b.loss_mask, b.turn_spans, b.reward)
-        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < LOGPROB_ATOL
 
 
 def test_a_row_cap_runs_later_turns_first_and_samples_the_same_trajectories():
@@ -102,7 +107,7 @@ def test_a_row_cap_runs_later_turns_first_and_samples_the_same_trajectories():
     assert max(live) <= 5 and stats.extra.get("rows_admitted", 0) > 0
     for a, b in zip(fixed, capped, strict=True):
         assert (a.id, a.input_ids, a.turn_spans, a.reward) == (b.id, b.input_ids, b.turn_spans, b.reward)
-        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)) < LOGPROB_ATOL
 
 
 @pytest.mark.parametrize("rollout", [{"continuous_batching": False, "max_running_rows": 64},
