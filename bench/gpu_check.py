@@ -37,8 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.config import AlgorithmConfig  # noqa: E402
-from learner.exactness import relative_error  # noqa: E402
-from learner.gradients import LearnerOptions, StreamingLearner, reference_gradient  # noqa: E402
+from learner.grad.exactness import relative_error  # noqa: E402
+from learner.grad.learner_common import LearnerOptions  # noqa: E402
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.reference import reference_gradient
 from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
 from learner.rollout.weights import WeightStore  # noqa: E402
 from learner.timeline import Kind  # noqa: E402

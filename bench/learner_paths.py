@@ -58,8 +58,8 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.deterministic import on_policy_learner
-    from learner.gradients import LearnerOptions
+    from learner.grad.deterministic import on_policy_learner
+    from learner.grad.learner_common import LearnerOptions
     from learner.rollout.models import load_model, resolve_model_dir
 
     torch.set_num_threads(1)

@@ -55,7 +55,8 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.gradients import OffPolicyLearner, StreamingLearner
+    from learner.grad.off_policy import OffPolicyLearner
+    from learner.grad.on_policy import StreamingLearner
     from learner.rollout.models import load_model, resolve_model_dir
     from learner.trajectory import Trajectory
 

@@ -19,7 +19,7 @@ the frozen KL reference only at step 0, so a later step with KL also gets ``ref_
 ``audit_dump`` recomputes the step's gradient from batch.json with its own code — one
 padded forward, one loss over the batch, one backward, torch's mean/std for the group
 statistics; for an off-policy step the clipped objective against the dumped behaviour
-log-probs (docs/math.md) — and deliberately not through ``learner.objectives``, so a bug
+log-probs (docs/math.md) — and deliberately not through ``learner.grad.objectives``, so a bug
 there shows up as a mismatch instead of being repeated on both sides.
 """
 

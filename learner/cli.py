@@ -210,7 +210,7 @@ def cmd_check_exactness(args) -> int:
         return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
     if args.engine or args.zero or args.offload:
         raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
-    from learner.exactness import main
+    from learner.grad.exactness import main
 
     return main(json_out=args.json)
 

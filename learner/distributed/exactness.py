@@ -3,7 +3,7 @@
 For each world size W, W real rank processes (spawned, gloo, a free port) stream their own
 groups of the same seeded batches (shuffled per rank, random drains), meet at the barrier and
 reduce through each engine; rank 0 compares the reduced gradient with the single-process
-reference gradient of the whole batch (``learner.gradients.reference_gradient``):
+reference gradient of the whole batch (``learner.grad.reference.reference_gradient``):
 
     rel_error = ‖g_reduced − g_ref‖ / ‖g_ref‖ ≤ 1e-12 (float64, torch engine), 1e-6 (float32, DeepSpeed).
 
@@ -29,11 +29,13 @@ from learner.distributed.assignment import assign_owners
 from learner.distributed.engines import make_engine
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import spawn_ranks
-from learner.exactness import (
+from learner.grad.exactness import (
     TOLERANCE, arrival_chunks, random_rewards, random_trajectory, relative_error, scored_turns, tiny_llama,
 )
-from learner.gradients import LearnerOptions, StreamingLearner, reference_gradient
-from learner.objectives import OPD_LOSS_AGG_MODES
+from learner.grad.learner_common import LearnerOptions
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.reference import reference_gradient
+from learner.grad.objectives import OPD_LOSS_AGG_MODES
 from learner.trajectory import Trajectory
 
 

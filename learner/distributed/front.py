@@ -19,7 +19,8 @@ from learner.config import RunConfig
 from learner.distributed.peers import RankPeers, RankPhase
 from learner.distributed.ranks import init_rank
 from learner.distributed.worker import broadcast_from_rank0, param_digest
-from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
+from learner.grad.learner_common import LearnerOptions, PhaseCallback
+from learner.grad.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
 __all__ = ["DataParallelLearner", "RankPhase", "rank_lane", "rank_metrics", "uses_ranks"]

@@ -19,7 +19,8 @@ import torch
 
 from learner.distributed.assignment import assign_owners
 from learner.distributed.barrier import BatchCounts, exchange_counts
-from learner.gradients import PhaseCallback, StreamingLearner
+from learner.grad.learner_common import PhaseCallback
+from learner.grad.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
 

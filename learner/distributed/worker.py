@@ -26,7 +26,8 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
 
     from learner.distributed.engines import broadcast_optimizer_state, make_engine
     from learner.distributed.rank import RankLearner
-    from learner.gradients import LearnerOptions, StreamingLearner
+    from learner.grad.learner_common import LearnerOptions
+    from learner.grad.on_policy import StreamingLearner
     from learner.rollout.models import load_model
 
     torch.manual_seed(cfg.seed)

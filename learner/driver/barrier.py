@@ -12,7 +12,7 @@ from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
 from learner.distributed.front import DataParallelLearner
 from learner.driver.setup import RunParts
-from learner.mismatch import check_sampled_versions, step_mismatch
+from learner.grad.mismatch import check_sampled_versions, step_mismatch
 from learner.timeline import Kind
 
 

@@ -15,8 +15,10 @@ from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.distributed.placed_fleet import PlacedFleet
 from learner.evaluation import Evaluator
-from learner.deterministic import on_policy_learner
-from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner
+from learner.grad.deterministic import on_policy_learner
+from learner.grad.learner_common import LearnerOptions
+from learner.grad.off_policy import OffPolicyLearner
+from learner.grad.on_policy import StreamingLearner
 from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids

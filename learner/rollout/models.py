@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.utils import logging as hf_logging
 
 from learner.config import TaskConfig
-from learner.objectives import compute_dtype
+from learner.grad.objectives import compute_dtype
 from learner.preflight import BUILTIN_PREFIX, is_model_dir  # noqa: F401  (re-exported: checked without torch)
 from learner.rollout.env import STOP_TOKENS, Environment
 from learner.rollout.tokenizer import build_char_tokenizer

@@ -10,9 +10,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.audit import AuditError, audit_dump, write_dump
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.exactness import INIT_STD, random_batch, scored_turns, tiny_llama
-from learner.gradients import OffPolicyLearner, StreamingLearner
-from learner.objectives import token_logprobs
+from learner.grad.exactness import INIT_STD, random_batch, scored_turns, tiny_llama
+from learner.grad.off_policy import OffPolicyLearner
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.objectives import token_logprobs
 from learner.rollout.models import widen_norms
 
 torch.set_num_threads(1)

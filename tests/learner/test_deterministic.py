@@ -10,10 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import ConfigError, RunConfig, AlgorithmConfig, parse_config
-from learner.deterministic import DeterministicLearner, on_policy_learner
-from learner.exactness import TOLERANCE, random_batch, relative_error, scored_turns, tiny_llama
-from learner.fixed_point import FixedPointSum
-from learner.gradients import LearnerOptions, StreamingLearner, reference_gradient
+from learner.grad.deterministic import DeterministicLearner, on_policy_learner
+from learner.grad.exactness import TOLERANCE, random_batch, relative_error, scored_turns, tiny_llama
+from learner.grad.fixed_point import FixedPointSum
+from learner.grad.learner_common import LearnerOptions
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.reference import reference_gradient
 
 torch.set_num_threads(1)
 MODEL = tiny_llama(torch.float32, 21)

@@ -18,7 +18,8 @@ from learner.distributed.barrier import BatchCounts, DistributedBatchError, exch
 from learner.distributed.exactness import dist_batch, exactness_model
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import RankFailure, spawn_ranks
-from learner.gradients import LearnerOptions, StreamingLearner
+from learner.grad.learner_common import LearnerOptions
+from learner.grad.on_policy import StreamingLearner
 
 CLI = [sys.executable, "-m", "learner.cli"]
 

@@ -7,11 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import learner.exactness as exactness
+import learner.grad.exactness as exactness
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
-from learner.gradients import LEARNER_PATHS, reference_gradient
-from learner.objectives import OPD_LOSS_AGG_MODES
+from learner.grad.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
+from learner.grad.learner_common import LEARNER_PATHS
+from learner.grad.reference import reference_gradient
+from learner.grad.objectives import OPD_LOSS_AGG_MODES
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,9 @@ from peft import PeftModel
 
 from learner.audit import audit_dump
 from learner.config import AlgorithmConfig, LoraSettings, RunConfig
-from learner.exactness import TOLERANCE, random_batch, relative_error, tiny_llama
-from learner.gradients import StreamingLearner, reference_gradient
+from learner.grad.exactness import TOLERANCE, random_batch, relative_error, tiny_llama
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.reference import reference_gradient
 from learner.lora import grad_buffer_mb, publish_view, with_lora
 from learner.rollout.engine import TorchEngine
 from learner.rollout.models import load_model, resolve_model_dir

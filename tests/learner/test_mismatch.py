@@ -1,4 +1,4 @@
-"""The barrier's train/inference mismatch metrics and same-version guard (learner.mismatch)."""
+"""The barrier's train/inference mismatch metrics and same-version guard (learner.grad.mismatch)."""
 
 import math
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from learner.mismatch import VersionMismatchError, k3, step_mismatch
+from learner.grad.mismatch import VersionMismatchError, k3, step_mismatch
 from learner.trajectory import Trajectory
 
 VERSION = 3

@@ -1,4 +1,4 @@
-"""Unit tests of the docs/math.md formulas in learner.objectives."""
+"""Unit tests of the docs/math.md formulas in learner.grad.objectives."""
 
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.exactness import tiny_llama
-from learner.objectives import (
+from learner.grad.exactness import tiny_llama
+from learner.grad.objectives import (
     advantages,
     agg_weights,
     batch_normaliser,

@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.exactness import random_batch, relative_error, scored_turns, tiny_llama
-from learner.gradients import LearnerOptions, OffPolicyLearner, StreamingLearner, reference_gradient
-from learner.objectives import advantages, group_stats, token_logprobs
-from learner.streaming import GradAccumulator, OpenGroupError
+from learner.grad.exactness import random_batch, relative_error, scored_turns, tiny_llama
+from learner.grad.learner_common import LearnerOptions
+from learner.grad.off_policy import OffPolicyLearner
+from learner.grad.on_policy import StreamingLearner
+from learner.grad.reference import reference_gradient
+from learner.grad.objectives import advantages, group_stats, token_logprobs
+from learner.grad.accumulator import GradAccumulator, OpenGroupError
 
 torch.set_num_threads(1)
 

@@ -15,8 +15,8 @@ pytest.importorskip("vllm")
 
 from learner.audit import audit_dump  # noqa: E402
 from learner.config import RunConfig  # noqa: E402
-from learner.gradients import StreamingLearner  # noqa: E402
-from learner.mismatch import k3, learner_logprobs  # noqa: E402
+from learner.grad.on_policy import StreamingLearner  # noqa: E402
+from learner.grad.mismatch import k3, learner_logprobs  # noqa: E402
 from learner.rollout.engine import SamplingParams  # noqa: E402
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir, stop_token_ids  # noqa: E402
 from learner.rollout.weights import WeightStore  # noqa: E402

@@ -9,7 +9,7 @@ and compared with ``reference_gradient``:
     rel_error = ‖g_stream − g_ref‖ / ‖g_ref‖ ≤ 1e-6 (float32), 1e-12 (float64).
 
 The model is a tiny random LlamaForCausalLM built from a LlamaConfig: nothing is downloaded.
-Run: ``python -m learner.exactness [--json]`` (the CLI wires ``thundersync check-exactness``).
+Run: ``python -m learner.grad.exactness [--json]`` (the CLI wires ``thundersync check-exactness``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.deterministic import on_policy_learner
-from learner.gradients import LEARNER_PATHS, LearnerOptions, reference_gradient
-from learner.objectives import OPD_LOSS_AGG_MODES
+from learner.grad.deterministic import on_policy_learner
+from learner.grad.learner_common import LEARNER_PATHS, LearnerOptions
+from learner.grad.objectives import OPD_LOSS_AGG_MODES
+from learner.grad.reference import reference_gradient
 from learner.rollout.models import widen_norms
 from learner.trajectory import ScoredTurn, Trajectory
 

@@ -11,7 +11,7 @@ alone).
 
     loss(micro-batch) = Σ_rows Σ_t w_{i,t} (pg_{i,t} + aux_{i,t})          (B, T) → scalar
 
-with w the aggregation weights of ``learner.objectives.agg_weights`` and the batch
+with w the aggregation weights of ``learner.grad.objectives.agg_weights`` and the batch
 normaliser applied once at the barrier, as everywhere. Gradients come from
 ``torch.autograd.grad`` and go to the caller's accumulator; ``p.grad`` is never touched.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.objectives import (
+from learner.grad.objectives import (
     agg_weights,
     aux_token_loss,
     clipped_pg_token_loss,

@@ -1,4 +1,4 @@
-"""What the trainer drives: the on-policy learner, the off-policy learner, and the reference.
+"""The on-policy learner (schedules ``sync`` and ``streaming``).
 
 StreamingLearner (schedules ``sync`` and ``streaming``; the same class, so both give the same
 update up to summation order), per batch:
@@ -14,155 +14,50 @@ The learner decides how to batch what it is handed (docs/learner.md): ``LearnerO
 ``per-trajectory`` (one forward+backward per trajectory, the earlier learner), ``micro-batched``
 (padded micro-batches, advantages known: a sync batch) or ``adaptive`` (streaming: per
 trajectory when one is waiting, micro-batched drains when several are, by the policy of
-``learner.drain``). ``on_trajectory(traj)`` / ``on_turn(turn)`` are ``learn([item])``.
-
-OffPolicyLearner (``async``, ``fully-async``): ``train_batch(trajs)`` in micro-batches.
-
-Timing: ``learn``, ``idle_work`` and ``train_batch`` take an optional ``on_phase(kind, t0, t1,
-traj, group)`` callback, called with ``time.monotonic()`` stamps for each ``learner.backward``
-and ``learner.group_close`` phase. A micro-batch of n rows is one forward and one backward;
-its interval is reported as n consecutive equal shares, one per trajectory (padded rows cost
-the same), so every trajectory keeps its backward span.
+``learner.grad.drain``). ``on_trajectory(traj)`` / ``on_turn(turn)`` are ``learn([item])``.
 
 ``StreamingLearner`` keeps the batch's life (begin, learn, idle work, barrier) and ``_Batch`` what
 the batch has seen; ``OnPolicyBackward`` runs its forwards and backwards into the running sums.
 
-Conventions are in ``learner.objectives``; the accumulators in ``learner.streaming``.
+Conventions are in ``learner.grad.objectives``; the accumulators in ``learner.grad.accumulator``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
-from learner.drain import Bucket, Close, DrainPlanner, Known
-from learner.fixed_point import FixedPointSum
-from learner.microbatch import (
+from learner.config import AlgorithmConfig
+from learner.grad.accumulator import OpenGroupError
+from learner.grad.drain import Bucket, Close, DrainPlanner, Known
+from learner.grad.learner_common import (
+    LearnerOptions,
+    LogprobLedger,
+    PhaseCallback,
+    check_ref,
+    memory_stats,
+    report_micro_batch,
+    trainable,
+)
+from learner.grad.microbatch import (
     Row,
     check_trajectory,
     check_turn,
     forward,
     grads_of,
     grpo_row,
-    off_policy_loss,
-    off_policy_row,
     on_policy_pg_loss,
     opd_row,
-    per_position,
     plan_micro_batches,
     split_grads,
 )
-from learner.objectives import (
-    advantages,
-    agg_weights,
-    batch_normaliser,
-    check_algorithm,
-    opd_token_loss,
-    pg_token_loss,
-)
-from learner.streaming import GradAccumulator, OpenGroupError
+from learner.grad.objectives import batch_normaliser
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
-
-PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
-LEARNER_PATHS = ("per-trajectory", "micro-batched", "adaptive")
-
-
-@dataclass(frozen=True)
-class LearnerOptions:
-    """How the learner batches its work (``learner.*`` and ``train.micro_batch_tokens`` of a run)."""
-
-    path: str = "adaptive"
-    micro_batch_tokens: int = 4096
-    max_open_groups: int | None = None  # K; None = unlimited
-    accumulator_device: str = "device"  # or "host"
-    deterministic: bool = False  # G in fixed point (learner.deterministic; learner/deterministic.py)
-    speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
-
-    def __post_init__(self) -> None:
-        if self.path not in LEARNER_PATHS:
-            raise ValueError(f"learner.path: {self.path!r} is not one of {', '.join(LEARNER_PATHS)}")
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
-        return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
-                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
-                   deterministic=cfg.deterministic_learner(),
-                   speculate_zero_variance=cfg.speculate_zero_variance())
-
-    @property
-    def min_stream_tokens(self) -> int:
-        """Adaptive: the least work (tokens) a streaming backward starts with before the whole batch
-        has arrived; a smaller one costs more per row in fixed overhead than waiting does."""
-        return self.micro_batch_tokens // 4 if self.path == "adaptive" else 0
-
-    @property
-    def budget(self) -> int:
-        """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
-        return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
-
-    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator | FixedPointSum:
-        if self.deterministic:
-            return FixedPointSum(params)
-        return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
-
-
-# ---------------------------------------------------------------- shared helpers
-
-
-def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[int, float]:
-    """A_i for every trajectory, each group's statistics over its members present in ``trajs``."""
-    by_group: dict[int, list[Trajectory]] = defaultdict(list)
-    for traj in trajs:
-        by_group[traj.group].append(traj)
-    out: dict[int, float] = {}
-    for members in by_group.values():
-        for traj, a in zip(members, advantages([t.reward for t in members], adv.std, adv.eps)):
-            if traj.id in out:
-                raise ValueError(f"trajectory {traj.id}: id appears twice in the batch")
-            out[traj.id] = a
-    return out
-
-
-def _check_ref(algo: AlgorithmConfig, ref_model: torch.nn.Module | None) -> None:
-    check_algorithm(algo)
-    if algo.kl_coef > 0 and ref_model is None:
-        raise ValueError("ref_model: algorithm.kl_coef > 0 needs a frozen reference model")
-
-
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-class LogprobLedger:
-    """The learner's own detached log-probs, per trajectory, as its forward computed them
-    (OPD: the longest prefix seen). The train/inference mismatch metric reads them at the
-    barrier instead of running another forward. A trajectory whose backward was skipped
-    (A = 0, no KL/entropy) has no forward: it is recorded as None, and the metric leaves it out
-    rather than forward it at the barrier, on the step's critical path (``learner.mismatch``)."""
-
-    def __init__(self) -> None:
-        self._by_traj: dict[int, torch.Tensor | None] = {}
-
-    def keep(self, traj: int, logp: torch.Tensor) -> None:  # logp: (T,)
-        old = self._by_traj.get(traj)
-        if old is None or len(old) < len(logp):
-            self._by_traj[traj] = logp.detach().double().cpu()
-
-    def skip(self, traj: int) -> None:
-        self._by_traj.setdefault(traj, None)
-
-    def take(self) -> dict[int, torch.Tensor | None]:
-        taken, self._by_traj = self._by_traj, {}
-        return taken
-
-
-# ---------------------------------------------------------------- sync / streaming
 
 
 @dataclass
@@ -249,10 +144,10 @@ class StreamingLearner:
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
                  options: LearnerOptions | None = None):
-        _check_ref(algo, ref_model)
+        check_ref(algo, ref_model)
         self.model, self.algo, self.ref_model = model, algo, ref_model
         self.options = options or LearnerOptions()
-        self.acc = self.options.accumulator(_trainable(model))
+        self.acc = self.options.accumulator(trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
         self.backward = OnPolicyBackward(self)
@@ -360,7 +255,7 @@ class StreamingLearner:
         self._batch = None
         open_cost = state.open_row_cost()
         return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
-                **_memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
+                **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path,
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
@@ -442,132 +337,4 @@ class OnPolicyBackward:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-        _report(state, rows, t0, t1, on_phase)
-
-
-def _report(state: _Batch, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
-    """Count a micro-batch and report it as one equal share of its interval per row."""
-    state.micro_batches += 1
-    state.rows += len(rows)
-    state.backward_s += t1 - t0
-    if on_phase:
-        share = (t1 - t0) / len(rows)
-        for k, row in enumerate(rows):
-            on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
-                     row.traj, row.group)
-
-
-def _memory_stats(acc: GradAccumulator, peak_buffers: int) -> dict:
-    """Peak gradient-sized buffers and their MB; on a GPU also the peak allocated memory of the step."""
-    mb = 2.0**20
-    stats = {"peak_buffers": peak_buffers, "peak_accumulator_mb": peak_buffers * acc.buffer_bytes() / mb}
-    device = acc.params[0].device
-    if device.type == "cuda":
-        stats["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / mb
-    return stats
-
-
-# ---------------------------------------------------------------- async / fully-async
-
-
-class OffPolicyLearner:
-    """One optimizer step per batch of (possibly stale) trajectories: clipped PPO against behavior log-probs.
-
-    GRPO: A_i from each group's members in the batch. OPD: per-token A_t = log π_T − log π_b.
-    Same aggregation weights and batch normalisers as the on-policy learner; micro-batched
-    under the token budget (``per-trajectory``: one trajectory per backward).
-    """
-
-    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                 options: LearnerOptions | None = None):
-        _check_ref(algo, ref_model)
-        self.model, self.algo, self.ref_model = model, algo, ref_model
-        self.options = options or LearnerOptions(path="micro-batched")
-        self.acc = self.options.accumulator(_trainable(model))
-        self.logprobs = LogprobLedger()
-
-    @property
-    def path(self) -> str:
-        return self.options.path
-
-    def close(self) -> None:
-        """Nothing to release: the learner lives in the driver's process."""
-
-    def train_batch(self, trajs: Sequence[Trajectory], on_phase: PhaseCallback | None = None) -> dict:
-        if not trajs:
-            raise ValueError("trajs: a batch needs at least one trajectory")
-        algo = self.algo
-        adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
-        for p in self.acc.params:
-            p.grad = None
-        rows, skipped = [], 0
-        no_aux = algo.kl_coef == 0 and algo.entropy_coef == 0
-        for traj in trajs:
-            row = off_policy_row(traj, algo.objective)
-            if algo.objective == "grpo":
-                row.adv = adv_by_traj[traj.id]
-                if row.adv == 0.0 and no_aux:  # −min(ρ·0, clip(ρ)·0) = 0: exactly no gradient
-                    skipped += 1
-                    self.logprobs.skip(traj.id)
-                    continue
-            rows.append(row)
-        n_tokens, n_clipped = sum(t.n_scored for t in trajs), 0
-        state = _Batch(group_sizes={}, planner=None)  # counters only
-        for part in plan_micro_batches(rows, self.options.budget):
-            t0 = time.monotonic()
-            fwd = forward(self.model, self.ref_model, algo, part)
-            for b, row in enumerate(part):
-                self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
-            loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)
-            self.acc.add_direct(grads_of(loss, self.acc.params))
-            n_clipped += clipped
-            del fwd, loss
-            _report(state, part, t0, time.monotonic(), on_phase)
-        normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
-        self.acc.finalize(normaliser)
-        return {
-            "n_tokens": n_tokens, "n_traj": len(trajs), "normaliser": normaliser,
-            "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
-            "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
-            **_memory_stats(self.acc, 1), "learner": self.path,
-        }
-
-
-# ---------------------------------------------------------------- reference
-
-
-def reference_gradient(
-    model: torch.nn.Module, trajs: Sequence[Trajectory], algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None
-) -> dict[str, torch.Tensor]:
-    """Batch-synchronous on-policy gradient straight from the formulas: one loss over the batch, one backward.
-
-    loss = normaliser · Σ_i Σ_t w_{i,t} (ℓ_{i,t} + aux_{i,t}), ℓ = −A_i ρ (GRPO, advantages up front)
-    or (stopgrad logp − logp^T) ρ (OPD); no accumulators, no group sums. Each trajectory's forward
-    runs at its own length (no padding), as the learner's does, so that in float32 the comparison
-    measures the learner's algebra (running sums, buckets, micro-batches) against the plainest
-    form; its padding costs float32 ~3e-7 at most (docs/learner.md). The independent audit in
-    ``learner.audit`` uses a padded batch. Does not touch p.grad.
-    """
-    _check_ref(algo, ref_model)
-    if not trajs:
-        raise ValueError("trajs: a batch needs at least one trajectory")
-    adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
-    traj_losses, n_tokens = [], 0
-    for traj in trajs:
-        check_trajectory(traj)
-        fwd = forward(model, ref_model, algo, [Row(traj.id, traj.group, traj.input_ids, traj.loss_mask)])
-        logp, mask = fwd.logp[0], fwd.mask[0]  # (T,) each: one row, nothing padded
-        if algo.objective == "grpo":
-            terms = pg_token_loss(logp, adv_by_traj[traj.id])
-        else:
-            teacher = per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", f"trajectory {traj.id}")
-            terms = opd_token_loss(logp, torch.tensor(teacher, dtype=logp.dtype, device=logp.device))
-        if fwd.aux is not None:
-            terms = terms + fwd.aux[0]
-        traj_losses.append((agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype) * terms).sum())
-        n_tokens += traj.n_scored
-    normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
-    loss = normaliser * torch.stack(traj_losses).sum()
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return {n: (torch.zeros_like(p) if g is None else g) for (n, p), g in zip(named, grads)}
+        report_micro_batch(state, rows, t0, t1, on_phase)

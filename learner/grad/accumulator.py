@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.objectives import compute_dtype
+from learner.grad.objectives import compute_dtype
 
 # One gradient per trainable parameter, None where the parameter took no gradient.
 Grads = Sequence["torch.Tensor | None"]

@@ -29,7 +29,8 @@ from dataclasses import replace
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.gradients import LearnerOptions, PhaseCallback, StreamingLearner
+from learner.grad.learner_common import LearnerOptions, PhaseCallback
+from learner.grad.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from learner.config import AdvantageConfig
-from learner.objectives import group_stats
+from learner.grad.objectives import group_stats
 from learner.trajectory import Trajectory
 
 
@@ -174,7 +174,7 @@ class DrainPlanner:
 
     def _close(self, g: int, group: _Group) -> list[Task]:
         # in trajectory order, not arrival order: μ, σ and the known rows' order (hence their
-        # micro-batches) are then a function of the group alone (learner/deterministic.py)
+        # micro-batches) are then a function of the group alone (learner/grad/deterministic.py)
         mu, denom = group_stats([t.reward for t in sorted(group.arrived, key=_by_id)], self.adv.std, self.adv.eps)
         tasks: list[Task] = []
         if group.has_sums:

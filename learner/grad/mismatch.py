@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import torch
 
-from learner.objectives import token_logprobs
-from learner.trajectory import Trajectory
+from learner.grad.objectives import token_logprobs
 from learner.timeline import Metric
+from learner.trajectory import Trajectory
 
 # |l − b| above this on a same-version token cannot be float32 kernel noise (measured
 # ~1e-6 on the tiny model, docs/vllm.md) but is well below one optimizer step's change.

@@ -1,0 +1,139 @@
+"""What every learner shares: the learner-path options, GRPO advantages over a batch, the
+learner's own log-prob ledger, and how a micro-batch is counted and reported (docs/learner.md).
+
+Timing: ``learn``, ``idle_work`` and ``train_batch`` take an optional ``on_phase(kind, t0, t1,
+traj, group)`` callback, called with ``time.monotonic()`` stamps for each ``learner.backward``
+and ``learner.group_close`` phase. A micro-batch of n rows is one forward and one backward;
+its interval is reported as n consecutive equal shares, one per trajectory (padded rows cost
+the same), so every trajectory keeps its backward span.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
+from learner.grad.accumulator import GradAccumulator
+from learner.grad.fixed_point import FixedPointSum
+from learner.grad.microbatch import Row
+from learner.grad.objectives import advantages, check_algorithm
+from learner.timeline import Kind
+from learner.trajectory import Trajectory
+
+PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
+LEARNER_PATHS = ("per-trajectory", "micro-batched", "adaptive")
+
+
+@dataclass(frozen=True)
+class LearnerOptions:
+    """How the learner batches its work (``learner.*`` and ``train.micro_batch_tokens`` of a run)."""
+
+    path: str = "adaptive"
+    micro_batch_tokens: int = 4096
+    max_open_groups: int | None = None  # K; None = unlimited
+    accumulator_device: str = "device"  # or "host"
+    deterministic: bool = False  # G in fixed point (learner.deterministic; learner/grad/deterministic.py)
+    speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
+
+    def __post_init__(self) -> None:
+        if self.path not in LEARNER_PATHS:
+            raise ValueError(f"learner.path: {self.path!r} is not one of {', '.join(LEARNER_PATHS)}")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "LearnerOptions":
+        return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
+                   max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
+                   deterministic=cfg.deterministic_learner(),
+                   speculate_zero_variance=cfg.speculate_zero_variance())
+
+    @property
+    def min_stream_tokens(self) -> int:
+        """Adaptive: the least work (tokens) a streaming backward starts with before the whole batch
+        has arrived; a smaller one costs more per row in fixed overhead than waiting does."""
+        return self.micro_batch_tokens // 4 if self.path == "adaptive" else 0
+
+    @property
+    def budget(self) -> int:
+        """Token budget per micro-batch; 0 puts every row in its own (per-trajectory)."""
+        return 0 if self.path == "per-trajectory" else self.micro_batch_tokens
+
+    def accumulator(self, params: Sequence[torch.nn.Parameter]) -> GradAccumulator | FixedPointSum:
+        if self.deterministic:
+            return FixedPointSum(params)
+        return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+def batch_advantages(trajs: Sequence[Trajectory], adv: AdvantageConfig) -> dict[int, float]:
+    """A_i for every trajectory, each group's statistics over its members present in ``trajs``."""
+    by_group: dict[int, list[Trajectory]] = defaultdict(list)
+    for traj in trajs:
+        by_group[traj.group].append(traj)
+    out: dict[int, float] = {}
+    for members in by_group.values():
+        for traj, a in zip(members, advantages([t.reward for t in members], adv.std, adv.eps)):
+            if traj.id in out:
+                raise ValueError(f"trajectory {traj.id}: id appears twice in the batch")
+            out[traj.id] = a
+    return out
+
+
+def check_ref(algo: AlgorithmConfig, ref_model: torch.nn.Module | None) -> None:
+    check_algorithm(algo)
+    if algo.kl_coef > 0 and ref_model is None:
+        raise ValueError("ref_model: algorithm.kl_coef > 0 needs a frozen reference model")
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class LogprobLedger:
+    """The learner's own detached log-probs, per trajectory, as its forward computed them
+    (OPD: the longest prefix seen). The train/inference mismatch metric reads them at the
+    barrier instead of running another forward. A trajectory whose backward was skipped
+    (A = 0, no KL/entropy) has no forward: it is recorded as None, and the metric leaves it out
+    rather than forward it at the barrier, on the step's critical path (``learner.grad.mismatch``)."""
+
+    def __init__(self) -> None:
+        self._by_traj: dict[int, torch.Tensor | None] = {}
+
+    def keep(self, traj: int, logp: torch.Tensor) -> None:  # logp: (T,)
+        old = self._by_traj.get(traj)
+        if old is None or len(old) < len(logp):
+            self._by_traj[traj] = logp.detach().double().cpu()
+
+    def skip(self, traj: int) -> None:
+        self._by_traj.setdefault(traj, None)
+
+    def take(self) -> dict[int, torch.Tensor | None]:
+        taken, self._by_traj = self._by_traj, {}
+        return taken
+
+
+def report_micro_batch(state, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
+    """Count a micro-batch and report it as one equal share of its interval per row."""
+    state.micro_batches += 1
+    state.rows += len(rows)
+    state.backward_s += t1 - t0
+    if on_phase:
+        share = (t1 - t0) / len(rows)
+        for k, row in enumerate(rows):
+            on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
+                     row.traj, row.group)
+
+
+def memory_stats(acc: GradAccumulator, peak_buffers: int) -> dict:
+    """Peak gradient-sized buffers and their MB; on a GPU also the peak allocated memory of the step."""
+    mb = 2.0**20
+    stats = {"peak_buffers": peak_buffers, "peak_accumulator_mb": peak_buffers * acc.buffer_bytes() / mb}
+    device = acc.params[0].device
+    if device.type == "cuda":
+        stats["peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / mb
+    return stats

@@ -1,0 +1,88 @@
+"""The off-policy learner (schedules ``async`` and ``fully-async``): ``train_batch(trajs)`` in
+micro-batches, clipped PPO against the behaviour log-probs (docs/learner.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from learner.config import AlgorithmConfig
+from learner.grad.learner_common import (
+    LearnerOptions,
+    LogprobLedger,
+    PhaseCallback,
+    batch_advantages,
+    check_ref,
+    memory_stats,
+    report_micro_batch,
+    trainable,
+)
+from learner.grad.microbatch import forward, grads_of, off_policy_loss, off_policy_row, plan_micro_batches
+from learner.grad.objectives import batch_normaliser
+from learner.grad.on_policy import _Batch
+from learner.trajectory import Trajectory
+
+
+class OffPolicyLearner:
+    """One optimizer step per batch of (possibly stale) trajectories: clipped PPO against behavior log-probs.
+
+    GRPO: A_i from each group's members in the batch. OPD: per-token A_t = log π_T − log π_b.
+    Same aggregation weights and batch normalisers as the on-policy learner; micro-batched
+    under the token budget (``per-trajectory``: one trajectory per backward).
+    """
+
+    def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
+                 options: LearnerOptions | None = None):
+        check_ref(algo, ref_model)
+        self.model, self.algo, self.ref_model = model, algo, ref_model
+        self.options = options or LearnerOptions(path="micro-batched")
+        self.acc = self.options.accumulator(trainable(model))
+        self.logprobs = LogprobLedger()
+
+    @property
+    def path(self) -> str:
+        return self.options.path
+
+    def close(self) -> None:
+        """Nothing to release: the learner lives in the driver's process."""
+
+    def train_batch(self, trajs: Sequence[Trajectory], on_phase: PhaseCallback | None = None) -> dict:
+        if not trajs:
+            raise ValueError("trajs: a batch needs at least one trajectory")
+        algo = self.algo
+        adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
+        for p in self.acc.params:
+            p.grad = None
+        rows, skipped = [], 0
+        no_aux = algo.kl_coef == 0 and algo.entropy_coef == 0
+        for traj in trajs:
+            row = off_policy_row(traj, algo.objective)
+            if algo.objective == "grpo":
+                row.adv = adv_by_traj[traj.id]
+                if row.adv == 0.0 and no_aux:  # −min(ρ·0, clip(ρ)·0) = 0: exactly no gradient
+                    skipped += 1
+                    self.logprobs.skip(traj.id)
+                    continue
+            rows.append(row)
+        n_tokens, n_clipped = sum(t.n_scored for t in trajs), 0
+        state = _Batch(group_sizes={}, planner=None)  # counters only
+        for part in plan_micro_batches(rows, self.options.budget):
+            t0 = time.monotonic()
+            fwd = forward(self.model, self.ref_model, algo, part)
+            for b, row in enumerate(part):
+                self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+            loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)
+            self.acc.add_direct(grads_of(loss, self.acc.params))
+            n_clipped += clipped
+            del fwd, loss
+            report_micro_batch(state, part, t0, time.monotonic(), on_phase)
+        normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
+        self.acc.finalize(normaliser)
+        return {
+            "n_tokens": n_tokens, "n_traj": len(trajs), "normaliser": normaliser,
+            "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
+            "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
+            **memory_stats(self.acc, 1), "learner": self.path,
+        }
