@@ -16,7 +16,6 @@ from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .fairness import comparable_latest, config_diff
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
-from .quotas import QuotaExceeded
 from .resuming import ResumeRefused, request_resume
 from .models import Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from controller.launching import enqueue
+from controller.broker import enqueue
 from controller.models import Experiment, Run, Schedule
 
 DEMO_USER = "demo"
