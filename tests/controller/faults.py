@@ -1,7 +1,7 @@
 """Fault injection for the controller: a real ``celery worker`` process (prefork pool, as
-in production) on this session's test database and broker, a private Redis server that can
+in production) on this test process's database and broker, a private Redis server that can
 be killed and restarted, and checks that a run left nothing behind. Only processes this
-test started are looked at (engineers share the machine)."""
+test started are looked at (other test runs may share the machine)."""
 
 from __future__ import annotations
 

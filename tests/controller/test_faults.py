@@ -215,7 +215,7 @@ def private_redis(tmp_path):
 
 def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_experiment, sync_preset):
     # The worker's broker is a private Redis that this test crashes (a restart without
-    # persistence). The test process enqueues on the session's shared broker, which that
+    # persistence). The test process enqueues on the test run's shared broker, which that
     # worker never reads: for it, every message the test sends is lost, as in a crash.
     long_ago = timezone.now() - timedelta(minutes=5)
     first = launch_run(alice_experiment, sync_preset, steps=3)
