@@ -17,16 +17,16 @@ from transformers.cache_utils import DynamicCache
 
 from learner.rollout import kv_rows
 from learner.rollout.prefix_store import past_cache
-from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
+from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, Stream, keyed_sample, row_keys, stream_of
 
 ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
 ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the running batch
 
 
-def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
+def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int | Stream] | None,
                         on_done: OnDone | None, admit: Admit | None, keys: list | None = None) -> list[Completion]:
-    """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
-    token, its own positions and mask), so its tokens and behavior log-probs do not depend
+    """Each row is sampled exactly as in a fixed batch (keyed by its stream and position, its own
+    positions and mask), so its tokens and behavior log-probs do not depend
     on which rows share the batch or when it joined (up to float round-off).
 
     What joining and leaving cost decides when they happen. Both copy the batch's whole KV
@@ -41,9 +41,9 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     tokens: list[list[int]] = []
     logps: list[list[float]] = []
     fed: list[list[int]] = []  # each row's prompt (its context so far)
-    row_keys: list = []  # each row's key in engine.prefixes (None: not kept)
+    prefix_keys: list = []  # each row's key in engine.prefixes (None: not kept)
     store = engine.prefixes
-    gens: list[torch.Generator] = []
+    streams: list[Stream] = []
     results: list[Completion | None] = []
     run = _Running()
 
@@ -52,10 +52,10 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         for p, s, k in zip(new_prompts, new_seeds, new_keys, strict=True):
             tokens.append([])
             logps.append([])
-            gens.append(torch.Generator().manual_seed(s))
+            streams.append(stream_of(s))
             results.append(None)
             fed.append(p)
-            row_keys.append(k)
+            prefix_keys.append(k)
         reuse = [None if store is None or k is None else store.take(k, p) for p, k in zip(new_prompts, new_keys)]
         _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))), reuse)
 
@@ -65,9 +65,9 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     while run.alive:
         live = [j for j, i in enumerate(run.rows) if i >= 0]
         logits = run.logits if len(live) == len(run.rows) else run.logits[live]
-        # CPU generators: a row's draws depend on its seed alone, on any device
-        u = torch.cat([torch.rand(1, generator=gens[run.rows[j]], dtype=torch.float64) for j in live]).to(engine.device)
-        tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (live,)
+        # a row's draw depends on its key (stream, position) and its logits alone
+        keys = row_keys([streams[run.rows[j]] for j in live], [len(tokens[run.rows[j]]) for j in live], engine.device)
+        tok = keyed_sample(logits, params.temperature, params.top_p, keys)  # (live,)
         logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
         step_tok = [engine.pad_id] * len(run.rows)
@@ -77,9 +77,9 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             tokens[i].append(tok_row[k])
             logps[i].append(logp_row[k])
             hit = tok_row[k] in stop_ids
-            if hit or len(tokens[i]) >= params.max_new_tokens:
+            if hit or streams[i].start + len(tokens[i]) >= params.max_new_tokens:
                 results[i] = Completion(tokens[i], logps[i], hit)
-                if (store is not None and row_keys[i] is not None
+                if (store is not None and prefix_keys[i] is not None
                         and len(fed[i]) + len(tokens[i]) - 1 >= store.min_tokens):
                     # its next turn starts from these keys/values
                     ending.append((i, j, fed[i] + tokens[i][:-1]))  # before on_done: the caller may extend its prompt
@@ -90,7 +90,7 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             else:
                 step_tok[j] = tok_row[k]
         if ending:  # copied before the batch changes: one copy per layer for all of them
-            store.keep([row_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
+            store.keep([prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
                        [j for _, j, _ in ending], run.attn)
         new = []
         if admit is not None:  # loops that became ready meanwhile start their turn now
