@@ -10,6 +10,7 @@ within a few decode steps instead of when the call's longest row ends. ``engine`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -24,7 +25,8 @@ ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the r
 
 
 def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int | Stream] | None,
-                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None) -> list[Completion]:
+                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None,
+                        cut: Callable[[], list[int]] | None = None) -> list[Completion]:
     """Each row is sampled exactly as in a fixed batch (keyed by its stream and position, its own
     positions and mask), so its tokens and behavior log-probs do not depend
     on which rows share the batch or when it joined (up to float round-off).
@@ -35,7 +37,10 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     ended stays in the batch as masked padding until a quarter of the batch has ended (or
     rows join: the join copies anyway), and ready rows join once they are an eighth of the
     running batch or ``ADMIT_WAIT_STEPS`` decode steps after the last join: a loop whose
-    tool answered waits a few decode steps, not the rest of the call."""
+    tool answered waits a few decode steps, not the rest of the call.
+
+    ``cut()``, between decode steps: rows to end now (stopped False, a partial completion the
+    caller continues later from its stream's position: a draft giving way, rollout/drafts.py)."""
     seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
     stop_ids = set(params.stop_token_ids)
     tokens: list[list[int]] = []
@@ -96,6 +101,8 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         if admit is not None:  # loops that became ready meanwhile start their turn now
             since_join += 1
             new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // ADMIT_SHARE))
+        if cut is not None:
+            _cut(run, set(cut()), results, tokens, logps, on_done)
         ended = len(run.rows) - run.alive
         if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
             keep = [j for j, i in enumerate(run.rows) if i >= 0]
@@ -116,6 +123,16 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     engine.stats.calls += 1
     engine.stats.tokens_out += sum(len(t) for t in tokens)
     return results  # type: ignore[return-value]  (every row ended: none is None)
+
+
+def _cut(run: "_Running", rows: set[int], results: list, tokens: list, logps: list, on_done: OnDone | None) -> None:
+    for j, i in enumerate(run.rows):
+        if i >= 0 and i in rows:
+            results[i] = Completion(tokens[i], logps[i], False)
+            run.rows[j] = -1
+            run.alive -= 1
+            if on_done is not None:
+                on_done(i, results[i])
 
 
 def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:

@@ -10,7 +10,7 @@ corrects it in the off-policy schedules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import torch
 
@@ -92,11 +92,13 @@ class TorchEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int | Stream] | None = None, on_done: OnDone | None = None,
-                 admit: Admit | None = None, keys: list | None = None) -> list[Completion]:
+                 admit: Admit | None = None, keys: list | None = None,
+                 cut: Callable[[], list[int]] | None = None) -> list[Completion]:
         """``keys``: one per prompt (an agent loop's identity), under which the row's keys/values
-        are kept for its next turn (``rollout.reuse_kv``); ignored without the prefix store."""
+        are kept for its next turn (``rollout.reuse_kv``); ignored without the prefix store.
+        ``cut`` (continuous batching): rows to end early (``generate_continuous``)."""
         if self.continuous_batching:
-            return generate_continuous(self, prompts, params, seeds, on_done, admit, keys)
+            return generate_continuous(self, prompts, params, seeds, on_done, admit, keys, cut)
         if admit is not None:
             raise ValueError("admit: this engine runs with continuous_batching off; it cannot take rows mid-call")
         if not prompts:
