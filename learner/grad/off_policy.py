@@ -16,6 +16,7 @@ from learner.grad.learner_common import (
     batch_advantages,
     check_ref,
     memory_stats,
+    padding_stats,
     report_micro_batch,
     trainable,
 )
@@ -84,5 +85,5 @@ class OffPolicyLearner:
             "n_tokens": n_tokens, "n_traj": len(trajs), "normaliser": normaliser,
             "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
             "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
-            **memory_stats(self.acc, 1), "learner": self.path,
+            **memory_stats(self.acc, 1), "learner": self.path, **padding_stats(state),
         }
