@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from . import live, ownership
 from .config_merge import run_config
+from .broker import enqueue
 from .models import Experiment, Run, Schedule
 from .quotas import check_config, check_queue
 from .frames import status_frame
-from .tasks import run_training
 
 
 def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "") -> Run:
@@ -33,11 +33,6 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
         )
         transaction.on_commit(partial(enqueue, run.pk, task_id))
     return run
-
-
-def enqueue(run_id: int, task_id: str) -> None:
-    Run.objects.filter(pk=run_id).update(enqueued=timezone.now())  # the reaper re-sends a lost message
-    run_training.apply_async(args=[run_id], task_id=task_id)
 
 
 def request_cancel(run: Run) -> bool:

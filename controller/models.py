@@ -149,10 +149,6 @@ class Run(models.Model):
     def __str__(self):
         return self.name or f"run {self.pk}"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status in self.FINISHED
-
 
 class StepMetric(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")

@@ -21,9 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
-import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,30 +32,17 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
+from .broker import backlog, enqueue
+from .dispatch import next_run_id
 from .ingestion import finish_run
 from .models import Run
+from .processes import HOST, process_start, signal_group
 from .resuming import requeue_attempt
 
 log = logging.getLogger(__name__)
-HOST = socket.gethostname()
 HANDED_OFF = "queue:"  # Run.supervisor of a run handed to another node's queue, not yet taken
 _supervising: set[int] = set()  # runs whose supervisor runs in this process right now
 _stale_seen: dict[int, datetime | None] = {}  # run -> the stale heartbeat an earlier pass saw
-
-
-def process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot ('' if unknown): with the pid it
-    names one process, even after the pid is reused (a restarted container starts at 1 again)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
-
-
-def me() -> str:
-    """This process as a run's supervisor."""
-    return f"{HOST}:{os.getpid()}:{process_start(os.getpid())}"
 
 
 @contextmanager
@@ -107,19 +92,6 @@ def kill_leftovers(run: Run) -> None:
     sweep_semaphores({pgid})
 
 
-def signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
-    """Signal the group and wait up to ``wait_s`` for it to empty; False once it is gone."""
-    deadline = time.monotonic() + wait_s
-    try:
-        os.killpg(pgid, sig)
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def abandon(run: Run, reason: str) -> bool:
     """End a run whose supervisor is gone, or resume it from its latest checkpoint (up to
     THUNDERSYNC_AUTO_RESUMES attempts); False if its owner stamped it meanwhile."""
@@ -163,37 +135,16 @@ def reap_active(now: datetime) -> int:
     return ended
 
 
-def broker_backlog() -> int | None:
-    """Messages waiting in the runs queue (not those being worked on); None if the broker
-    cannot be looked into (only Redis can) or is down."""
-    from .celery import app
-
-    try:
-        with app.connection_for_read() as conn:
-            channel = conn.default_channel
-            if not hasattr(channel, "_q_for_pri"):
-                return None
-            queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
-            # LLEN is one of the commands kombu's client prefixes with global_keyprefix itself
-            return sum(channel.client.llen(channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
-    except Exception as err:  # the broker is down: nothing to send to anyway
-        log.warning("reaper: cannot look into the broker: %s", err)
-        return None
-
-
 def requeue_lost(now: datetime) -> int:
     """One slot (controller/dispatch.py) when a queued run may start, has waited
     THUNDERSYNC_REQUEUE_AFTER_S since its last message, and the broker holds none: its
     message was lost. A slot too many is harmless (it claims nothing)."""
-    from .dispatch import next_run_id
-    from .launching import enqueue
-
     run_id = next_run_id()
     if run_id is None:
         return 0
     cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
     run = Run.objects.get(pk=run_id)
-    if (run.enqueued or run.created) > cutoff or broker_backlog() != 0:
+    if (run.enqueued or run.created) > cutoff or backlog() != 0:
         return 0
     if not Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now):
         return 0  # another worker's reaper sent it

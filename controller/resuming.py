@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import F, Max
 
 from . import live
+from .broker import enqueue
 from .models import Run, Span
 from .quotas import check_queue
 from .frames import status_frame
@@ -36,8 +37,6 @@ def output_dir(config: dict) -> str:
 
 def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
     """Queue the run again as its next attempt (``only_if``: field values it must still have)."""
-    from .launching import enqueue  # launching imports the task module, which imports this one
-
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         requeued = Run.objects.filter(pk=run_id, **(only_if or {})).update(

@@ -12,7 +12,6 @@ is stopped with that reason, and a stderr log that cannot be written (a full dis
 the run with the reason instead of silently blocking the learner on a full pipe.
 """
 
-import ctypes
 import logging
 import os
 import queue
@@ -32,6 +31,7 @@ from django.utils import timezone
 from learner.stopping import sweep_semaphores
 
 from . import nodes, ownership, runlog, warm
+from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
@@ -40,18 +40,6 @@ from .resuming import output_dir, resume_arguments
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SIGKILL
-PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not load it
-except OSError:
-    _LIBC = None
-
-
-def _die_with_parent() -> None:
-    """Child side, before exec: SIGTERM when the supervising thread dies (a killed Celery
-    worker), so the learner stops at a safe point instead of training for nobody."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LearnerProcess:
@@ -67,7 +55,7 @@ class LearnerProcess:
         # forked by this worker's warm runner if it has one (controller/warm.py), else cold
         self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, start_new_session=True, env=env, preexec_fn=_die_with_parent,
+            text=True, bufsize=1, start_new_session=True, env=env, preexec_fn=die_with_parent,
         )
         self.pid = self.proc.pid
         self.stderr_tail: deque[str] = deque(maxlen=stderr_lines)
@@ -190,7 +178,7 @@ def supervise(run: Run) -> Run:
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
     with ownership.supervising(run.pk):
-        Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=ownership.me(), heartbeat=timezone.now())
+        Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=me(), heartbeat=timezone.now())
         watch = RunWatch(child, ingestor, run.pk, spans_nodes=bool(remote))
         try:
             watch.pump()
@@ -250,7 +238,7 @@ class RunWatch:
     def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int, spans_nodes: bool = False):
         self.child, self.ingestor, self.run_id, self.spans_nodes = child, ingestor, run_id, spans_nodes
         self.db = DatabaseRetry(run_id)
-        self.me = ownership.me()
+        self.me = me()
         self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
         self.failure = ""
         self.kill_at: float | None = None

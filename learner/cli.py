@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import importlib
 import json
 import os
 import sys
@@ -291,13 +293,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run")):
         try:
-            module = __import__(path, fromlist=["add_arguments", "run"])
-        except ImportError:
+            module = importlib.import_module(path)
+        except ImportError as err:  # the other commands still work; this one says why it cannot
+            # no option characters: every argument (--help too) reaches cannot_load, which exits 1
+            p = sub.add_parser(name, help=f"unavailable: {err}", prefix_chars="\0", add_help=False)
+            p.add_argument("ignored", nargs="*")
+            p.set_defaults(func=functools.partial(cannot_load, name, path, err))
             continue
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         module.add_arguments(p)
         p.set_defaults(func=module.run)
     return parser
+
+
+def cannot_load(name: str, path: str, err: ImportError, args) -> int:
+    print(f"thundersync: {name}: cannot load {path}: {type(err).__name__}: {err}", file=sys.stderr)
+    return 1
 
 
 def quiet_libraries() -> None:

@@ -31,10 +31,10 @@ from typing import Any, Callable
 from learner import stopping
 from learner.checkpoint import save_final_model
 from learner.config import RunConfig
-from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
+from learner.distributed.front import rank_lane, uses_ranks
 from learner.distributed.node_rollouts import rollout_hosts
 from learner.driver import rules
-from learner.driver.barrier import barrier
+from learner.driver.barrier import AuditDump, Barrier
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.pipeline import BatchGate, GroupPool
 from learner.driver.recorder import Recorder
@@ -50,7 +50,8 @@ from learner.trajectory import ScoredTurn, Trajectory
 class Trainer:
     def __init__(self, cfg: RunConfig, sink: EventSink, dump: tuple[str, int] | None = None,
                  on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
-        self.cfg, self.sink, self.dump, self.on_step, self.resume = cfg, sink, dump, on_step, resume
+        self.cfg, self.sink, self.on_step, self.resume = cfg, sink, on_step, resume
+        self.audit = AuditDump(dump[0], dump[1], cfg) if dump else None
         self.schedule = cfg.train.schedule
         self.recorder = Recorder(sink, rank_lane(0, cfg.learner.node_of(0)))
         self.version, self.rewards = 0, []
@@ -73,6 +74,7 @@ class Trainer:
                                lambda rank, *phase: self.on_phase(*phase, rank=rank), weights_loader(self.resume))
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
+        self.barrier = Barrier(self.parts, self.recorder, self.rollouts, self.audit)
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
         nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
@@ -97,8 +99,7 @@ class Trainer:
         the schedule does; returns what is held for the barrier."""
         P, G, objective = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.algorithm.objective
         streams = rules.learns_on_arrival(self.schedule, objective, objective == "opd")
-        if not rules.off_policy(self.schedule):
-            self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
+        self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
         held: list = []
         idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None  # docs/learner.md
         while len(self.rec.trajs) < P * G:
@@ -123,11 +124,12 @@ class Trainer:
             item = self.rollouts.receive()
             if isinstance(item, Trajectory):
                 self.rec.dropped_groups += len(self.pool.add(item.group, item, item.min_version(), self.version))
+        self.learner.begin_batch({g: self.cfg.train.group_size for g in chosen})
         for g in chosen:
             for t in self.pool.pop_members(g):
                 t.step = self.rec.step
                 self.rec.trajs.append(t)
-        return []
+        return list(self.rec.trajs)
 
     def learn(self, items: list[Trajectory | ScoredTurn]) -> None:
         """Hand the learner everything waiting; it decides how to batch it (docs/learner.md)."""
@@ -138,17 +140,11 @@ class Trainer:
 
     def train_step(self, held: list[Trajectory | ScoredTurn]) -> None:
         """The learner's work for the step that formed: what was held (sync: all of it, turns
-        first; streaming OPD: the trajectories that close the turn accounting), or the
-        off-policy pass over the whole batch; then the barrier."""
-        if rules.off_policy(self.schedule):
-            self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
-            trajs = sorted(self.rec.trajs, key=learn_order)  # arrival order would reach the float sums
-            self.rec.learner_stats = self.learner.train_batch(trajs, on_phase=self.on_phase)
-        else:
-            self.learn(sorted(held, key=learn_order))
-            self.rec.learner_stats = self.learner.finish_batch()
-        self.version = barrier(self.parts, self.rec, self.version, self.recorder, self.rollouts, self.cfg,
-                               self.dump, wait_for_replicas=not rules.off_policy(self.schedule))
+        first; streaming OPD: the trajectories that close the turn accounting; off-policy: the
+        whole batch, learnt in ``finish_batch``), then the barrier."""
+        self.learn(sorted(held, key=learn_order))  # arrival order would reach the float sums
+        self.rec.learner_stats = self.learner.finish_batch(self.on_phase)
+        self.version = self.barrier(self.rec, self.version, wait_for_replicas=not rules.off_policy(self.schedule))
 
     def finish_step(self, t_end: float) -> dict:
         """Metrics of the step that ended at ``t_end`` (its publish). The next step starts
@@ -220,9 +216,7 @@ def started_event(cfg: RunConfig, parts: RunParts, workers: int, now: float) -> 
 def run_metrics(parts: RunParts, rec: StepRecord, spans: list[dict], t_end: float) -> dict[str, float]:
     """Metrics a run's set-up adds: per learner rank (data-parallel) and held-out evaluation
     (``train.eval_every``, after the step's publish)."""
-    values = {}
-    if isinstance(parts.learner, DataParallelLearner):
-        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.cfg, parts.learner.rank_stats))
+    values = parts.learner.metrics(spans, rec.t_start, t_end)
     if parts.evaluator is not None and parts.evaluator.due(rec.step):
         values.update(parts.evaluator.run(rec.step))
     return values

@@ -10,6 +10,7 @@ the same), so every trajectory keeps its backward span.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,56 @@ class LearnerOptions:
         if self.deterministic:
             return FixedPointSum(params)
         return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """A learner's step at the barrier: ``optimizer`` over its trainable parameters, the batch
+    gradient clipped to ``grad_clip`` first (``train.grad_clip``; 0: not clipped)."""
+
+    optimizer: torch.optim.Optimizer
+    grad_clip: float = 0.0
+
+    def __call__(self, params: Sequence[torch.nn.Parameter]) -> float:
+        return clip_and_step(params, self.optimizer, self.grad_clip)
+
+
+def clip_and_step(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip the gradient in ``p.grad`` (0: no clipping, the norm is still measured), one optimizer
+    step, gradients cleared; returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+class InProcessLearner:
+    """What a learner that lives in the driver's process does at the barrier, once its batch's
+    gradient is in ``p.grad`` (``StreamingLearner``, ``OffPolicyLearner``; cf.
+    ``DataParallelLearner``). Needs ``model``, ``acc`` and ``optimizer``."""
+
+    model: torch.nn.Module
+    acc: GradAccumulator | FixedPointSum
+    optimizer: OptimizerStep | None
+
+    @property
+    def pids(self) -> list[int]:
+        return []  # no processes of its own
+
+    def step(self) -> float:
+        """Clip the finished batch's gradient, one optimizer step, gradients cleared."""
+        if self.optimizer is None:
+            raise RuntimeError("step: this learner was built without an optimizer (OptimizerStep)")
+        return self.optimizer(self.acc.params)
+
+    def batch_gradient(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def metrics(self, spans: list[dict], t_start: float, t_end: float) -> dict[str, float]:
+        return {}  # one process, one lane: the step's own metrics say it all
+
+    def close(self) -> None:
+        """Nothing to release: the learner lives in the driver's process."""
 
 
 # ---------------------------------------------------------------- shared helpers

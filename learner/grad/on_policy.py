@@ -8,7 +8,7 @@ update up to summation order), per batch:
                                         # ended trajectories), any order, any number of calls
     learner.idle_work()                 # optional, when nothing waits: True if it learnt something
     stats = learner.finish_batch()      # barrier: batch normaliser, result in p.grad
-    # caller: clip_grad_norm_, optimizer.step(), optimizer.zero_grad()
+    norm = learner.step()               # clip, optimizer step, zero_grad (its ``OptimizerStep``)
 
 The learner decides how to batch what it is handed (docs/learner.md): ``LearnerOptions.path``
 ``per-trajectory`` (one forward+backward per trajectory, the earlier learner), ``micro-batched``
@@ -37,7 +37,9 @@ from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
 from learner.grad.learner_common import (
     LearnerOptions,
+    InProcessLearner,
     LogprobLedger,
+    OptimizerStep,
     PhaseCallback,
     check_ref,
     memory_stats,
@@ -141,16 +143,16 @@ class _Batch:
         self.ended.add(traj.id)
 
 
-class StreamingLearner:
+class StreamingLearner(InProcessLearner):
     """Exact on-policy GRPO / OPD (sync and streaming): one optimizer step per batch, zero staleness.
 
     The batch's life (begin, learn, idle work, barrier) is here; the forwards and backwards
     into the running sums are ``OnPolicyBackward``'s."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                 options: LearnerOptions | None = None):
+                 options: LearnerOptions | None = None, optimizer: OptimizerStep | None = None):
         check_ref(algo, ref_model)
-        self.model, self.algo, self.ref_model = model, algo, ref_model
+        self.model, self.algo, self.ref_model, self.optimizer = model, algo, ref_model, optimizer
         self.options = options or LearnerOptions()
         self.acc = self.options.accumulator(trainable(model))
         self._batch: _Batch | None = None
@@ -247,17 +249,14 @@ class StreamingLearner:
         self._batch = None
         self.acc.reset()
 
-    def close(self) -> None:
-        """Nothing to release: the learner lives in the driver's process (cf. ``DataParallelLearner``)."""
-
-    def finish_batch(self, totals: tuple[int, int] | None = None) -> dict:
+    def finish_batch(self, on_phase: PhaseCallback | None = None, totals: tuple[int, int] | None = None) -> dict:
         """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
 
         ``totals``: (scored tokens, trajectories) of the whole batch when this learner holds one
         data-parallel rank's share of it (``learner.distributed``); default its own counts."""
         state = self._state("finish_batch")
         self.check_complete()
-        self.backward.ready(state, None, flush=True)
+        self.backward.ready(state, on_phase, flush=True)
         n_tokens, n_traj = totals if totals is not None else self.batch_counts()
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)

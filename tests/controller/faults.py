@@ -1,7 +1,7 @@
 """Fault injection for the controller: a real ``celery worker`` process (prefork pool, as
-in production) on this session's test database and broker, a private Redis server that can
+in production) on this test process's database and broker, a private Redis server that can
 be killed and restarted, and checks that a run left nothing behind. Only processes this
-test started are looked at (engineers share the machine)."""
+test started are looked at (other test runs may share the machine)."""
 
 from __future__ import annotations
 
@@ -148,14 +148,14 @@ class WorkerProcess:
 
 
 def wait_final(run_id: int, timeout: float = 60.0) -> Run:
-    return wait_until(lambda: (run := Run.objects.get(pk=run_id)).is_finished and run, timeout,
+    return wait_until(lambda: (run := Run.objects.get(pk=run_id)).status in Run.FINISHED and run, timeout,
                       f"run {run_id} reached a final state")
 
 
 def wait_running_with_spans(run_id: int, spans: int = 1, timeout: float = 240.0) -> Run:
     def ready():
         run = Run.objects.get(pk=run_id)
-        assert not run.is_finished, f"run {run_id} ended early: {run.status} {run.error}"
+        assert run.status not in Run.FINISHED, f"run {run_id} ended early: {run.status} {run.error}"
         return run.status == "running" and Span.objects.filter(run_id=run_id).count() >= spans and run
     return wait_until(ready, timeout, f"run {run_id} running with {spans} spans")
 

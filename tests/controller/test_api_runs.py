@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 from django.test import Client
 
-from controller.launching import enqueue
+from controller.broker import enqueue
 from controller.models import Run, Schedule
 from controller.tasks import run_training
 

@@ -14,7 +14,8 @@ from django.db import connection
 from django.utils import timezone
 
 from controller.celery import app
-from controller.launching import enqueue, launch_run
+from controller.broker import enqueue
+from controller.launching import launch_run
 from controller.models import Experiment, Run, Span, StepMetric
 from learner.rollout.sandbox import SANDBOX_TOKEN
 
@@ -186,7 +187,7 @@ def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset
     pgid = wait_running_with_spans(run_id, 1).pids[0]
     stopped: set[int] = set()
     deadline = time.monotonic() + 240
-    while not Run.objects.get(pk=run_id).is_finished and time.monotonic() < deadline:
+    while Run.objects.get(pk=run_id).status not in Run.FINISHED and time.monotonic() < deadline:
         for pid in sandbox_processes(pgid):  # every tool process hangs (SIGSTOP: alive, never answers)
             if pid not in stopped:
                 os.kill(pid, signal.SIGSTOP)
@@ -214,7 +215,7 @@ def private_redis(tmp_path):
 
 def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_experiment, sync_preset):
     # The worker's broker is a private Redis that this test crashes (a restart without
-    # persistence). The test process enqueues on the session's shared broker, which that
+    # persistence). The test process enqueues on the test run's shared broker, which that
     # worker never reads: for it, every message the test sends is lost, as in a crash.
     long_ago = timezone.now() - timedelta(minutes=5)
     first = launch_run(alice_experiment, sync_preset, steps=3)
