@@ -1,6 +1,6 @@
 """Streaming's learner work against the micro-batched sync's, on the shipped workloads.
 
-    .venv/bin/python bench/learner_work.py [--steps 6] [--rounds 2] [--only NAME] [--json out.json]
+    .venv/bin/python -m bench.learner_work [--steps 6] [--rounds 2] [--only NAME] [--json out.json]
 
 For each workload, fresh ``thundersync train`` processes (``learner.bench.run.Runner``) under
 ``sync`` and ``streaming`` in alternating order, ``rounds`` times; per run the medians of
@@ -19,12 +19,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
-from learner.bench.measure import measured_steps  # noqa: E402
-from learner.bench.run import Runner, alternating  # noqa: E402
-from learner.config import RunConfig, load_config  # noqa: E402
+from bench.load_report import finish
+from learner.bench.measure import measured_steps
+from learner.bench.run import Runner, alternating
+from learner.config import RunConfig, load_config
 
 SCHEDULES = ["sync", "streaming"]
 METRICS = {"learner_s": "timing_s/learner", "step_s": "timing_s/step", "padding_share": "learner/padding_share",
