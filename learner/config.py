@@ -273,6 +273,15 @@ class LearnerConfig(Strict):
                           "when nothing else waits (false: they wait for a second reward or the close, so "
                           "no backward is spent on a group that ends zero-variance); null: on exactly when "
                           "the loss has a KL or entropy term, which those members need learnt anyway")
+    drain_policy: Literal["cost-aware", "finished-groups-first", "closed-groups"] = Field(
+        "cost-aware", description="adaptive learner: when work the micro-batched sync would not do runs before "
+                                  "the groups close (open groups' buckets, unfilled micro-batches): cost-aware: "
+                                  "when its measured premium fits in early_work_share and the rollout is near its "
+                                  "end; finished-groups-first: whenever the learner would idle; closed-groups: "
+                                  "never (docs/learner.md)")
+    early_work_share: float = Field(
+        0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
+                                           "share of the batch's estimated micro-batched learner work")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")

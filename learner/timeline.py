@@ -67,6 +67,7 @@ class Metric:
     SKIPPED_TRAJECTORIES = "learner/skipped_trajectories"  # A = 0 exactly: no backward (docs/learner.md)
     SPECULATIVE_TRAJECTORIES = "learner/speculative_trajectories"
     MICRO_BATCHES = "learner/micro_batches"
+    PADDING_SHARE = "learner/padding_share"  # padded token slots / all slots of the learner's micro-batches
     OPEN_ROW_COST = "learner/open_row_cost"  # an open-group row's backward time / a known row's (docs/learner.md)
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
