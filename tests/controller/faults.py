@@ -175,7 +175,7 @@ def assert_spans_kept(run_id: int, before: int) -> None:
 
 class ProductionWeb:
     """daphne serving ``controller.asgi`` with ``controller.settings.production`` (persistent
-    PostgreSQL connections, Redis as cache, broker and channel layer) on this session's test
+    PostgreSQL connections, Redis as cache, broker and channel layer) on this test run's
     database and the given Redis; ``login`` opens a ``requests`` session through the real form."""
 
     def __init__(self, redis_url: str, run_dir: Path, log_path: Path):
