@@ -397,6 +397,7 @@ if (DEBUG) window.__thundersync = {
   frames: () => frameLog,
   draws: () => drawLog,
   barsByKind: () => gantt.barsByKind(),
+  dimmed: () => Boolean(gantt.overlay?.dim), // a followed trajectory fades the rest of the chart
 };
 
 // One click must not end a long run: the cancel form asks first.
