@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from . import live, ownership
 from .config_merge import run_config
-from .broker import enqueue
+from .broker import enqueue_or_withdraw
 from .models import Experiment, Run, Schedule
 from .quotas import check_config, check_queue
 from .frames import status_frame
@@ -31,7 +31,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
         )
-        transaction.on_commit(partial(enqueue, run.pk, task_id))
+        transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
 
 

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F, Max
 
 from . import live
-from .broker import enqueue
+from .broker import enqueue_or_leave_to_reaper
 from .models import Run, Span
 from .quotas import check_queue
 from .frames import status_frame
@@ -44,7 +44,7 @@ def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
             heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id, start_task_id="",
         )
         if requeued:
-            transaction.on_commit(partial(enqueue, run_id, task_id))
+            transaction.on_commit(partial(enqueue_or_leave_to_reaper, run_id, task_id))
     if requeued:
         live.publish(run_id, status_frame(Run.objects.get(pk=run_id)))
     return bool(requeued)

@@ -36,6 +36,7 @@ from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
 from .resuming import output_dir, resume_arguments
+from .server_paths import run_dir_escape
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,6 +165,8 @@ def supervise(run: Run) -> Run:
     # every run keeps its final model (and checkpoints, if asked) under its run directory
     config = {**run.config, "train": {**run.config.get("train", {}), "output_dir": output_dir(run.config)}}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if escape := run_dir_escape(config, run_dir):
+        return finish_run(run.pk, Run.Status.FAILED, escape)
     if run.attempt:
         command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
     else:

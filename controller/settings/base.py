@@ -35,6 +35,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "controller.outages.OutageMiddleware",  # innermost: it sees what views raise (503, not 500)
 ]
 
 ROOT_URLCONF = "controller.urls"
@@ -148,11 +149,12 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "queued_runs": 10,
 }
 
-# Login throttling (controller/login_throttle.py): failures counted per account and per
-# client address; at the limit, logins are refused until the window after the first failure ends.
+# Login throttling (controller/login_throttle.py): failures counted per (account, address)
+# and per address; past a limit each attempt waits a cool-down after the last failure.
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
 THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
+THUNDERSYNC_LOGIN_COOLDOWN_S = 30.0  # first cool-down past a limit; doubles per further failure
 # Behind a reverse proxy: the META key of the header it sets to the client's address (e.g.
 # "HTTP_X_REAL_IP"); only a header the proxy overwrites, a client could forge any other.
 THUNDERSYNC_CLIENT_IP_HEADER = os.environ.get("THUNDERSYNC_CLIENT_IP_HEADER", "")

@@ -39,6 +39,8 @@ class LearnerOptions:
     accumulator_device: str = "device"  # or "host"
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/grad/deterministic.py)
     speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
+    drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/cost_model.py)
+    early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -49,7 +51,8 @@ class LearnerOptions:
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
                    deterministic=cfg.deterministic_learner(),
-                   speculate_zero_variance=cfg.speculate_zero_variance())
+                   speculate_zero_variance=cfg.speculate_zero_variance(), drain_policy=cfg.learner.drain_policy,
+                   early_work_share=cfg.learner.early_work_share)
 
     @property
     def min_stream_tokens(self) -> int:
@@ -169,15 +172,24 @@ class LogprobLedger:
 
 
 def report_micro_batch(state, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
-    """Count a micro-batch and report it as one equal share of its interval per row."""
+    """Count a micro-batch (and its padded token slots) and report it as one equal share of its
+    interval per row."""
     state.micro_batches += 1
     state.rows += len(rows)
+    width = max(len(r.ids) for r in rows)
+    state.token_slots += len(rows) * width  # right-padded to the longest row (learner/grad/microbatch.py)
+    state.padded_slots += sum(width - len(r.ids) for r in rows)
     state.backward_s += t1 - t0
     if on_phase:
         share = (t1 - t0) / len(rows)
         for k, row in enumerate(rows):
             on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
                      row.traj, row.group)
+
+
+def padding_stats(state) -> dict:
+    """``padding_share``: padded token slots over all token slots of the step's micro-batches."""
+    return {"padding_share": state.padded_slots / state.token_slots} if state.token_slots else {}
 
 
 def memory_stats(acc: GradAccumulator, peak_buffers: int) -> dict:

@@ -22,6 +22,7 @@ from learner.grad.learner_common import (
     batch_advantages,
     check_ref,
     memory_stats,
+    padding_stats,
     report_micro_batch,
     trainable,
 )
@@ -115,5 +116,5 @@ class OffPolicyLearner(InProcessLearner):
             "n_tokens": n_tokens, "n_traj": len(trajs), "normaliser": normaliser,
             "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
             "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
-            **memory_stats(self.acc, 1), "learner": self.path,
+            **memory_stats(self.acc, 1), "learner": self.path, **padding_stats(state),
         }
