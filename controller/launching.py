@@ -24,7 +24,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     if steps is None:
         steps = experiment.run_config().train.steps
     config = run_config(experiment.config, schedule.overrides(), steps, name)
-    check_config(experiment.owner, config["train"])
+    check_config(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)

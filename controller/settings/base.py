@@ -147,6 +147,10 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "steps": 10_000,  # train.steps of one run
     "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
     "queued_runs": 10,
+    # processes and generated items of one run (controller/quotas.py RESOURCE_LIMITS)
+    "rollout_workers": 8,  # rollout.workers
+    "learner_world_size": 4,  # learner.world_size
+    "task_size": 100_000,  # task.size (reasoning-gym items per split)
 }
 
 # Login throttling (controller/login_throttle.py): failures counted per (account, address)
