@@ -5,7 +5,7 @@ import json
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import FileResponse, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -13,10 +13,9 @@ from django.views.decorators.http import require_POST
 from learner.config import ConfigError
 
 from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
-from .config_merge import flatten
+from .fairness import comparable_latest, config_diff
 from .forms import ExperimentForm, LaunchForm
 from .launching import launch_run, request_cancel
-from .quotas import QuotaExceeded
 from .resuming import ResumeRefused, request_resume
 from .models import Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
@@ -57,9 +56,13 @@ def with_figures(runs: list[Run]) -> list[Run]:
 
 
 def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
+    runs = with_figures(list(experiment.runs.select_related("schedule")))
+    latest, why_not = comparable_latest(runs, {r.pk: r.figures["steps_done"] for r in runs})
     context = {
         "experiment": experiment,
-        "runs": with_figures(list(experiment.runs.select_related("schedule"))),
+        "runs": runs,
+        "compare_latest": ",".join(str(r.pk) for r in latest),
+        "compare_latest_why_not": why_not,
         "schedules": Schedule.objects.visible_to(request.user),
         "launch_form": launch_form,
     }
@@ -145,28 +148,24 @@ def cancel(request, run_id: int):
     return redirect("run", found.pk)
 
 
-def config_diff(runs: list[Run]) -> list[dict]:
-    """Config paths whose values differ between the runs, with each run's value."""
-    flat = [flatten(r.config) for r in runs]
-    paths = sorted({p for f in flat for p in f})
-    rows = [{"path": p, "values": [f.get(p) for f in flat]} for p in paths]
-    return [row for row in rows if any(v != row["values"][0] for v in row["values"])]
-
-
 @login_required
 def compare(request):
     """``?runs=1,2,3``: 2-4 of the user's runs side by side (no parameter: just the picker)."""
     mine = owned_runs(request.user)
-    error, chosen = "", []
+    error, status, chosen = "", 200, []
+    raw = request.GET.get("runs", "")
+    asked = {int(p) for p in raw.split(",") if p.strip().isdigit()}  # stay ticked in the picker
     try:
-        ids = parse_run_ids(request.GET.get("runs", ""))
+        ids = parse_run_ids(raw)
     except CompareError as err:
-        ids, error = [], f"{err.field}: {err}"
+        ids, error, status = [], f"{err.field}: {err}", 400
     if ids:
         found = {r.pk: r for r in mine.filter(pk__in=ids)}
-        if len(found) != len(ids):
-            raise Http404("no such run")
-        chosen = [found[i] for i in ids]
-    context = {"runs": chosen, "all_runs": mine, "config_diff": config_diff(chosen) if chosen else [],
-               "error": error}
-    return render(request, "compare.html", context, status=400 if error else 200)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            error, status = f"runs: no run {', '.join(f'#{i}' for i in missing)} among yours", 404
+        else:
+            chosen = [found[i] for i in ids]
+    context = {"runs": chosen, "all_runs": mine, "asked": asked,
+               "config_diff": config_diff(chosen) if chosen else [], "error": error}
+    return render(request, "compare.html", context, status=status)

@@ -10,6 +10,7 @@ within a few decode steps instead of when the call's longest row ends. ``engine`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -17,16 +18,17 @@ from transformers.cache_utils import DynamicCache
 
 from learner.rollout import kv_rows
 from learner.rollout.prefix_store import past_cache
-from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
+from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, Stream, keyed_sample, row_keys, stream_of
 
 ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
 ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the running batch
 
 
-def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
-                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None) -> list[Completion]:
-    """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
-    token, its own positions and mask), so its tokens and behavior log-probs do not depend
+def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int | Stream] | None,
+                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None,
+                        cut: Callable[[], list[int]] | None = None) -> list[Completion]:
+    """Each row is sampled exactly as in a fixed batch (keyed by its stream and position, its own
+    positions and mask), so its tokens and behavior log-probs do not depend
     on which rows share the batch or when it joined (up to float round-off).
 
     What joining and leaving cost decides when they happen. Both copy the batch's whole KV
@@ -35,15 +37,18 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     ended stays in the batch as masked padding until a quarter of the batch has ended (or
     rows join: the join copies anyway), and ready rows join once they are an eighth of the
     running batch or ``ADMIT_WAIT_STEPS`` decode steps after the last join: a loop whose
-    tool answered waits a few decode steps, not the rest of the call."""
+    tool answered waits a few decode steps, not the rest of the call.
+
+    ``cut()``, between decode steps: rows to end now (stopped False, a partial completion the
+    caller continues later from its stream's position: a draft giving way, rollout/drafts.py)."""
     seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
     stop_ids = set(params.stop_token_ids)
     tokens: list[list[int]] = []
     logps: list[list[float]] = []
     fed: list[list[int]] = []  # each row's prompt (its context so far)
-    row_keys: list = []  # each row's key in engine.prefixes (None: not kept)
+    prefix_keys: list = []  # each row's key in engine.prefixes (None: not kept)
     store = engine.prefixes
-    gens: list[torch.Generator] = []
+    streams: list[Stream] = []
     results: list[Completion | None] = []
     run = _Running()
 
@@ -52,10 +57,10 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         for p, s, k in zip(new_prompts, new_seeds, new_keys, strict=True):
             tokens.append([])
             logps.append([])
-            gens.append(torch.Generator().manual_seed(s))
+            streams.append(stream_of(s))
             results.append(None)
             fed.append(p)
-            row_keys.append(k)
+            prefix_keys.append(k)
         reuse = [None if store is None or k is None else store.take(k, p) for p, k in zip(new_prompts, new_keys)]
         _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))), reuse)
 
@@ -65,9 +70,9 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     while run.alive:
         live = [j for j, i in enumerate(run.rows) if i >= 0]
         logits = run.logits if len(live) == len(run.rows) else run.logits[live]
-        # CPU generators: a row's draws depend on its seed alone, on any device
-        u = torch.cat([torch.rand(1, generator=gens[run.rows[j]], dtype=torch.float64) for j in live]).to(engine.device)
-        tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (live,)
+        # a row's draw depends on its key (stream, position) and its logits alone
+        keys = row_keys([streams[run.rows[j]] for j in live], [len(tokens[run.rows[j]]) for j in live], engine.device)
+        tok = keyed_sample(logits, params.temperature, params.top_p, keys)  # (live,)
         logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
         tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
         step_tok = [engine.pad_id] * len(run.rows)
@@ -77,9 +82,9 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             tokens[i].append(tok_row[k])
             logps[i].append(logp_row[k])
             hit = tok_row[k] in stop_ids
-            if hit or len(tokens[i]) >= params.max_new_tokens:
+            if hit or streams[i].start + len(tokens[i]) >= params.max_new_tokens:
                 results[i] = Completion(tokens[i], logps[i], hit)
-                if (store is not None and row_keys[i] is not None
+                if (store is not None and prefix_keys[i] is not None
                         and len(fed[i]) + len(tokens[i]) - 1 >= store.min_tokens):
                     # its next turn starts from these keys/values
                     ending.append((i, j, fed[i] + tokens[i][:-1]))  # before on_done: the caller may extend its prompt
@@ -90,12 +95,14 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             else:
                 step_tok[j] = tok_row[k]
         if ending:  # copied before the batch changes: one copy per layer for all of them
-            store.keep([row_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
+            store.keep([prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
                        [j for _, j, _ in ending], run.attn)
         new = []
         if admit is not None:  # loops that became ready meanwhile start their turn now
             since_join += 1
             new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // ADMIT_SHARE))
+        if cut is not None:
+            _cut(run, set(cut()), results, tokens, logps, on_done)
         ended = len(run.rows) - run.alive
         if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
             keep = [j for j, i in enumerate(run.rows) if i >= 0]
@@ -116,6 +123,16 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     engine.stats.calls += 1
     engine.stats.tokens_out += sum(len(t) for t in tokens)
     return results  # type: ignore[return-value]  (every row ended: none is None)
+
+
+def _cut(run: "_Running", rows: set[int], results: list, tokens: list, logps: list, on_done: OnDone | None) -> None:
+    for j, i in enumerate(run.rows):
+        if i >= 0 and i in rows:
+            results[i] = Completion(tokens[i], logps[i], False)
+            run.rows[j] = -1
+            run.alive -= 1
+            if on_done is not None:
+                on_done(i, results[i])
 
 
 def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:

@@ -80,6 +80,9 @@ class Environment(Protocol):
     factory taking the ``TaskConfig`` (``learner.rollout.tasks.register_env``)."""
 
     name: str
+    # the environment is a pure function of the history: the same tool call after the same
+    # turns gives the same result, so a draft's tool results may be kept (docs/speculation.md)
+    pure_history: bool
 
     def sample_task(self, rng: random.Random) -> Task: ...
 
@@ -157,6 +160,7 @@ class ArithToolEnv:
     """``arith-tool``: integer expressions solved through a one-operation calculator."""
 
     name = "arith-tool"
+    pure_history = True  # a calculator
     TOOLS = (ToolSpec("calculator", "expression", "Evaluate one binary operation a+b, a-b or a*b on integers"),)
 
     def __init__(self, config: TaskConfig):

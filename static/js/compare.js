@@ -8,7 +8,6 @@ import { MetricPanel, metricPoints } from "./metricpanel.js";
 import { METRIC } from "./conventions.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
-const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
 const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
 
 const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
@@ -42,11 +41,14 @@ function drawMetricCharts() {
 
 /**
  * Reward against wall time: each step's reward when the step ended, from the run's first step
- * start, so no run carries its boot time (the summary's origin); ``level``, the summary's
- * reward level, as a dotted line.
+ * start, so no run carries its boot time (the summary's origin): raw (faint) and smoothed as the
+ * summary reads it (solid); ``level``, the summary's reward level, as a dotted line.
  */
-function drawReward(level) {
-  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) }));
+function drawReward(level, smoothing) {
+  const reward = runs.flatMap((r) => [
+    { name: `${label(r)} raw`, colour: r.colour, opacity: 0.3, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) },
+    { name: `${label(r)} EMA ${smoothing}`, colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall", smoothing }) },
+  ]);
   const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: METRIC.REWARD_MEAN });
   if (level !== null) {
     figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
@@ -55,15 +57,14 @@ function drawReward(level) {
 }
 
 /**
- * Staleness of the trained turns over the run's last few steps, from the learner's per-step
+ * Staleness of the trained turns over every step of the run, from the learner's per-step
  * histogram (``staleness/turns_<k>``: turns trained k versions after they were sampled;
- * docs/schedules.md defines staleness once, the page only adds the counts up).
+ * docs/schedules.md defines staleness once, the page only adds the counts up): the same turns
+ * as the summary's staleness mean.
  */
 function stalenessCounts(metrics) {
-  const last = Math.max(...metrics.map((m) => m.step), 0);
   const counts = new Map();
   for (const m of metrics) {
-    if (m.step <= last - HISTOGRAM_STEPS) continue;
     for (const [name, n] of Object.entries(m.values)) {
       if (name.startsWith(METRIC.STALENESS_TURNS) && typeof n === "number") {
         const k = Number(name.slice(METRIC.STALENESS_TURNS.length));
@@ -82,7 +83,7 @@ function drawStaleness() {
   });
   const figure = seriesFigure(series, { kind: "bar", xTitle: "staleness (policy versions)", yTitle: "turns" });
   figure.layout.xaxis = { ...figure.layout.xaxis, dtick: 1, tickformat: "d" };
-  drawFigure($("chart-staleness"), figure, "No trained turns in the loaded steps.");
+  drawFigure($("chart-staleness"), figure, "No trained turns recorded.");
 }
 
 /** One Gantt per run for ``step``, times relative to that run's step start, one shared x range. */
@@ -121,14 +122,22 @@ async function drawTimelines(step) {
   container.dataset.step = String(step);
 }
 
+/** The summary and the reward chart, redrawn when the level or the smoothing changes; the input
+ * shows the level in use (the API's default until the user types one). */
 function watchSummary() {
-  const input = $("reward-level");
+  const input = $("reward-level"), smoothing = $("reward-smoothing");
+  let chosen = null;
   const draw = async () => {
-    const summary = await drawSummary($("compare-summary"), $("summary-note"), runs.map((r) => r.id),
-      input.value.trim() === "" ? null : Number(input.value));
-    await drawReward(summary.reward_level);
+    const summary = await drawSummary($("compare-summary"), $("summary-note"), $("compare-warnings"),
+      runs.map((r) => r.id), chosen, Number(smoothing.value));
+    if (chosen === null && summary.reward_level !== null) input.value = String(Number(summary.reward_level.toFixed(4)));
+    await drawReward(summary.reward_level, summary.reward_smoothing);
   };
-  input.addEventListener("change", () => draw().catch(showError));
+  input.addEventListener("change", () => {
+    chosen = input.value.trim() === "" ? null : Number(input.value);
+    draw().catch(showError);
+  });
+  smoothing.addEventListener("change", () => draw().catch(showError));
   return draw();
 }
 

@@ -10,8 +10,8 @@ const times = (v) => `${v.toFixed(2)}×`;
 // [field, header, format, title]
 const COLUMNS = [
   ["steps_done", "Steps", String, "steps with stored metrics"],
-  ["step_s", "Median step", fixed(3, " s"), "median timing_s/step"],
-  ["speedup_vs_sync", "Speedup vs sync", times, "the sync run's median step / this run's"],
+  ["step_s", "Median step (p10–p90)", fixed(3, " s"), "median timing_s/step; its 10th–90th percentile over the steps"],
+  ["speedup_vs_sync", "Speedup vs sync (p10–p90)", times, "the sync run's median step / this run's; spread: over this run's p90 and p10 step"],
   ["efficiency", "Efficiency", percent, "max(R, L) / median step; R and L from the sync run's metrics"],
   ["learner_idle", "Learner idle", percent, "share of the training window with no learner span"],
   ["rollout_idle", "Rollout idle", percent, "share of the training window with no rollout span"],
@@ -21,6 +21,9 @@ const COLUMNS = [
   ["final_reward", "Final reward", fixed(3), "reward/mean of the last step"],
   ["time_to_reward_s", "Time to reward", fixed(1, " s"), "from the first step's start (boot excluded)"],
 ];
+
+// [p10 field, p90 field] shown beside a median
+const SPREAD = { step_s: ["step_p10_s", "step_p90_s"], speedup_vs_sync: ["speedup_p10", "speedup_p90"] };
 
 function cell(tag, text, attrs = {}) {
   const el = document.createElement(tag);
@@ -47,6 +50,8 @@ function runRow(run, reference) {
     const v = run[field];
     let text = v === null || v === undefined ? dash : format(v);
     if (field === "time_to_reward_s" && v !== null) text += ` (step ${run.reward_step})`;
+    const [lo, hi] = SPREAD[field] ?? [];
+    if (lo && v !== null && run[lo] !== null && run[hi] !== null) text += ` (${format(run[lo])}–${format(run[hi])})`;
     row.append(cell("td", text, { class: "num", "data-field": field, "data-value": v === null ? "" : String(v) }));
   }
   return row;
@@ -58,10 +63,22 @@ function describe(summary) {
   return `R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)}, bound max(R, L) = ${s(summary.bound_s)} (the sync run's medians).`;
 }
 
-/** Fetches the summary for ``runIds`` (and ``level``, or the API's default) and fills ``table``. */
-export async function drawSummary(table, note, runIds, level = null) {
-  const query = `runs=${runIds.join(",")}${level === null ? "" : `&reward=${encodeURIComponent(level)}`}`;
+/** The API's fairness warnings (different steps, seeds, configs; unfinished runs; too few steps). */
+function drawWarnings(list, warnings) {
+  list.replaceChildren(...warnings.map((w) => cell("li", w)));
+  list.hidden = !warnings.length;
+}
+
+/**
+ * Fetches the summary for ``runIds`` (``level`` or the API's default, ``smoothing`` of reward/mean)
+ * and fills ``table`` and the ``warnings`` list.
+ */
+export async function drawSummary(table, note, warnings, runIds, level = null, smoothing = null) {
+  const query = new URLSearchParams({ runs: runIds.join(",") });
+  if (level !== null) query.set("reward", String(level));
+  if (smoothing !== null) query.set("smoothing", String(smoothing));
   const summary = await getJSON(`/api/compare/?${query}`);
+  drawWarnings(warnings, summary.warnings);
   const head = document.createElement("thead"), body = document.createElement("tbody");
   head.append(headerRow(summary.reward_level));
   body.append(...summary.runs.map((r) => runRow(r, summary.reference)));

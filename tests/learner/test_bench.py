@@ -158,7 +158,7 @@ def test_quick_calibrates_on_three_steps_unless_steps_are_given():
 def test_the_refining_calibration_run_measures_the_main_runs_batches_when_it_is_cheap():
     from learner.bench.plan import QUICK_BUDGET_S, QUICK_REFINE_SHARE, refine_run_steps
 
-    assert refine_run_steps(3, 6, fixed_s=5.0, sync_step_s=1.3) == 6  # this session's VM: 13 s
+    assert refine_run_steps(3, 6, fixed_s=5.0, sync_step_s=1.3) == 6  # a VM with 1.3 s sync steps: 13 s
     assert refine_run_steps(3, 6, fixed_s=12.0, sync_step_s=6.3) == 3  # the 4x slower one: 50 s
     limit = QUICK_REFINE_SHARE * QUICK_BUDGET_S
     assert refine_run_steps(3, 6, fixed_s=limit - 6.0, sync_step_s=1.0) == 6  # at the limit
