@@ -133,6 +133,9 @@ if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to 
 
     THUNDERSYNC_NODE_ADDR = socket.gethostbyname(socket.gethostname())
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
+# The web process (controller/asgi.py) reaps too, so a run whose worker died is resumed or
+# failed even while no worker is up. Production turns it on; the embedded demo has its own.
+THUNDERSYNC_WEB_REAPER = os.environ.get("THUNDERSYNC_WEB_REAPER", "0") == "1"
 THUNDERSYNC_REQUEUE_AFTER_S = 30.0
 THUNDERSYNC_AUTO_RESUMES = 2  # a run whose supervisor is gone resumes from its checkpoint this often, then fails
 # The learner reports at least every few seconds while it trains; silence this long means
