@@ -34,6 +34,7 @@ from learner.grad.objectives import (
     pg_token_loss,
     token_logprobs,
 )
+from learner.grad.packing import Layout, layout
 from learner.trajectory import ScoredTurn, Trajectory
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -135,58 +136,83 @@ def opd_row(turns: Sequence[ScoredTurn]) -> Row:
 # ---------------------------------------------------------------- planning and padding
 
 
-def plan_micro_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
-    """Longest first, each micro-batch as many rows as fit rows × longest ≤ ``budget`` (at least one)."""
+def plan_micro_batches(rows: Sequence[Row], budget: int, pack: bool = False) -> list[list[Row]]:
+    """Longest first, each micro-batch as many rows as fit its token slots ≤ ``budget`` (at least
+    one): rows × longest, or packed (``learner.grad.packing``) lines × longest."""
     batches: list[list[Row]] = []
+    free: list[int] = []  # packed: room left in each line of the last micro-batch
     for row in sorted(rows, key=lambda r: -len(r.ids)):
-        if batches and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= budget:
+        n = len(row.ids)
+        if batches and not pack and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= budget:
             batches[-1].append(row)
-        else:
-            batches.append([row])
+            continue
+        if batches and pack:
+            width = len(batches[-1][0].ids)
+            line = next((i for i, room in enumerate(free) if room >= n), None)
+            if line is not None or (len(free) + 1) * width <= budget:
+                if line is None:
+                    free.append(width)
+                    line = len(free) - 1
+                free[line] -= n
+                batches[-1].append(row)
+                continue
+        batches.append([row])
+        free = [0]
     return batches
-
-
-def _padded(rows: Sequence[Row], values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    width = max(len(r.ids) for r in rows)
-    flat = []
-    for r, v in zip(rows, values):
-        flat += list(v) + [0] * (width - len(r.ids))
-    if dtype == torch.long:
-        return torch.frombuffer(array.array("q", flat), dtype=torch.long).view(len(rows), width).to(device)
-    return torch.tensor(flat, dtype=dtype, device=device).view(len(rows), width)
 
 
 @dataclass
 class Forward:
-    """A micro-batch's forward: log-probs with their graph and the per-token terms, all (B, T)."""
+    """A micro-batch's forward: log-probs with their graph and the per-token terms, all (B, T) on
+    the micro-batch's grid (``layout``: a row per line, right-padded, or rows packed into lines)."""
 
     rows: list[Row]
+    layout: Layout
     logp: torch.Tensor  # (B, T)
     aux: torch.Tensor | None  # (B, T) KL/entropy terms, or None when both are off
     mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
     w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
 
     def per_position(self, field: str) -> torch.Tensor:
-        return _padded(self.rows, [getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
+        return self.layout.place([getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
+
+    def per_row(self, field: str) -> torch.Tensor:
+        """A per-row value (GRPO's ``adv``) at each of its row's positions."""
+        values = [[getattr(r, field)] * len(r.ids) for r in self.rows]
+        return self.layout.place(values, self.logp.dtype, self.logp.device)
+
+    def row_logp(self, k: int) -> torch.Tensor:
+        """Row k's log-probs (T_k,), as a forward of that row alone gives them."""
+        return self.layout.row_values(self.logp, k)
 
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
-            rows: Sequence[Row]) -> Forward:
-    """One padded forward of ``rows`` (no attention mask for a single row: nothing is padded)."""
+            rows: Sequence[Row], pack: bool = False) -> Forward:
+    """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
+    is padded), or packed with position ids restarting per row (``learner.grad.packing``)."""
     device = next(model.parameters()).device
     rows = list(rows)
-    ids = _padded(rows, [r.ids for r in rows], torch.long, device)  # (B, T)
-    attn = None
-    if len(rows) > 1:
-        attn = _padded(rows, [[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
-    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn)
+    grid = layout([len(r.ids) for r in rows], pack)
+    ids = grid.place([r.ids for r in rows], torch.long, device)  # (B, T)
+    attn = positions = None
+    if grid.shares_lines:
+        positions = grid.positions(device)  # (B, T)
+    elif len(rows) > 1:
+        attn = grid.place([[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
+    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn,
+                                   position_ids=positions)
     ref_logp = None
     if algo.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn)[0].to(logp.dtype)
+            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn, position_ids=positions)[0].to(logp.dtype)
     aux = aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-    mask = _padded(rows, [r.mask for r in rows], logp.dtype, device)  # (B, T)
-    return Forward(rows, logp, aux, mask, agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype))
+    mask = grid.place([r.mask for r in rows], logp.dtype, device)  # (B, T)
+    if grid.shares_lines and algo.loss_agg_mode == "seq-mean-token-mean":  # 1/|o_i| per row, not per line
+        scored = grid.place([[max(r.n_scored, 1)] * len(r.ids) for r in rows], logp.dtype, device)
+        w = mask / scored.clamp(min=1.0)
+    else:
+        w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
+    return Forward(rows, grid, logp, aux, mask, w)
 
 
 def _aux_loss(fwd: Forward) -> torch.Tensor | None:
@@ -197,8 +223,7 @@ def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
     """Σ w·pg: GRPO −A_i ρ per row (A_i = ``row.adv``); OPD (stopgrad logp − logp^T) ρ."""
     if objective == "opd":
         return (fwd.w * opd_token_loss(fwd.logp, fwd.per_position("teacher"))).sum()
-    adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
-    return (fwd.w * pg_token_loss(fwd.logp, adv)).sum()
+    return (fwd.w * pg_token_loss(fwd.logp, fwd.per_row("adv"))).sum()
 
 
 def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Tensor, int]:
@@ -207,7 +232,7 @@ def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Te
     if objective == "opd":
         adv = fwd.per_position("teacher") - behavior  # (B, T) per-token A_t = log π_T − log π_b
     else:
-        adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
+        adv = fwd.per_row("adv")
     terms = clipped_pg_token_loss(fwd.logp, behavior, adv, clip, fwd.mask)
     if fwd.aux is not None:
         terms = terms + fwd.aux

@@ -308,7 +308,7 @@ class OnPolicyBackward:
                     state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
                 state.speculative += len(task.trajs) if task.speculative else 0
                 rows = [grpo_row(t, 1.0) for t in task.trajs]
-                for part in plan_micro_batches(rows, self.options.budget):
+                for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
                     self._micro_batch(state, part, task, on_phase)
 
     def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
@@ -324,7 +324,7 @@ class OnPolicyBackward:
                 return
             rows, state.ready = state.ready, []
         else:
-            *full, state.ready = plan_micro_batches(state.ready, self.options.budget)
+            *full, state.ready = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
             rows = [row for part in full for row in part]
         if rows:
             self.rows(state, rows, on_phase)
@@ -353,16 +353,16 @@ class OnPolicyBackward:
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
         """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
-        for part in plan_micro_batches(rows, self.options.budget):
+        for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             self._micro_batch(state, part, None, on_phase)
 
     def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, pack=self.options.pack_rows)
         for b, row in enumerate(fwd.rows):
-            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+            self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         if bucket is None:
@@ -372,11 +372,12 @@ class OnPolicyBackward:
             self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
             if aux_grads is not None:
                 self.acc.add_direct(aux_grads)
+        grid = fwd.layout
         del fwd, pg, aux
         t1 = time.monotonic()
-        self.policy.observe(len(rows) * max(len(r.ids) for r in rows), t1 - t0, open_group=bucket is not None)
+        self.policy.observe(grid.slots, t1 - t0, open_group=bucket is not None)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-        report_micro_batch(state, rows, t0, t1, on_phase)
+        report_micro_batch(state, rows, grid, t0, t1, on_phase)
