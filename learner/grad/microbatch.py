@@ -136,29 +136,38 @@ def opd_row(turns: Sequence[ScoredTurn]) -> Row:
 # ---------------------------------------------------------------- planning and padding
 
 
-def plan_micro_batches(rows: Sequence[Row], budget: int, pack: bool = False) -> list[list[Row]]:
-    """Longest first, each micro-batch as many rows as fit its token slots ≤ ``budget`` (at least
-    one): rows × longest, or packed (``learner.grad.packing``) lines × longest."""
-    batches: list[list[Row]] = []
-    free: list[int] = []  # packed: room left in each line of the last micro-batch
-    for row in sorted(rows, key=lambda r: -len(r.ids)):
-        n = len(row.ids)
-        if batches and not pack and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= budget:
-            batches[-1].append(row)
-            continue
-        if batches and pack:
-            width = len(batches[-1][0].ids)
-            line = next((i for i, room in enumerate(free) if room >= n), None)
-            if line is not None or (len(free) + 1) * width <= budget:
-                if line is None:
-                    free.append(width)
-                    line = len(free) - 1
-                free[line] -= n
-                batches[-1].append(row)
-                continue
-        batches.append([row])
-        free = [0]
-    return batches
+class MicroBatchRows(list):
+    """The rows of one planned micro-batch; packed: in line order, with the width of its lines."""
+
+    def __init__(self, rows: Sequence[Row] = (), line_width: int | None = None):
+        super().__init__(rows)
+        self.line_width = line_width
+
+
+def plan_micro_batches(rows: Sequence[Row], budget: int, pack: bool = False) -> list[MicroBatchRows]:
+    """Longest first, each micro-batch as many rows as fit rows × longest ≤ ``budget`` (at least
+    one). ``pack``: every row first-fit into lines as wide as the longest row of all (short rows
+    fill the room long ones leave), ⌊budget / width⌋ lines per micro-batch (at least one); the
+    padded plan where that has fewer token slots (a small budget, where padded micro-batches of
+    short rows are narrower)."""
+    ordered = sorted(rows, key=lambda r: -len(r.ids))
+    padded: list[MicroBatchRows] = []
+    for row in ordered:
+        if padded and (len(padded[-1]) + 1) * len(padded[-1][0].ids) <= budget:
+            padded[-1].append(row)
+        else:
+            padded.append(MicroBatchRows([row]))
+    if not (pack and ordered):
+        return padded
+    width = len(ordered[0].ids)
+    grid = layout([len(r.ids) for r in ordered], width)
+    if grid.slots >= sum(len(part) * len(part[0].ids) for part in padded):
+        return padded
+    lines: list[list[Row]] = [[] for _ in range(grid.lines)]
+    for row, (line, _) in zip(ordered, grid.places):
+        lines[line].append(row)
+    per = max(1, budget // width)
+    return [MicroBatchRows([r for line in lines[k:k + per] for r in line], width) for k in range(0, len(lines), per)]
 
 
 @dataclass
@@ -187,12 +196,13 @@ class Forward:
 
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
-            rows: Sequence[Row], pack: bool = False) -> Forward:
+            rows: Sequence[Row], line_width: int | None = None) -> Forward:
     """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
-    is padded), or packed with position ids restarting per row (``learner.grad.packing``)."""
+    is padded), or with a ``line_width`` packed into lines of that width, position ids restarting
+    per row (``learner.grad.packing``)."""
     device = next(model.parameters()).device
     rows = list(rows)
-    grid = layout([len(r.ids) for r in rows], pack)
+    grid = layout([len(r.ids) for r in rows], line_width)
     ids = grid.place([r.ids for r in rows], torch.long, device)  # (B, T)
     attn = positions = None
     if grid.shares_lines:

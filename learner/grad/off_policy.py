@@ -102,7 +102,7 @@ class OffPolicyLearner(InProcessLearner):
         state = _Batch(group_sizes={}, planner=None)  # counters only
         for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             t0 = time.monotonic()
-            fwd = forward(self.model, self.ref_model, algo, part, pack=self.options.pack_rows)
+            fwd = forward(self.model, self.ref_model, algo, part, part.line_width)
             for b, row in enumerate(part):
                 self.logprobs.keep(row.traj, fwd.row_logp(b))
             loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)

@@ -48,6 +48,7 @@ from learner.grad.learner_common import (
     trainable,
 )
 from learner.grad.microbatch import (
+    MicroBatchRows,
     Row,
     check_trajectory,
     check_turn,
@@ -60,6 +61,7 @@ from learner.grad.microbatch import (
     split_grads,
 )
 from learner.grad.objectives import batch_normaliser
+from learner.grad.packing import layout
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -336,9 +338,9 @@ class OnPolicyBackward:
         """Idle, known rows waiting that do not fill a micro-batch: learn them now?"""
         if self.options.path != "adaptive" or self.policy.eager:
             return True
-        rows = state.ready
-        slots = len(rows) * max(len(r.ids) for r in rows)
-        return self.policy.partial_pays(state.budget, slots, sum(len(r.ids) for r in rows), self._waiting_slots(state))
+        parts = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
+        slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
+        return self.policy.partial_pays(state.budget, slots)
 
     def open_bucket_judge(self, state: _Batch):
         """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
@@ -356,11 +358,11 @@ class OnPolicyBackward:
         for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             self._micro_batch(state, part, None, on_phase)
 
-    def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
+    def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows, pack=self.options.pack_rows)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width)
         for b, row in enumerate(fwd.rows):
             self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)

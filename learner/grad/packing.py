@@ -1,9 +1,9 @@
 """Where a micro-batch's rows sit in its (lines, width) token grid: right-padded, one row per
 line, or packed, several rows per line (``train.pack_rows``, docs/learner.md).
 
-Packed: rows, longest first, go first-fit into lines as wide as the micro-batch's longest row, so
-the attention of a line costs what a padded row's does (a line is never wider than it), while
-short rows share a line instead of each carrying its own padding. Each row's position ids restart
+Packed: rows, longest first, go first-fit into lines as wide as the longest row of the rows being
+planned, so a line's attention costs what the longest padded row's does (a line is never wider),
+while short rows fill the room that long ones leave instead of each carrying its own padding. Each row's position ids restart
 at 0 and, with no 2D attention mask, the model's mask is causal within each run of consecutive
 positions (Hugging Face's packed-sequence detection from ``position_ids``): a token attends to the
 earlier tokens of its own row only, at the positions it has alone. Its log-probs are then the
@@ -71,12 +71,13 @@ class Layout:
         return values if start == 0 else torch.cat([values.new_zeros(1), values[1:]])
 
 
-def layout(lengths: Sequence[int], pack: bool) -> Layout:
-    """The grid of rows of these ``lengths``, in this order: one row per line, or first-fit into
-    lines as wide as the longest row."""
-    width, lengths = max(lengths), tuple(lengths)
-    if not pack:
-        return Layout(len(lengths), width, tuple((k, 0) for k in range(len(lengths))), lengths, False)
+def layout(lengths: Sequence[int], line_width: int | None = None) -> Layout:
+    """The grid of rows of these ``lengths``, in this order: one row per line (``line_width``
+    None), or first-fit into lines of ``line_width`` (at least the longest row)."""
+    lengths = tuple(lengths)
+    if line_width is None:
+        return Layout(len(lengths), max(lengths), tuple((k, 0) for k in range(len(lengths))), lengths, False)
+    width = max(line_width, max(lengths))
     free: list[int] = []
     places = []
     for n in lengths:

@@ -18,12 +18,12 @@ from learner.grad.reference import reference_gradient
 
 
 def test_short_rows_share_a_line_as_wide_as_the_longest():
-    grid = layout([6, 4, 2, 3, 1], pack=True)
+    grid = layout([6, 4, 2, 3, 1], 6)
     assert (grid.lines, grid.width) == (3, 6)
     assert grid.places == ((0, 0), (1, 0), (1, 4), (2, 0), (2, 3))
     assert grid.padded_slots == 2
     assert grid.positions(torch.device("cpu"))[1].tolist() == [0, 1, 2, 3, 0, 1]
-    assert layout([6, 4, 2], pack=False).padded_slots == 6
+    assert layout([6, 4, 2]).padded_slots == 6
 
 
 def test_packed_plan_fits_more_rows_in_the_same_budget():
@@ -36,7 +36,7 @@ def test_each_rows_log_probs_are_those_of_a_forward_of_it_alone():
     model = tiny_llama(torch.float64, 0)
     rng = random.Random(1)
     rows = [Row(k, 0, [rng.randrange(32) for _ in range(n)], [0] * n) for k, n in enumerate([9, 5, 3, 4, 1])]
-    fwd = forward(model, None, AlgorithmConfig(), rows, pack=True)
+    fwd = forward(model, None, AlgorithmConfig(), rows, line_width=9)
     assert fwd.layout.shares_lines
     for k, row in enumerate(rows):
         alone = forward(model, None, AlgorithmConfig(), [row]).logp[0]
@@ -54,7 +54,7 @@ def test_packed_learners_give_the_batch_gradient_with_less_padding(path, mode):
         t.id, t.group = k, t.group + (10 if k >= len(trajs) // 2 else 0)
     shares = {}
     for pack in (False, True):
-        learner = StreamingLearner(model, algo, ref, LearnerOptions(path, micro_batch_tokens=64, pack_rows=pack))
+        learner = StreamingLearner(model, algo, ref, LearnerOptions(path, micro_batch_tokens=4096, pack_rows=pack))
         learner.begin_batch(dict(Counter(t.group for t in trajs)))
         learner.learn(trajs)
         shares[pack] = learner.finish_batch()["padding_share"]
