@@ -15,7 +15,7 @@ from learner import stopping
 from learner.config import RunConfig
 from learner.rollout.boot import BootedWorkers, stop_workers
 from learner.rollout.in_flight import InFlight
-from learner.rollout.messages import Ack, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
+from learner.rollout.messages import Ack, Draft, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
 from learner.rollout.weights import WeightStore
 from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
@@ -175,11 +175,24 @@ class Fleet:
         per_worker: dict[int, list[WorkItem]] = {}
         among = among or sorted(self._ready)
         for item in items:
-            w = self.in_flight.least_loaded(among)
+            w = self.in_flight.drafter(item.traj)  # the worker holding its draft continues it
+            if w is None or w not in among:
+                w = self.in_flight.least_loaded(among)
             self.in_flight.add(w, step, item)
             per_worker.setdefault(w, []).append(item)
         for w, chunk in per_worker.items():
             self.booted.cmd_qs[w].put(Work(step, chunk))
+
+    def draft(self, step: int, items: list[WorkItem]) -> None:
+        """Hand the items of later dispatch batch ``step`` to the workers that are up as drafts
+        (docs/speculation.md), spread evenly; its ``dispatch`` sends each item to its drafter."""
+        among, per_worker = sorted(self._ready), {}
+        for item in items:
+            w = self.in_flight.least_drafting(among)
+            self.in_flight.add_draft(w, item.traj)
+            per_worker.setdefault(w, []).append(item)
+        for w, chunk in per_worker.items():
+            self.booted.cmd_qs[w].put(Draft(step, chunk))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
         """Every replica loads ``version``; returns (worker, t0, t1) per ack. Data messages

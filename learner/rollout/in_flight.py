@@ -1,6 +1,8 @@
 """What each rollout worker has in flight, so that a worker that dies loses nothing: its
 trajectories are dispatched again, in their dispatch batch, with the same ids and seeds
-(docs/processes.md, "A rollout worker dies")."""
+(docs/processes.md, "A rollout worker dies"); and which worker drafts which trajectory of a
+later batch (docs/speculation.md): that batch's ``Work`` goes to it, the one holding the
+draft, and a dead worker's drafts are forgotten, so their trajectories go out as normal work."""
 
 from __future__ import annotations
 
@@ -13,6 +15,22 @@ class InFlight:
         self.items: list[dict[int, tuple[int, WorkItem]]] = [{} for _ in range(workers)]  # traj -> (batch, item)
         self._owner: dict[int, int] = {}  # traj -> worker
         self._scored: dict[int, set[int]] = {}  # traj -> turns whose ScoredTurn arrived (OPD)
+        self.drafts: list[set[int]] = [set() for _ in range(workers)]  # trajectories each worker drafts
+        self._drafter: dict[int, int] = {}  # traj -> worker drafting it
+
+    def least_drafting(self, among: list[int]) -> int:
+        return min(among, key=lambda w: len(self.drafts[w]))
+
+    def add_draft(self, w: int, traj: int) -> None:
+        self.drafts[w].add(traj)
+        self._drafter[traj] = w
+
+    def drafter(self, traj: int) -> int | None:
+        """The worker that drafted ``traj`` (its Work goes there), no longer a draft from now on."""
+        w = self._drafter.pop(traj, None)
+        if w is not None:
+            self.drafts[w].discard(traj)
+        return w
 
     def least_loaded(self, among: list[int] | None = None) -> int:
         return min(among if among else range(len(self.items)), key=lambda w: len(self.items[w]))
@@ -47,4 +65,7 @@ class InFlight:
             batches.setdefault(batch, []).append(item)
             self._owner.pop(item.traj, None)
         self.items[w] = {}
+        for traj in self.drafts[w]:  # its drafts died with it: dispatched as normal work later
+            self._drafter.pop(traj, None)
+        self.drafts[w] = set()
         return batches
