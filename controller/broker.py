@@ -14,6 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from .models import Run
+from .outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 RUN_TRAINING = "controller.tasks.run_training"
@@ -25,6 +26,26 @@ def enqueue(run_id: int, task_id: str | None) -> None:
     """One slot on the runs queue (controller/dispatch.py), sent for ``run_id``."""
     Run.objects.filter(pk=run_id).update(enqueued=timezone.now())  # the reaper re-sends a lost message
     current_app.send_task(RUN_TRAINING, args=[run_id], task_id=task_id)
+
+
+def enqueue_or_withdraw(run_id: int, task_id: str) -> None:
+    """A new run's first message; if the broker is down, the queued run is deleted and the
+    error raised (the request answers 503, controller/outages.py): no run is left that looks
+    launched but has no message."""
+    try:
+        enqueue(run_id, task_id)
+    except OUTAGE_ERRORS:
+        Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).delete()
+        raise
+
+
+def enqueue_or_leave_to_reaper(run_id: int, task_id: str) -> None:
+    """A resumed attempt's message; if the broker is down, the run stays queued and the
+    reaper sends it once the broker is back (``ownership.requeue_lost``)."""
+    try:
+        enqueue(run_id, task_id)
+    except OUTAGE_ERRORS as err:
+        log.warning("run %s: the broker is unreachable (%s); the reaper sends its message later", run_id, err)
 
 
 def hand_to_node(run_id: int, queue: str) -> None:

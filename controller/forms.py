@@ -60,7 +60,7 @@ class ExperimentForm(forms.ModelForm):
     def clean_config(self):
         config = self.cleaned_data["config"]
         try:
-            check_config(self.instance.owner, parse_config(config).train.model_dump())
+            check_config(self.instance.owner, parse_config(config).model_dump())
         except QuotaExceeded as err:
             raise ValidationError(err.message) from None
         return config

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from . import live, ownership
 from .config_merge import run_config
-from .broker import enqueue
+from .broker import enqueue_or_withdraw
 from .models import Experiment, Run, Schedule
 from .quotas import check_config, check_queue
 from .frames import status_frame
@@ -24,14 +24,14 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     if steps is None:
         steps = experiment.run_config().train.steps
     config = run_config(experiment.config, schedule.overrides(), steps, name)
-    check_config(experiment.owner, config["train"])
+    check_config(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
         )
-        transaction.on_commit(partial(enqueue, run.pk, task_id))
+        transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
 
 

@@ -212,6 +212,9 @@ class UserQuota(models.Model):
     concurrent_runs = models.PositiveIntegerField(
         null=True, blank=True, help_text="runs training at once; more wait in the queue")
     queued_runs = models.PositiveIntegerField(null=True, blank=True, help_text="runs waiting to start")
+    rollout_workers = models.PositiveIntegerField(null=True, blank=True, help_text="rollout.workers of one run")
+    learner_world_size = models.PositiveIntegerField(null=True, blank=True, help_text="learner.world_size of one run")
+    task_size = models.PositiveIntegerField(null=True, blank=True, help_text="task.size of one run")
 
     def __str__(self):
         return f"quota of {self.user}"

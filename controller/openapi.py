@@ -10,7 +10,7 @@ from .compare import MAX_COMPARED, MIN_COMPARED
 from .forms import MAX_CONFIG_CHARS, MAX_STEPS
 from .limits import INT32_MAX
 from .models import Run, Schedule
-from .quotas import quota_for
+from .quotas import RESOURCE_LIMITS, quota_for
 
 # Text fields: Django refuses NUL characters everywhere and, for required names, text that
 # is empty once stripped of whitespace (Python's str.strip set, spelled out for ECMA regexes).
@@ -285,11 +285,24 @@ PATHS = {
 }
 
 
+def quota_bounds(quota) -> dict:
+    """The config fields the user's quota bounds, as JSON Schema maxima (YAML text is checked
+    against the same bounds once parsed)."""
+    sections: dict[str, dict] = {}
+    for path, limit in {**RESOURCE_LIMITS, "train.steps": "steps"}.items():
+        section, name = path.split(".")
+        sections.setdefault(section, {"type": "object", "properties": {}})["properties"][name] = {
+            "type": "integer", "minimum": 1, "maximum": getattr(quota, limit), "description": f"your {limit} quota"}
+    return sections
+
+
 def schema(user) -> dict:
     """The schema as ``user`` is served it: limits from their quota included."""
     schemas = copy.deepcopy(SCHEMAS)
     steps = schemas["RunInput"]["properties"]["steps"]
-    steps["maximum"] = min(MAX_STEPS, quota_for(user).steps)
+    quota = quota_for(user)
+    steps["maximum"] = min(MAX_STEPS, quota.steps)
+    schemas["ExperimentInput"]["properties"]["config"]["oneOf"][0]["properties"] = quota_bounds(quota)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ThunderSync Lab controller API", "version": "1"},

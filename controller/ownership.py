@@ -24,7 +24,6 @@ import signal
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
@@ -34,10 +33,12 @@ from learner.stopping import sweep_semaphores
 
 from .broker import backlog, enqueue
 from .dispatch import next_run_id
+from . import liveness
 from .ingestion import finish_run
 from .models import Run
-from .processes import HOST, process_start, signal_group
+from .processes import HOST, group_members, process_start, signal_group, works_in
 from .resuming import requeue_attempt
+from .runlog import run_dir
 
 log = logging.getLogger(__name__)
 HANDED_OFF = "queue:"  # Run.supervisor of a run handed to another node's queue, not yet taken
@@ -68,27 +69,31 @@ def owner_dead(supervisor: str, run_id: int) -> str | None:
 
 
 def heartbeat_stale(run: Run, now: datetime) -> bool:
+    """No heartbeat in the database for THUNDERSYNC_STALE_S and no sign of life from the
+    supervisor in the run directory (controller/liveness.py): a supervisor that only lost the
+    database is not stale."""
     limit = timedelta(seconds=settings.THUNDERSYNC_STALE_S)
-    return run.heartbeat is None or now - run.heartbeat > limit
+    stale = run.heartbeat is None or now - run.heartbeat > limit
+    return stale and not liveness.alive(run.pk, run.supervisor)
 
 
 def kill_leftovers(run: Run) -> None:
     """Stop what is left of the run's process group on this host: SIGTERM (the learner
-    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then remove the
-    semaphores a killed group leaves. The learner stops by itself once its supervisor is
-    gone (parent-death signal, broken stdout pipe); this is for one that hangs. Only a
-    group whose leader is still a learner is signalled."""
+    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then check the group is
+    gone and remove the semaphores a killed group leaves. The learner stops by itself once
+    its supervisor is gone (parent-death signal, broken stdout pipe); this is for one that
+    hangs. The group is the run's if one of its processes works in the run's directory
+    (cold or forked by the warm runner, the learner and its workers do), whatever its command
+    line; a reused pid elsewhere is left alone."""
     if not run.pids or run.supervisor.split(":")[0] != HOST:
         return
     pgid = int(run.pids[0])
-    try:
-        is_learner = b"train" in Path(f"/proc/{pgid}/cmdline").read_bytes() and os.getpgid(pgid) == pgid
-    except (OSError, ValueError):
-        is_learner = False
-    if is_learner:
+    if any(works_in(pid, run_dir(run.pk)) for pid in group_members(pgid)):
         for sig, wait_s in ((signal.SIGTERM, settings.THUNDERSYNC_CANCEL_GRACE_S), (signal.SIGKILL, 10.0)):
             if not signal_group(pgid, sig, wait_s):
                 break
+        if left := group_members(pgid):
+            log.error("run %s: process group %s still has members %s 10s after SIGKILL", run.pk, pgid, left)
     sweep_semaphores({pgid})
 
 

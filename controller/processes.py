@@ -31,6 +31,28 @@ def process_start(pid: int) -> str:
     return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                found.append(int(entry.name))
+    return found
+
+
+def works_in(pid: int, directory: Path) -> bool:
+    """``pid``'s working directory is ``directory`` (symlinks resolved)."""
+    try:
+        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory)
+    except OSError:
+        return False
+
+
 def me() -> str:
     """This process as a run's supervisor: ``host:pid:start-time``."""
     return f"{HOST}:{os.getpid()}:{process_start(os.getpid())}"

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import F, Max
 
 from . import live
-from .broker import enqueue
+from .broker import enqueue_or_leave_to_reaper
 from .models import Run, Span
 from .quotas import check_queue
 from .frames import status_frame
@@ -35,16 +35,19 @@ def output_dir(config: dict) -> str:
     return (config.get("train") or {}).get("output_dir") or DEFAULT_OUTPUT
 
 
-def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
-    """Queue the run again as its next attempt (``only_if``: field values it must still have)."""
+def requeue_attempt(run_id: int, only_if: dict | None = None, owner=None) -> bool:
+    """Queue the run again as its next attempt (``only_if``: field values it must still have;
+    ``owner``: check their queued-runs quota in the same transaction, quotas.check_queue)."""
     task_id = str(uuid.uuid4())
     with transaction.atomic():
+        if owner is not None:
+            check_queue(owner)
         requeued = Run.objects.filter(pk=run_id, **(only_if or {})).update(
             status=Run.Status.QUEUED, cancel_requested=False, error="", finished=None, supervisor="",
             heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id, start_task_id="",
         )
         if requeued:
-            transaction.on_commit(partial(enqueue, run_id, task_id))
+            transaction.on_commit(partial(enqueue_or_leave_to_reaper, run_id, task_id))
     if requeued:
         live.publish(run_id, status_frame(Run.objects.get(pk=run_id)))
     return bool(requeued)
@@ -57,8 +60,7 @@ def request_resume(run: Run) -> Run:
         raise ResumeRefused(f"the run is {run.status}: only a failed or cancelled run can be resumed")
     if not run.checkpoints.exists():
         raise ResumeRefused("the run wrote no checkpoint to resume from (train.checkpoint_every)")
-    check_queue(run.experiment.owner)
-    if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}):
+    if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}, owner=run.experiment.owner):
         raise ResumeRefused("the run changed meanwhile: reload it")
     run.refresh_from_db()
     return run

@@ -30,12 +30,13 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import nodes, ownership, runlog, warm
+from . import liveness, nodes, ownership, runlog, warm
 from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
 from .resuming import output_dir, resume_arguments
+from .server_paths import run_dir_escape
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,6 +165,8 @@ def supervise(run: Run) -> Run:
     # every run keeps its final model (and checkpoints, if asked) under its run directory
     config = {**run.config, "train": {**run.config.get("train", {}), "output_dir": output_dir(run.config)}}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if escape := run_dir_escape(config, run_dir):
+        return finish_run(run.pk, Run.Status.FAILED, escape)
     if run.attempt:
         command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
     else:
@@ -199,8 +202,9 @@ class DatabaseRetry:
     THUNDERSYNC_DB_RETRY_MAX_S) while the learner keeps training and its events are kept;
     one warning per outage. Past THUNDERSYNC_DB_OUTAGE_LIMIT_S the error is raised."""
 
-    def __init__(self, run_id: int):
+    def __init__(self, run_id: int, supervisor: str):
         self.run_id, self.delay, self.next_try, self.down_since = run_id, 0.0, 0.0, None
+        self.supervisor = supervisor
 
     def attempt(self, what: str, call: Callable[[], object]) -> bool:
         """Run ``call`` unless backing off; False if it did not run or the database failed."""
@@ -228,6 +232,7 @@ class DatabaseRetry:
     def until_done(self, what: str, call: Callable[[], T]) -> T:
         box: list[T] = []
         while not self.attempt(what, lambda: box.append(call())):
+            liveness.mark_alive(self.run_id, self.supervisor)  # alive, only the database is not
             time.sleep(max(0.05, self.next_try - time.monotonic()))
         return box[0]
 
@@ -237,14 +242,14 @@ class RunWatch:
 
     def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int, spans_nodes: bool = False):
         self.child, self.ingestor, self.run_id, self.spans_nodes = child, ingestor, run_id, spans_nodes
-        self.db = DatabaseRetry(run_id)
         self.me = me()
+        self.db = DatabaseRetry(run_id, self.me)
         self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
         self.failure = ""
         self.kill_at: float | None = None
         self.leader_gone_at: float | None = None
         now = time.monotonic()
-        self.next_poll = self.next_stamp = now
+        self.next_poll = self.next_stamp = self.next_alive = now
         self.last_event = now
 
     def pump(self) -> None:
@@ -256,6 +261,9 @@ class RunWatch:
             if line:
                 self.ingestor.feed(line)
                 self.last_event = now
+            if now >= self.next_alive:  # liveness through the run directory, whatever the database does
+                self.next_alive = now + settings.THUNDERSYNC_HEARTBEAT_S
+                liveness.mark_alive(self.run_id, self.me)
             self.db.attempt("store events", lambda: self.ingestor.flush_if_due(drained=child.drained()))
             if now >= self.next_poll:
                 self.next_poll = now + settings.THUNDERSYNC_CANCEL_POLL_S

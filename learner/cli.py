@@ -243,11 +243,7 @@ def cmd_audit(args) -> int:
     return 0 if result["passed"] else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="thundersync", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="train a policy with one of the four schedules")
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="run config (YAML/JSON), see configs/ (required unless --resume)")
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
@@ -269,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run clock starts at at least S seconds (as --seq-from, for the timeline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thundersync", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_train_arguments(sub.add_parser("train", help="train a policy with one of the four schedules"))
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")

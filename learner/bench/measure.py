@@ -69,18 +69,11 @@ def _spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "iqr": [q1, q3], "min": min(values), "max": max(values)}
 
 
-def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None) -> dict[str, Any]:
-    """What one schedule's runs did, over their measured steps ``warmup .. end-1``, pooled.
-
-    ``runs``: one event list per run of the schedule (the bench repeats each schedule in
-    rounds of alternating order, so slow drifts of a shared machine fall on every schedule
-    alike). Medians are over the pooled steps. Idle ratios are recomputed from every recorded
-    span over each run's measured window (the driver's step windows tile it) and pooled by
-    window length; they are not read from the per-step metrics: the driver computes those
-    when the step ends, before the rollout spans still running beside the learner (async,
-    fully-async) have reached it. staleness_mean is the mean of the per-step means (every
-    step trains the same number of trajectories).
-    """
+def pool_runs(runs: list[list[dict[str, Any]]], warmup: int,
+              end: int | None) -> tuple[list[dict], dict[str, float], float, list[float]]:
+    """The measured steps of every run pooled; the idle seconds (trainer, rollouter, waiting)
+    and the length of their measured windows, summed over the runs; every measured backward
+    span's seconds."""
     steps, idle_s, window_s = [], {Metric.TRAINER_IDLE: 0.0, Metric.ROLLOUT_IDLE: 0.0, Metric.TRAINER_WAIT: 0.0}, 0.0
     backward_s = []
     for events in runs:
@@ -96,6 +89,22 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         for key in idle_s:
             idle_s[key] += idle[key] * (t1 - t0)
         window_s += t1 - t0
+    return steps, idle_s, window_s, backward_s
+
+
+def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None) -> dict[str, Any]:
+    """What one schedule's runs did, over their measured steps ``warmup .. end-1``, pooled.
+
+    ``runs``: one event list per run of the schedule (the bench repeats each schedule in
+    rounds of alternating order, so slow drifts of a shared machine fall on every schedule
+    alike). Medians are over the pooled steps. Idle ratios are recomputed from every recorded
+    span over each run's measured window (the driver's step windows tile it) and pooled by
+    window length; they are not read from the per-step metrics: the driver computes those
+    when the step ends, before the rollout spans still running beside the learner (async,
+    fully-async) have reached it. staleness_mean is the mean of the per-step means (every
+    step trains the same number of trajectories).
+    """
+    steps, idle_s, window_s, backward_s = pool_runs(runs, warmup, end)
     step_s = [v[Metric.STEP_S] for v in steps]
     spread = _spread(step_s)
 

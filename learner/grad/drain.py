@@ -171,10 +171,6 @@ class DrainPlanner:
         """Tokens of the arrived members of open groups not learnt yet."""
         return sum(len(t.input_ids) for g in self.groups.values() if not g.closed for t in g.waiting)
 
-    def pending_groups(self) -> list[int]:
-        return [g for g in self.order if not self.groups[g].closed] + [
-            g for g, group in self.groups.items() if not group.arrived]
-
     def _close(self, g: int, group: _Group) -> list[Task]:
         # in trajectory order, not arrival order: μ, σ and the known rows' order (hence their
         # micro-batches) are then a function of the group alone (learner/grad/deterministic.py)

@@ -189,10 +189,6 @@ def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: Alg
     return Forward(rows, logp, aux, mask, agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype))
 
 
-def _aux_loss(fwd: Forward) -> torch.Tensor | None:
-    return None if fwd.aux is None else (fwd.w * fwd.aux).sum()
-
-
 def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
     """Σ w·pg: GRPO −A_i ρ per row (A_i = ``row.adv``); OPD (stopgrad logp − logp^T) ρ."""
     if objective == "opd":

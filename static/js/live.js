@@ -156,7 +156,7 @@ function watchUserZoom() {
   gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
     // a zoom into folded lanes shows the lanes of the bands zoomed into
-    const y0 = ev["yaxis.range[0]"], y1 = ev["yaxis.range[1]"];
+    const [y0, y1] = ev["yaxis.range"] ?? [ev["yaxis.range[0]"], ev["yaxis.range[1]"]]; // a call, or a box zoom
     if (lanesShown?.bands && y0 !== undefined && y1 !== undefined) {
       unfoldTo = unfoldedRange(lanesShown.lanes, lanesShown.bands, [y0, y1], lanesShown.all);
       el.foldLanes.checked = false;
@@ -397,6 +397,7 @@ if (DEBUG) window.__thundersync = {
   frames: () => frameLog,
   draws: () => drawLog,
   barsByKind: () => gantt.barsByKind(),
+  dimmed: () => Boolean(gantt.overlay?.dim), // a followed trajectory fades the rest of the chart
 };
 
 // One click must not end a long run: the cancel form asks first.

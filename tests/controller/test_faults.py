@@ -22,7 +22,7 @@ from learner.rollout.sandbox import SANDBOX_TOKEN
 from .conftest import QUICKSTART
 from tests.harness.processes import rollout_workers
 
-from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
+from .faults import (BackendTerminator, ProductionWeb, RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
                      exited, live_processes, wait_final, wait_running_with_spans, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -120,6 +120,27 @@ def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment
     no_run_without_owner()
 
 
+def test_a_run_whose_only_worker_died_is_ended_by_the_web_process(worker, alice_experiment, streaming_preset,
+                                                                   run_dir, tmp_path):
+    """No worker of the run's queue comes back: the web process (production settings reap
+    there too, controller/asgi.py) ends the run within its reap interval."""
+    redis = RedisServer(tmp_path / "redis").start()
+    web = ProductionWeb(redis.url, run_dir, tmp_path / "daphne.log")
+    try:
+        run_id = launch(alice_experiment, streaming_preset, 200)
+        run = wait_running_with_spans(run_id, 20)
+        worker.stop()  # kill -9 of the main and the pool process; none is started again
+        t0 = time.monotonic()
+        run = wait_final(run_id, BOUND_S)
+        assert run.status == "failed" and "lost its supervisor" in run.error, run.error
+        assert time.monotonic() - t0 < BOUND_S
+        assert_nothing_left(run)
+        no_run_without_owner()
+    finally:
+        web.stop()
+        redis.stop()
+
+
 def test_cancel_ends_a_run_whose_worker_is_gone(worker, alice_client, alice_experiment, streaming_preset):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 20)
@@ -149,6 +170,24 @@ def test_terminated_database_connections_do_not_kill_a_healthy_run(worker, alice
     seqs = list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True))
     assert sorted(seqs) == list(range(run.summary["spans"]))  # nothing lost, nothing twice
     assert run.summary["steps"] == 4
+    assert_nothing_left(run)
+
+
+def test_a_flapping_database_never_reaps_a_live_supervisor(worker, alice_experiment, sync_preset, settings):
+    """Every backend terminated every 50 ms for three times THUNDERSYNC_STALE_S: the worker's
+    reaper sees the run's heartbeat go stale, but its supervisor keeps touching its run
+    directory (controller/liveness.py), so the run trains on and ends with every step."""
+    run_id = launch(alice_experiment, sync_preset, 60)
+    wait_running_with_spans(run_id, 20)
+    with BackendTerminator(0.05) as terminator:
+        time.sleep(3 * settings.THUNDERSYNC_STALE_S)  # the length of the outage, not a stand-in for work
+    assert terminator.terminated > 0
+    assert Run.objects.get(pk=run_id).status == "running"
+    run = wait_final(run_id, 300)
+    assert run.status == "succeeded", run.error
+    assert b"the database is unreachable" in worker.log_path.read_bytes()  # the fault did hit the supervisor
+    assert sorted(StepMetric.objects.filter(run_id=run_id).values_list("step", flat=True)) == list(range(60))
+    assert sorted(Span.objects.filter(run_id=run_id).values_list("seq", flat=True)) == list(range(run.summary["spans"]))
     assert_nothing_left(run)
 
 

@@ -75,7 +75,7 @@ def test_drain_learns_every_member_once_within_the_cap(case, cap, path, speculat
         for _ in range(idles[k]):
             execute(planner.idle())
         i, k = i + len(chunk), k + 1
-    assert not open_sums and planner.pending_groups() == []
+    assert not open_sums and all(group.closed and group.arrived for group in planner.groups.values())
     assert learnt == Counter(t.id for t in trajs)  # each member exactly once
 
 
