@@ -65,7 +65,8 @@ class DeterministicLearner(StreamingLearner):
 
 
 def on_policy_learner(model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                      options: LearnerOptions | None = None, optimizer: OptimizerStep | None = None) -> StreamingLearner:
+                      options: LearnerOptions | None = None,
+                      optimizer: OptimizerStep | None = None) -> StreamingLearner:
     """The learner of sync and streaming for ``options``: deterministic or not."""
     cls = DeterministicLearner if options is not None and options.deterministic else StreamingLearner
     return cls(model, algo, ref_model, options, optimizer)
