@@ -172,26 +172,12 @@ class Fleet:
     def dispatch(self, step: int, items: list[WorkItem], among: list[int] | None = None) -> None:
         """Spread the items over the workers, least-loaded first: ``among`` these, by default
         those that are up (a respawned one still booting only when none is)."""
-        per_worker: dict[int, list[WorkItem]] = {}
-        among = among or sorted(self._ready)
-        for item in items:
-            w = self.in_flight.drafter(item.traj)  # the worker holding its draft continues it
-            if w is None or w not in among:
-                w = self.in_flight.least_loaded(among)
-            self.in_flight.add(w, step, item)
-            per_worker.setdefault(w, []).append(item)
-        for w, chunk in per_worker.items():
+        for w, chunk in self.in_flight.assign(step, items, among or sorted(self._ready)).items():
             self.booted.cmd_qs[w].put(Work(step, chunk))
 
     def draft(self, step: int, items: list[WorkItem]) -> None:
-        """Hand the items of later dispatch batch ``step`` to the workers that are up as drafts
-        (docs/speculation.md), spread evenly; its ``dispatch`` sends each item to its drafter."""
-        among, per_worker = sorted(self._ready), {}
-        for item in items:
-            w = self.in_flight.least_drafting(among)
-            self.in_flight.add_draft(w, item.traj)
-            per_worker.setdefault(w, []).append(item)
-        for w, chunk in per_worker.items():
+        """Later batch ``step``'s items to the workers that are up, as drafts (docs/speculation.md)."""
+        for w, chunk in self.in_flight.spread_drafts(items, sorted(self._ready)).items():
             self.booted.cmd_qs[w].put(Draft(step, chunk))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:

@@ -18,19 +18,32 @@ class InFlight:
         self.drafts: list[set[int]] = [set() for _ in range(workers)]  # trajectories each worker drafts
         self._drafter: dict[int, int] = {}  # traj -> worker drafting it
 
-    def least_drafting(self, among: list[int]) -> int:
-        return min(among, key=lambda w: len(self.drafts[w]))
+    def spread_drafts(self, items: list[WorkItem], among: list[int]) -> dict[int, list[WorkItem]]:
+        """Drafts spread evenly over the workers ``among``, recorded: worker -> its items."""
+        per_worker: dict[int, list[WorkItem]] = {}
+        for item in items:
+            w = min(among, key=lambda w: len(self.drafts[w]))
+            self.drafts[w].add(item.traj)
+            self._drafter[item.traj] = w
+            per_worker.setdefault(w, []).append(item)
+        return per_worker
 
-    def add_draft(self, w: int, traj: int) -> None:
-        self.drafts[w].add(traj)
-        self._drafter[traj] = w
+    def assign(self, batch: int, items: list[WorkItem], among: list[int]) -> dict[int, list[WorkItem]]:
+        """Each item of dispatch batch ``batch`` to a worker of ``among``, recorded: worker -> its items."""
+        per_worker: dict[int, list[WorkItem]] = {}
+        for item in items:
+            w = self._worker_for(item.traj, among)
+            self.add(w, batch, item)
+            per_worker.setdefault(w, []).append(item)
+        return per_worker
 
-    def drafter(self, traj: int) -> int | None:
-        """The worker that drafted ``traj`` (its Work goes there), no longer a draft from now on."""
+    def _worker_for(self, traj: int, among: list[int]) -> int:
+        """The worker that drafted ``traj`` (it continues the draft; no longer a draft from now
+        on), else the least-loaded of ``among``."""
         w = self._drafter.pop(traj, None)
         if w is not None:
             self.drafts[w].discard(traj)
-        return w
+        return w if w is not None and w in among else self.least_loaded(among)
 
     def least_loaded(self, among: list[int] | None = None) -> int:
         return min(among if among else range(len(self.items)), key=lambda w: len(self.items[w]))
