@@ -61,9 +61,13 @@ class ToolLatency(Strict):
     the distribution, so users can set the rollout/learner balance like a real agent's.
     """
 
-    distribution: Literal["lognormal", "constant", "none"] = "lognormal"
+    distribution: Literal["lognormal", "pareto", "constant", "none"] = "lognormal"
     median_s: float = Field(0.05, ge=0.0, le=600.0)
     sigma: float = Field(0.8, ge=0.0, le=5.0, description="lognormal shape; larger = longer tail")
+    alpha: float = Field(1.5, gt=1.0, le=20.0,
+                         description="pareto tail index: P(wait > x) ~ x^-alpha; nearer 1 = heavier tail")
+    max_s: float | None = Field(None, gt=0.0, le=3600.0,
+                                description="every draw is cut to this before scale (a harness's timeout)")
     scale: float = Field(1.0, ge=0.0, le=1000.0, description="multiplies every draw (the bench's --balance)")
 
 
