@@ -411,6 +411,9 @@ class RunConfig(Strict):
             raise ValueError(f"rollout.speculation: drafts are verified against the next step's weights, which "
                              f"sync and streaming wait for; {self.train.schedule} samples ahead with older "
                              "weights already (turn speculation off)")
+        if self.rollout.speculation.enabled and self.learner.nodes:
+            raise ValueError("rollout.speculation: runs that span nodes (learner.nodes) place each group on a node's "
+                             "fleet by its rank; drafts are placed on one fleet's workers only (turn speculation off)")
         return self
 
     @model_validator(mode="after")
