@@ -282,6 +282,7 @@ function setStatus(next, error, frame = {}) {
   el.badge.className = `badge status-${next}`;
   root.dataset.status = next;
   el.cancel.hidden = TERMINAL.has(next);
+  $("delete-link").hidden = !TERMINAL.has(next); // a run is deleted once it has ended
   if (TERMINAL.has(next)) {
     el.conn.textContent = `run ${next}`;
     el.conn.className = "conn done";
