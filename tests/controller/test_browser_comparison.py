@@ -69,9 +69,15 @@ def test_a_comparison_needs_two_schedules_and_enough_steps(live_url, browser_pag
     assert errors == []
 
 
+@pytest.fixture
+def shared_run_dir(monkeypatch, tmp_path):
+    """The daphne process reads run logs where the worker (conftest.celery_worker) writes them."""
+    monkeypatch.setenv("THUNDERSYNC_RUN_DIR", str(tmp_path / "runs"))
+
+
 @pytest.mark.slow
 def test_a_one_click_comparison_of_three_schedules_finishes_fair(
-        live_url, browser_page, celery_worker, alice, alice_experiment, presets):
+        shared_run_dir, live_url, browser_page, celery_worker, alice, alice_experiment, presets):
     """sync, async and streaming of configs/quickstart.yaml, 3 steps each, trained for real: the
     compare page shows ratios with their spread and no warning."""
     page, errors = browser_page
@@ -87,6 +93,7 @@ def test_a_one_click_comparison_of_three_schedules_finishes_fair(
     assert len(cells) == 3 and all("×" in c and "–" in c for c in cells), cells  # a ratio and its p10-p90
     screenshot(page, "comparison")
     show_the_streaming_run(page, live_url, comparison)
+    Run.objects.filter(comparison=comparison, schedule__kind="sync").update(tags=",baseline,", note="the 1.00x reference")
     page.goto(f"{live_url}/runs/?experiment={alice_experiment.pk}")
     assert len(page.locator("#runs-list tbody tr").all()) == 3
     screenshot(page, "runs-list")
