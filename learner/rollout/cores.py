@@ -23,8 +23,19 @@ def core_plan(n_workers: int, pin: bool) -> tuple[int | None, list[int | None]]:
 
 
 def pin_process(core: int | None) -> None:
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        try:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
-        except OSError:
-            pass  # containers may forbid it; the run still works, only less isolated
+    """Every thread of this process on ``core`` (None: leave it as it is). ``sched_setaffinity(0)``
+    moves only the calling thread: a thread started before the pin (the events flusher of
+    ``thundersync train --events``, a worker's outbox feeder) would keep the whole machine, wake
+    on the other side's busy core and stall this process's main thread at each GIL hand-off."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = {core % os.cpu_count()}
+    try:
+        os.sched_setaffinity(0, cores)
+        for tid in os.listdir("/proc/self/task"):  # Linux: each thread has its own mask
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except (OSError, ValueError):
+                pass  # the thread ended meanwhile
+    except OSError:
+        pass  # containers may forbid it; the run still works, only less isolated
