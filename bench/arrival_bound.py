@@ -1,6 +1,6 @@
 """How early a streaming learner can finish a step, given when its trajectories arrived (docs/learner.md).
 
-    .venv/bin/python bench/arrival_bound.py SYNC_EVENTS.jsonl [--caps none,0,2,4] [--balance 1] [--open-cost 2.2]
+    .venv/bin/python -m bench.arrival_bound SYNC_EVENTS.jsonl [--caps none,0,2,4] [--balance 1] [--open-cost 2.2]
 
 Reads a **sync** run's events (``thundersync train --events``, or a bench run kept with
 ``--events-dir``) and replays each step's arrivals through the idealised learner of
@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from learner.bench.arrival import StepArrivals, best_with_open_cost, bounds, learner_finish, step_arrivals  # noqa: E402,F401
+from learner.bench.arrival import bounds
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Continuous batching in the torch engine on vs off (or, with ``--switch reuse_kv``, KV reuse
 across turns on vs off, continuous batching on in both), on the bench workload under sync, side by side.
 
-    .venv/bin/python bench/continuous_batching.py [--switch continuous_batching|reuse_kv] [--scale 0]
+    .venv/bin/python -m bench.continuous_batching [--switch continuous_batching|reuse_kv] [--scale 0]
         [--steps 6] [--rounds 2] [--cap N] [--json out.json]
 
 Trains ``configs/bench.yaml`` under ``sync`` (micro-batched learner) with
@@ -26,10 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.arrival_bound import bounds, step_arrivals  # noqa: E402
-from bench.load_report import finish  # noqa: E402
+from bench.load_report import finish
+from learner.bench.arrival import bounds, step_arrivals
 
 
 def late_share(events: list[dict], warmup: int) -> list[float]:

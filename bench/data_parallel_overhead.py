@@ -1,7 +1,7 @@
 """Overhead of data-parallel learner ranks on this machine: the same run with W = 1 and W = 2,
 alternating, measured side by side (docs/distributed.md).
 
-    .venv/bin/python bench/data_parallel_overhead.py [--steps 6] [--rounds 2] [--json out.json]
+    .venv/bin/python -m bench.data_parallel_overhead [--steps 6] [--rounds 2] [--json out.json]
 
 Per run: median step time, learner busy time per step, and the barrier's cost (the
 ``learner.optimizer`` span on rank 0: the integer all-reduce, the gradient reduction, clipping,
@@ -23,11 +23,8 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_report import finish  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from learner.timeline import Kind  # noqa: E402
+from bench.load_report import finish
+from learner.timeline import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
 

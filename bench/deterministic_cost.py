@@ -1,6 +1,6 @@
 """What streaming's deterministic learner costs: streaming with ``learner.deterministic`` on and off, side by side.
 
-    .venv/bin/python bench/deterministic_cost.py [--scale S] [--steps 6] [--rounds 2] [--json out.json]
+    .venv/bin/python -m bench.deterministic_cost [--scale S] [--steps 6] [--rounds 2] [--json out.json]
 
 Trains ``configs/bench.yaml`` under ``streaming`` with the adaptive learner
 (``learner.deterministic: false``) and the deterministic one (``true``), and under ``sync``
@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
-from bench.variants import compare_variants  # noqa: E402
+from bench.load_report import finish
+from bench.variants import compare_variants
 
 
 def _deterministic(on: bool):

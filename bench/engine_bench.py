@@ -1,7 +1,7 @@
 """Engine benchmark: output tokens/s of the vLLM engine vs the torch engine on the same model
 and prompts, and weight-publish latency vs model size.
 
-    .venv/bin/python bench/engine_bench.py [--batch 32] [--new-tokens 64] [--sizes tiny,s,m,l] [--json F]
+    .venv/bin/python -m bench.engine_bench [--batch 32] [--new-tokens 64] [--sizes tiny,s,m,l] [--json F]
 
 For each model: the same arith-tool prompts, one warm-up call, then ``--repeats`` timed
 batched ``generate`` calls per engine (fixed length: no stop tokens, so both engines emit
@@ -26,13 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from learner.config import RunConfig  # noqa: E402
-from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
-from learner.rollout.tasks import make_env  # noqa: E402
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
-from learner.rollout.weights import WeightStore  # noqa: E402
+from learner.config import RunConfig
+from learner.rollout.engine import SamplingParams, TorchEngine
+from learner.rollout.tasks import make_env
+from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.weights import WeightStore
 
 # name -> (hidden, layers, heads, intermediate); head size 64 needs no padding on CPU
 RANDOM_SIZES: dict[str, tuple[int, int, int, int]] = {

@@ -2,7 +2,7 @@
 call over a GRPO batch (P prompts x G rows each), with and without prefix sharing, and when
 its first row is handed back (``on_done``) vs when the whole call returns.
 
-    .venv/bin/python bench/first_row.py [--prompts 32] [--group-size 8] [--repeats 5]
+    .venv/bin/python -m bench.first_row [--prompts 32] [--group-size 8] [--repeats 5]
 
 Same model (the built-in policy), prompts (arith-tool tasks) and seeds in both arms, one
 torch thread; arms alternate per repeat, medians are printed side by side.

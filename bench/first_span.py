@@ -11,7 +11,7 @@ once the runner is ready. Phases, each from the launch:
     claimed -> interpreter up ("boot: starting" cold, "boot: forked" warm) -> "boot: loading"
     (workers started, config checked; torch is imported from here on cold, already warm) -> run started (models loaded, fleet up) -> first span stored
 
-    .venv/bin/python bench/first_span.py [--repeats 3]
+    .venv/bin/python -m bench.first_span [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 PHASES = ("claimed", "interpreter up", "loading torch", "run started", "first span")
 
 

@@ -1,6 +1,6 @@
 """GPU check: the streaming learner and the torch rollout engine on one CUDA device.
 
-    python bench/gpu_check.py [--device cuda] [--sizes s,m] [--json F]
+    python -m bench.gpu_check [--device cuda] [--sizes s,m] [--json F]
 
 Per model size, a seeded random Llama (token ids are drawn, so no tokenizer is needed):
   1. rollout: ``TorchEngine.generate`` of one GRPO batch (P prompts x G samples, fixed length,
@@ -34,17 +34,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from learner.config import AlgorithmConfig  # noqa: E402
-from learner.grad.exactness import relative_error  # noqa: E402
-from learner.grad.learner_common import LearnerOptions  # noqa: E402
+from learner.config import AlgorithmConfig
+from learner.grad.exactness import relative_error
+from learner.grad.learner_common import LearnerOptions
 from learner.grad.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
-from learner.rollout.engine import SamplingParams, TorchEngine  # noqa: E402
-from learner.rollout.weights import WeightStore  # noqa: E402
-from learner.timeline import Kind  # noqa: E402
-from learner.trajectory import Trajectory  # noqa: E402
+from learner.rollout.engine import SamplingParams, TorchEngine
+from learner.rollout.weights import WeightStore
+from learner.timeline import Kind
+from learner.trajectory import Trajectory
 
 # name -> (hidden, layers, heads, intermediate, vocab)
 SIZES: dict[str, tuple[int, int, int, int, int]] = {

@@ -1,6 +1,6 @@
 """KV reuse across turns (``rollout.reuse_kv``) on vs off, by context length, side by side.
 
-    .venv/bin/python bench/kv_reuse.py [--rows 64] [--contexts 32,128,384] [--rounds 5] [--json out.json]
+    .venv/bin/python -m bench.kv_reuse [--rows 64] [--contexts 32,128,384] [--rounds 5] [--json out.json]
 
 The torch engine's second turn of ``--rows`` agent loops on the built-in tiny policy, one torch
 thread: turn 1 samples 16 tokens after a prompt of C tokens, then every loop appends an
@@ -19,11 +19,8 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
+from bench.load_report import finish
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Learner time per trajectory of each learner path, side by side, alternating order (docs/learner.md).
 
-    .venv/bin/python bench/learner_paths.py [--rounds 5] [--trajs 256] [--json out.json]
+    .venv/bin/python -m bench.learner_paths [--rounds 5] [--trajs 256] [--json out.json]
 
 Built-in tiny policy, one torch thread, bench-shaped GRPO trajectories (30 prompt tokens, then
 30-80 scored ones, groups of 8, binary rewards), the same ones for every variant:
@@ -29,11 +29,8 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
+from bench.load_report import finish
 
 
 def bench_batch(n: int, vocab: int, seed: int = 0):

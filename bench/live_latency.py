@@ -21,7 +21,7 @@ runner (``--cold``: new processes). ``--compare-publish`` alternates the earlier
 ``LIVE_LATENCY_DUMP`` (a file for per-span read/published/first/last receipt times).
 Target: p95 <= 250 ms.
 
-    .venv/bin/python bench/live_latency.py --viewers 1 30 [--steps 8] [--prompts 16] [--rounds 2]
+    .venv/bin/python -m bench.live_latency --viewers 1 30 [--steps 8] [--prompts 16] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -39,10 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from learner.timeline import Kind  # noqa: E402
-from tests.harness.web_harness import asgi_server, bench_database  # noqa: E402
+from learner.timeline import Kind
+from tests.harness.web_harness import asgi_server, bench_database
 
 TARGET_P95_MS = 250.0
 
@@ -150,8 +148,8 @@ def viewers_main(url: str, run_id: int, cookie: str, n: int, out: str) -> None:
 
 
 def start_viewers(url: str, run_id: int, cookie: str, n: int, out: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, "--viewers-process", url, str(run_id), cookie, str(n), str(out)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.live_latency", "--viewers-process", url, str(run_id), cookie, str(n),
+                             str(out)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
         raise SystemExit("the viewers did not connect")

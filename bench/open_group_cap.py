@@ -1,6 +1,6 @@
 """Bounded open groups on the bench workload: K = max_open_groups against unlimited, side by side.
 
-    .venv/bin/python bench/open_group_cap.py [--cap 2] [--scale S] [--steps 6] [--rounds 2] [--json out.json]
+    .venv/bin/python -m bench.open_group_cap [--cap 2] [--scale S] [--steps 6] [--rounds 2] [--json out.json]
 
 Trains ``configs/bench.yaml`` under ``streaming`` (adaptive learner) with ``learner.max_open_groups``
 unlimited and K, and under ``sync`` (micro-batched) for the memory reference, one fresh
@@ -22,10 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.arrival_bound import bounds  # noqa: E402
-from bench.load_report import finish  # noqa: E402
+from bench.load_report import finish
+from learner.bench.arrival import bounds
 
 
 def main() -> int:

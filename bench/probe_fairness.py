@@ -8,7 +8,7 @@ machine's drift could move that ratio; this measures both, side by side, alterna
   2. learner kind: StreamingLearner.on_trajectory (sync, streaming) against
      OffPolicyLearner.train_batch (async, fully-async) on the same trajectories.
 
-    .venv/bin/python bench/probe_fairness.py [--rounds 6]
+    .venv/bin/python -m bench.probe_fairness [--rounds 6]
 
 Built-in tiny policy, bench-like trajectories (30 prompt + 30-80 scored tokens), one torch
 thread per process, learner on core 0, generator on core 1 (needs 2 cores).
@@ -24,9 +24,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def generate_forever(core: int, stop) -> None:

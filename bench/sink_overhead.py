@@ -8,7 +8,7 @@ Arms, alternating in each repeat, same config and seed:
 Reported per arm: median step time (timing_s/step), median learner time per step
 (timing_s/learner), and the events' hold (write time - span end) for the JSONL arms.
 
-    .venv/bin/python bench/sink_overhead.py [--repeats 3] [--steps 6]
+    .venv/bin/python -m bench.sink_overhead [--repeats 3] [--steps 6]
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from learner.timeline import Kind  # noqa: E402
+from learner.timeline import Kind
 
 ARMS = ("memory", "waits", "live")
 

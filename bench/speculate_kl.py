@@ -1,6 +1,6 @@
 """With a KL term, should streaming learn a zero-variance candidate's members in idle time?
 
-    .venv/bin/python bench/speculate_kl.py [--kl 0.04] [--scale S] [--steps 6] [--rounds 2] [--json out.json]
+    .venv/bin/python -m bench.speculate_kl [--kl 0.04] [--scale S] [--steps 6] [--rounds 2] [--json out.json]
 
 A group whose rewards so far are all equal may close with A = 0 for every member. Without a
 KL/entropy term its members then need no backward at all, so the adaptive learner waits for a
@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
-from bench.variants import compare_variants  # noqa: E402
+from bench.load_report import finish
+from bench.variants import compare_variants
 
 
 def main() -> int:

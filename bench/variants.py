@@ -11,6 +11,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from learner.bench.measure import measured_steps
+from learner.bench.run import Runner, alternating
+from learner.config import load_config
+
 COLUMNS = {"step_s": "timing_s/step", "learner_s": "timing_s/learner", "tail_s": "timing_s/tail",
            "trainer_idle": "trainer/idle_ratio", "micro_batches": "learner/micro_batches",
            "accumulator_mb": "learner/peak_accumulator_mb"}
@@ -20,10 +24,6 @@ def compare_variants(config: str, variants: dict[str, tuple[str, Callable]], bas
                      rounds: int) -> dict:
     """``variants``: {name: (schedule, a function that edits the loaded config in place)}; ratios
     are against ``base``. Prints one line per variant."""
-    from learner.bench.measure import measured_steps
-    from learner.bench.run import Runner, alternating
-    from learner.config import load_config
-
     load_start = os.getloadavg()[0]
     steps_of: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="thundersync-variants-") as tmp:

@@ -8,7 +8,7 @@ moment its line was fed to the ingestor, both epoch clocks of this machine (Pyth
 time.time(), browser performance.timeOrigin + performance.now()). Also reported: latency
 until the Gantt redraw that contains the span finished. Target: receive p95 <= 250 ms.
 
-    .venv/bin/python bench/web_latency.py [--rate 2000] [--seconds 10]
+    .venv/bin/python -m bench.web_latency [--rate 2000] [--seconds 10]
 """
 
 import argparse
@@ -18,11 +18,8 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.harness.web_harness import (  # noqa: E402
+from tests.harness.web_harness import (
     DEBUG_FLAG, agent_run_events, asgi_server, bench_database, bench_run, launch_chromium, log_in,
 )
 

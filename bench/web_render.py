@@ -9,7 +9,7 @@ again (V8 writes its code cache only for a script run twice). Visits 3+ are the 
 every later page: HTTP and code caches both hit. All three are reported; the target is judged
 on the median of the warm visits.
 
-    .venv/bin/python bench/web_render.py [--repeats 3]
+    .venv/bin/python -m bench.web_render [--repeats 3]
 
 Needs PostgreSQL and Redis as for the tests (controller.settings.test) and /usr/bin/chromium.
 """
@@ -19,11 +19,8 @@ import os
 import statistics
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.harness.web_harness import (  # noqa: E402
+from tests.harness.web_harness import (
     CHROMIUM, CHROMIUM_ARGS, DEBUG_FLAG, agent_run_events, asgi_server, bench_database, bench_run, log_in,
 )
 

@@ -1,6 +1,6 @@
 """Zero-variance skip on a real run: how many trajectories it skips and the learner time it saves.
 
-    .venv/bin/python bench/zero_variance.py [--config configs/arith-grpo.yaml] [--schedule sync] [--rounds 3]
+    .venv/bin/python -m bench.zero_variance [--config configs/arith-grpo.yaml] [--schedule sync] [--rounds 3]
 
 1. Trains the config for real (in this process, with its rollout worker), recording every
    batch the learner is handed and each step's ``learner/skipped_trajectories``.
@@ -20,11 +20,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.load_report import finish  # noqa: E402
+from bench.load_report import finish
 
 
 def record_run(config: str, schedule: str, steps: int | None):

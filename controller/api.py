@@ -4,13 +4,14 @@ A user reaches only their own experiments and runs (others' ids answer 404) and 
 global schedule presets plus their own.
 """
 
+from django.db.models import Max
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 
 from learner.config import ConfigError
 
 from .api_errors import ApiError, form_errors
-from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids
+from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing
 from .decorators import api_view, int_param, read_json
 from .exports import download, metrics_csv_chunks, trace_chunks
 from .forms import ExperimentForm, RunCreateForm, ScheduleForm
@@ -139,7 +140,11 @@ def run_spans(request, run_id: int):
 @api_view("GET")
 def run_trace(request, run_id: int):
     run = owned_run(request.user, run_id)
-    chunks = trace_chunks(run, step_range(request))
+    filters = step_range(request)
+    last = Span.objects.filter(run=run).aggregate(last=Max("step"))["last"]
+    if "step__gte" in filters and last is not None and filters["step__gte"] > last:
+        raise ApiError(400, {"step_from": f"past the run's last step ({last})"})
+    chunks = trace_chunks(run, filters)
     return download(request, chunks, "application/json", f"run-{run.pk}-trace.json")
 
 
@@ -155,6 +160,7 @@ def compare(request):
     try:
         ids = parse_run_ids(request.GET.get("runs", ""))
         level = parse_reward_level(request.GET.get("reward", ""))
+        weight = parse_smoothing(request.GET.get("smoothing", ""))
     except CompareError as err:
         raise ApiError(400, {err.field: str(err)}) from None
     if not ids:
@@ -162,7 +168,7 @@ def compare(request):
     found = {r.pk: r for r in Run.objects.select_related("schedule").filter(pk__in=ids, experiment__owner=request.user)}
     if len(found) != len(ids):
         raise ApiError(404, {"runs": "no such run"})
-    return JsonResponse(compare_summary([found[i] for i in ids], level))
+    return JsonResponse(compare_summary([found[i] for i in ids], level, weight))
 
 
 @api_view("GET")

@@ -15,7 +15,10 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from django.conf import settings  # noqa: E402
+
 from controller.origins import ExactOriginValidator  # noqa: E402
+from controller.ownership import start_reaper  # noqa: E402
 from controller.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -24,3 +27,6 @@ application = ProtocolTypeRouter(
         "websocket": ExactOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+if settings.THUNDERSYNC_WEB_REAPER:
+    # A run never waits for a worker to come back: the web process reaps too (docs/controller.md).
+    start_reaper()

@@ -13,11 +13,15 @@ import statistics
 
 from learner.timeline import Metric, window_metrics
 
+from .fairness import warnings
 from .models import Run, Span, StepMetric
 
 MIN_COMPARED, MAX_COMPARED = 2, 4
 REFERENCE_SCHEDULE = "sync"
 MAX_ID = 2**31 - 1
+# Time to reward reads an exponential moving average of reward/mean: per-step rewards of a few
+# groups swing widely, so the first step whose raw reward passes a level is mostly luck.
+DEFAULT_SMOOTHING = 0.8
 
 
 class CompareError(ValueError):
@@ -43,16 +47,30 @@ def parse_run_ids(raw: str) -> list[int]:
     return ids
 
 
-def parse_reward_level(raw: str) -> float | None:
+def parse_finite(raw: str, field: str) -> float | None:
+    """A query parameter as a finite float; None when empty."""
     if raw == "":
         return None
     try:
-        level = float(raw)
+        value = float(raw)
     except ValueError:
-        raise CompareError("reward", f"expected a number, got {raw[:40]!r}") from None
-    if not math.isfinite(level):
-        raise CompareError("reward", "must be a finite number")
-    return level
+        raise CompareError(field, f"expected a number, got {raw[:40]!r}") from None
+    if not math.isfinite(value):
+        raise CompareError(field, "must be a finite number")
+    return value
+
+
+def parse_smoothing(raw: str) -> float:
+    weight = parse_finite(raw, "smoothing")
+    if weight is None:
+        return DEFAULT_SMOOTHING
+    if not 0 <= weight < 1:
+        raise CompareError("smoothing", "must be at least 0 and below 1")
+    return weight
+
+
+def parse_reward_level(raw: str) -> float | None:
+    return parse_finite(raw, "reward")
 
 
 def number(values: dict, key: str) -> float | None:
@@ -69,6 +87,31 @@ def present(rows: list[dict], key: str) -> list[float]:
 def median_of(rows: list[dict], key: str) -> float | None:
     found = present(rows, key)
     return statistics.median(found) if found else None
+
+
+def spread_of(rows: list[dict], key: str) -> tuple[float | None, float | None]:
+    """10th and 90th percentile of ``key`` over the steps (inclusive method: with two steps,
+    10% and 90% of the way between them); (None, None) without a value."""
+    found = present(rows, key)
+    if len(found) < 2:
+        return (found[0], found[0]) if found else (None, None)
+    deciles = statistics.quantiles(found, n=10, method="inclusive")
+    return deciles[0], deciles[-1]
+
+
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average: each value is weight x the previous average + (1 - weight) x it."""
+    out, avg = [], None
+    for v in values:
+        avg = v if avg is None else weight * avg + (1 - weight) * v
+        out.append(avg)
+    return out
+
+
+def smoothed_rewards(rows: list[dict], weight: float) -> list[tuple[dict, float]]:
+    """(step row, smoothed reward/mean) for the steps that have a reward."""
+    with_reward = [r for r in rows if number(r, Metric.REWARD_MEAN) is not None]
+    return list(zip(with_reward, smoothed([number(r, Metric.REWARD_MEAN) for r in with_reward], weight)))
 
 
 def phase_medians(rows: list[dict]) -> tuple[float | None, float | None]:
@@ -118,57 +161,71 @@ def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, floa
     return {"learner_idle": idle[Metric.TRAINER_IDLE], "rollout_idle": idle[Metric.ROLLOUT_IDLE]}
 
 
-def time_to_reward(rows: list[dict], level: float | None, start: float | None) -> tuple[float | None, int | None]:
-    """Seconds from the first step's start to the end of the first step whose reward/mean
-    reaches ``level`` (None when it never does)."""
+def time_to_reward(rows: list[dict], level: float | None, start: float | None,
+                   weight: float) -> tuple[float | None, int | None]:
+    """Seconds from the first step's start to the end of the first step whose smoothed
+    reward/mean reaches ``level`` (None when it never does)."""
     if level is None or start is None:
         return None, None
-    for r in rows:
-        reward, end = number(r, Metric.REWARD_MEAN), number(r, Metric.T_END)
-        if reward is not None and end is not None and reward >= level:
+    for r, reward in smoothed_rewards(rows, weight):
+        end = number(r, Metric.T_END)
+        if end is not None and reward >= level:
             return end - start, r["step"]
     return None, None
 
 
-def default_reward_level(all_rows: list[list[dict]]) -> float | None:
-    """The highest reward/mean every run with rewards reached at least once."""
-    bests = []
-    for rows in all_rows:
-        rewards = present(rows, Metric.REWARD_MEAN)
-        if rewards:
-            bests.append(max(rewards))
+def default_reward_level(all_rows: list[list[dict]], weight: float) -> float | None:
+    """The highest smoothed reward/mean every run with rewards reached at least once."""
+    bests = [max(v for _, v in found) for found in (smoothed_rewards(rows, weight) for rows in all_rows) if found]
     return min(bests) if bests else None
 
 
-def run_figures(run: Run, rows: list[dict], level: float | None) -> dict:
+def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) -> dict:
     window = training_window(rows)
     staleness = present(rows, Metric.STALENESS_MEAN)
     worst = present(rows, Metric.STALENESS_MAX)
-    seconds, step = time_to_reward(rows, level, window[0] if window else None)
+    seconds, step = time_to_reward(rows, level, window[0] if window else None, weight)
+    p10, p90 = spread_of(rows, Metric.STEP_S)
     return {
         "id": run.pk, "name": str(run), "status": run.status,
         "schedule": run.config.get("train", {}).get("schedule", run.schedule.kind),
         **run_table_figures(rows),
+        "step_p10_s": p10, "step_p90_s": p90,
         **idle_over(run.pk, window),
         "training_s": window[1] - window[0] if window else None,
         "staleness_mean": statistics.fmean(staleness) if staleness else None,
         "staleness_max": max(worst) if worst else None,
         "tail_s": median_of(rows, Metric.TAIL_S),
         "time_to_reward_s": seconds, "reward_step": step,
+        **speculation_figures(rows),
     }
 
 
-def compare_summary(runs: list[Run], level: float | None = None) -> dict:
+def speculation_figures(rows: list[dict]) -> dict:
+    """Speculation's per-step metrics (docs/speculation.md) over the run, None where it did not
+    draft: mean kept-token and whole-draft shares, total drafted tokens."""
+    kept, whole = present(rows, Metric.KEPT_TOKEN_SHARE), present(rows, Metric.WHOLE_DRAFT_SHARE)
+    drafted = present(rows, Metric.DRAFTED_TOKENS)
+    return {"kept_token_share": statistics.fmean(kept) if kept else None,
+            "whole_draft_share": statistics.fmean(whole) if whole else None,
+            "drafted_tokens": sum(drafted) if drafted else None}
+
+
+def compare_summary(runs: list[Run], level: float | None = None, weight: float = DEFAULT_SMOOTHING) -> dict:
     """The compare page's summary table (GET /api/compare/): see docs/pages.md."""
     rows = step_rows([r.pk for r in runs])
     if level is None:
-        level = default_reward_level([rows[r.pk] for r in runs])
-    figures = [run_figures(r, rows[r.pk], level) for r in runs]
+        level = default_reward_level([rows[r.pk] for r in runs], weight)
+    figures = [run_figures(r, rows[r.pk], level, weight) for r in runs]
     reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
     rollout_s, learner_s = phase_medians(rows[reference["id"]]) if reference else (None, None)
     bound = max(rollout_s, learner_s) if rollout_s is not None and learner_s is not None else None
     for f in figures:
         f["speedup_vs_sync"] = reference["step_s"] / f["step_s"] if reference and f["step_s"] else None
         f["efficiency"] = bound / f["step_s"] if bound is not None and f["step_s"] else None
+        # the speedup's spread: the reference's median over this run's p90 and p10 step
+        f["speedup_p10"] = reference["step_s"] / f["step_p90_s"] if reference and f["step_p90_s"] else None
+        f["speedup_p90"] = reference["step_s"] / f["step_p10_s"] if reference and f["step_p10_s"] else None
     return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s,
-            "learner_s": learner_s, "bound_s": bound, "reward_level": level, "runs": figures}
+            "learner_s": learner_s, "bound_s": bound, "reward_level": level, "reward_smoothing": weight,
+            "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

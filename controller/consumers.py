@@ -23,6 +23,7 @@ from django.db import DatabaseError
 
 from .live import group_name
 from .models import Run, Span
+from .outages import OUTAGE_ERRORS
 from .runlog import log_tail
 from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame
 from .serializers import metrics_json, spans_json
@@ -32,7 +33,10 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
 CLOSE_TOO_SLOW = 4408  # the viewer fell THUNDERSYNC_WS_BACKLOG_BYTES behind: reconnect with ?after
-CLOSE_TRY_AGAIN_LATER = 1013  # an infrastructure outage (database, channel layer)
+# An infrastructure outage (database, channel layer): "try again later". Not the standard 1013:
+# daphne's websocket library sends only 1000 and 3000-4999 (a 1013 reached the client as 1011).
+CLOSE_TRY_AGAIN_LATER = 4503
+MAX_CLIENT_FRAME_CHARS = 200  # {"type": "ack", "frames": n} is ~40 characters
 log = logging.getLogger(__name__)
 
 
@@ -61,6 +65,23 @@ def after_param(query_string: bytes) -> int | None:
     except ValueError:
         return None
     return after if -1 <= after < 2**31 else None
+
+
+def parse_ack(text: str | None) -> int | None:
+    """n of a client's ``{"type": "ack", "frames": n}``, else None: longer than an ack can be
+    (so a deeply nested frame is never parsed), not one JSON object, or n not a non-negative
+    integer (``1e20``, ``true``, ``"5"``); the caller caps n at the frames it sent, so a fake
+    ack cannot switch off the backpressure."""
+    if not text or len(text) > MAX_CLIENT_FRAME_CHARS:
+        return None
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(message, dict) or message.get("type") != "ack":
+        return None
+    frames = message.get("frames")
+    return frames if type(frames) is int and frames >= 0 else None
 
 
 class RunConsumer(AsyncWebsocketConsumer):
@@ -112,7 +133,7 @@ class RunConsumer(AsyncWebsocketConsumer):
         await self.continue_replay()
 
     async def refuse_for_now(self, what: str, err: Exception) -> None:
-        """Close with 1013 (try again later): the page reconnects from its last seq."""
+        """Close with CLOSE_TRY_AGAIN_LATER: the page reconnects from its last seq."""
         log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
         self.closing = True
         if self.accepted:
@@ -124,9 +145,26 @@ class RunConsumer(AsyncWebsocketConsumer):
         self.accepted = True
         await super().accept(subprotocol, headers)
 
+    async def __call__(self, scope, receive, send):
+        """The channel layer failing inside the dispatch loop (its receive is part of the loop)
+        closes the socket with CLOSE_TRY_AGAIN_LATER, not 1011 with a traceback."""
+        try:
+            await super().__call__(scope, receive, send)
+        except (*OUTAGE_ERRORS, OSError) as err:
+            log.warning("websocket: the channel layer is unreachable (%s); closing with %s", err, CLOSE_TRY_AGAIN_LATER)
+            if not self.closing:
+                self.closing = True
+                try:
+                    await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER})
+                except Exception:  # noqa: BLE001 (the connection went with it: nothing left to tell)
+                    pass
+
     async def disconnect(self, code):
         if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            try:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+            except (*OUTAGE_ERRORS, OSError) as err:  # its membership expires in the layer
+                log.warning("websocket: could not leave %s (%s)", self.group, err)
 
     async def send_frame(self, text: str) -> None:
         self.frames_sent += 1
@@ -137,11 +175,10 @@ class RunConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if not hasattr(self, "unacked"):  # a refused socket
             return
-        try:
-            message = json.loads(text_data or "")
-            acked = int(message["frames"]) if message.get("type") == "ack" else None
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return  # the page sends nothing else; anything malformed is ignored
+        acked = parse_ack(text_data)
+        if acked is None:
+            return  # the page sends nothing else; anything malformed or impossible is ignored
+        acked = min(acked, self.frames_sent)
         while acked is not None and self.unacked and self.unacked[0][0] <= acked:
             self.backlog -= self.unacked.popleft()[1]
         if self.replaying and not self.closing:

@@ -17,8 +17,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
-from . import ownership
+from .broker import enqueue
 from .models import Run
+from .processes import me
 from .quotas import quotas_for
 
 DISPATCH_LOCK = 0x7453_0001  # pg_advisory_xact_lock key: "ts" + 1
@@ -60,14 +61,12 @@ def claim_next_run(task_id: str = "") -> int | None:
             return None
         now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
         Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=now, heartbeat=now,
-                                             supervisor=ownership.me(), start_task_id=task_id or "")
+                                             supervisor=me(), start_task_id=task_id or "")
         return run_id
 
 
 def top_up() -> None:
     """After a run ends: one more slot if runs are waiting (it may start one that a limit held)."""
-    from .launching import enqueue  # launching imports the task module, which imports this one
-
     first = waiting().order_by("created", "id").values_list("id", flat=True).first()
     if first is not None:
         enqueue(first, None)

@@ -8,13 +8,14 @@ from django.utils import timezone
 
 from . import live, ownership
 from .config_merge import run_config
-from .models import Experiment, Run, Schedule
+from .broker import enqueue_or_withdraw
+from .models import Comparison, Experiment, Run, Schedule
 from .quotas import check_config, check_queue
 from .frames import status_frame
-from .tasks import run_training
 
 
-def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "") -> Run:
+def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "",
+               comparison: Comparison | None = None) -> Run:
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
     ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
@@ -24,20 +25,27 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     if steps is None:
         steps = experiment.run_config().train.steps
     config = run_config(experiment.config, schedule.overrides(), steps, name)
-    check_config(experiment.owner, config["train"])
+    check_config(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)
         run = Run.objects.create(
-            experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
+            experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id,
+            comparison=comparison,
         )
-        transaction.on_commit(partial(enqueue, run.pk, task_id))
+        transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
 
 
-def enqueue(run_id: int, task_id: str) -> None:
-    Run.objects.filter(pk=run_id).update(enqueued=timezone.now())  # the reaper re-sends a lost message
-    run_training.apply_async(args=[run_id], task_id=task_id)
+def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "") -> Comparison:
+    """One run per schedule of the experiment's config, all with ``steps`` and the config's seed,
+    as one comparison; all or none are queued (ConfigError / QuotaExceeded as launch_run)."""
+    with transaction.atomic():
+        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps)
+        label = name or f"comparison {comparison.pk}"
+        for schedule in schedules:
+            launch_run(experiment, schedule, steps, f"{label} · {schedule.name}", comparison=comparison)
+    return comparison
 
 
 def request_cancel(run: Run) -> bool:

@@ -1,20 +1,35 @@
-"""Login throttling: after a few failed logins for one account, or many from one address,
-further attempts are refused for a while without even checking the password.
+"""Login throttling that slows guessing without locking the owner out.
 
-Counters live in Django's cache (Redis in production, so every web process shares them) and
-expire ``THUNDERSYNC_LOGIN_WINDOW_S`` after the first failure. Both the site's login and the
-admin's go through these forms (docs/controller.md, "Security and fair use").
+Failures are counted per (account, client address) and per client address. Once a scope has
+``THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT`` (pair) or ``..._PER_ADDRESS`` failures, each
+further attempt from it must wait a cool-down after the last failure
+(``THUNDERSYNC_LOGIN_COOLDOWN_S``, doubled with every failure past the limit, at most
+``THUNDERSYNC_LOGIN_WINDOW_S``); an attempt within the cool-down answers 429 without checking
+the password. The owner logging in from another address is never slowed by an attacker's
+failures, and one who shares the attacker's address waits at most one cool-down. Counters
+expire ``THUNDERSYNC_LOGIN_WINDOW_S`` after the last failure; a success clears its pair.
+
+Counters live in Django's cache (Redis in production, shared by every web process). When
+the cache is unreachable the throttle fails open with a logged warning: logins keep working
+without Redis. Both the site's login and the admin's go through these forms
+(docs/controller.md, "Security and fair use").
 """
 
+from __future__ import annotations
+
 import hashlib
+import logging
+import time
 
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 
+log = logging.getLogger(__name__)
 THROTTLED = "throttled"
 
 
@@ -26,38 +41,66 @@ def client_address(request) -> str:
     return forwarded.split(",")[0].strip() or request.META.get("REMOTE_ADDR", "")
 
 
-def _keys(request, username: str) -> dict[str, str]:
+def _scopes(request, username: str) -> dict[str, tuple[str, int]]:
+    """scope -> (cache key prefix, failure limit)."""
     account = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
     address = client_address(request) if request is not None else ""
-    return {"account": f"login-failures:account:{account}", "address": f"login-failures:address:{address}"}
+    return {"account": (f"login-failures:pair:{account}:{address}", settings.THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT),
+            "address": (f"login-failures:address:{address}", settings.THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS)}
 
 
-def _limits() -> dict[str, int]:
-    return {"account": settings.THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT,
-            "address": settings.THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS}
+def cooldown_s(failures: int, limit: int) -> float:
+    """How long after the last failure the next attempt must wait (0 below the limit)."""
+    if failures < limit:
+        return 0.0
+    return min(settings.THUNDERSYNC_LOGIN_COOLDOWN_S * 2 ** min(failures - limit, 20),
+               settings.THUNDERSYNC_LOGIN_WINDOW_S)
+
+
+def _fail_open(what: str, err: Exception) -> None:
+    log.warning("login throttle: the cache is unreachable (%s: %s); %s without throttling",
+                what, type(err).__name__, "logins go on")
 
 
 def throttled(request, username: str) -> str | None:
-    """Why logins for ``username`` from this request's address are refused now, or None."""
-    counts = cache.get_many(list(_keys(request, username).values()))
-    for scope, key in _keys(request, username).items():
-        if counts.get(key, 0) >= _limits()[scope]:
-            minutes = max(1, settings.THUNDERSYNC_LOGIN_WINDOW_S // 60)
-            return (f"Too many failed logins for this {scope}: try again in up to {minutes} minutes.")
+    """Why this login attempt is refused now, or None (also when the cache is down)."""
+    scopes = _scopes(request, username)
+    keys = [k for prefix, _ in scopes.values() for k in (prefix + ":n", prefix + ":last")]
+    try:
+        values = cache.get_many(keys)
+    except Exception as err:  # any cache backend's connection error
+        _fail_open("read", err)
+        return None
+    now = time.time()
+    for scope, (prefix, limit) in scopes.items():
+        wait = cooldown_s(values.get(prefix + ":n", 0), limit) - (now - values.get(prefix + ":last", 0.0))
+        if wait > 0:
+            what = "this account from your address" if scope == "account" else "your address"
+            return f"Too many failed logins for {what}: try again in {wait:.0f} seconds."
     return None
 
 
 def record_failure(request, username: str) -> None:
-    for key in _keys(request, username).values():
-        cache.add(key, 0, timeout=settings.THUNDERSYNC_LOGIN_WINDOW_S)
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.set(key, 1, timeout=settings.THUNDERSYNC_LOGIN_WINDOW_S)
+    window = settings.THUNDERSYNC_LOGIN_WINDOW_S
+    try:
+        for prefix, _ in _scopes(request, username).values():
+            cache.add(prefix + ":n", 0, timeout=window)
+            try:
+                cache.incr(prefix + ":n")
+            except ValueError:  # expired between add and incr
+                cache.set(prefix + ":n", 1, timeout=window)
+            cache.touch(prefix + ":n", timeout=window)
+            cache.set(prefix + ":last", time.time(), timeout=window)
+    except Exception as err:
+        _fail_open("count a failure", err)
 
 
 def record_success(request, username: str) -> None:
-    cache.delete(_keys(request, username)["account"])
+    prefix, _ = _scopes(request, username)["account"]
+    try:
+        cache.delete_many([prefix + ":n", prefix + ":last"])
+    except Exception as err:
+        _fail_open("clear a pair", err)
 
 
 class ThrottledLoginMixin:
@@ -83,11 +126,21 @@ class ThrottledAdminAuthenticationForm(ThrottledLoginMixin, AdminAuthenticationF
     pass
 
 
+def with_throttle_status(response):
+    """429 for a login page whose form was refused by the throttle (else as it was)."""
+    form = (getattr(response, "context_data", None) or {}).get("form")
+    if form is not None and form.has_error("__all__", THROTTLED):
+        response.status_code = 429
+    return response
+
+
 class ThrottledLoginView(LoginView):
     authentication_form = ThrottledAuthenticationForm
 
     def form_invalid(self, form):
-        response = super().form_invalid(form)
-        if form.has_error("__all__", THROTTLED):
-            response.status_code = 429
-        return response
+        return with_throttle_status(super().form_invalid(form))
+
+
+def admin_login(request, extra_context=None):
+    """The admin's login (its form is ThrottledAdminAuthenticationForm), 429 when throttled."""
+    return with_throttle_status(admin.site.login(request, extra_context))

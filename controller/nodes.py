@@ -29,8 +29,10 @@ from learner.config import ConfigError, parse_config
 from learner.distributed.ranks import free_port
 from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV
 
-from . import ownership, runlog
+from . import runlog
+from .broker import start_rank
 from .models import Run, RunNode
+from .processes import die_with_parent, me, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +57,12 @@ def queue_of(node: str) -> str:
 def start_remote_ranks(run: Run, remote: dict[int, str]) -> dict[str, str]:
     """Send each remote rank's task to its node's queue; the environment for rank 0's driver
     (its control port and key, this node's address)."""
-    from .tasks import run_rank  # tasks imports the supervisor, which imports this module
-
     key, port = secrets.token_hex(32), free_port(settings.THUNDERSYNC_NODE_ADDR)
     control = f"{settings.THUNDERSYNC_NODE_ADDR}:{port}"
     RunNode.objects.filter(run=run).delete()  # a resumed attempt starts its ranks afresh
     for rank, node in remote.items():
         RunNode.objects.create(run=run, rank=rank, node=node)  # no heartbeat until its task starts
-        run_rank.apply_async(args=[run.pk, rank, node, control, key], queue=queue_of(node))
+        start_rank(run.pk, rank, node, control, key, queue_of(node))
     return {KEY_ENV: key, PORT_ENV: str(port), ADDR_ENV: settings.THUNDERSYNC_NODE_ADDR}
 
 
@@ -82,11 +82,8 @@ def run_rank_on_this_node(run_id: int, rank: int, node: str, control: str, key: 
     """The body of the ``run_rank`` task: ``thundersync join-rank`` in its own process group
     (dies with this task: parent-death signal), its log in the run directory, the heartbeat
     every THUNDERSYNC_HEARTBEAT_S; stopped when the run ends; returns the rank's final status."""
-    from .supervisor import _die_with_parent
-
-    me = ownership.me()
     if not RunNode.objects.filter(run_id=run_id, rank=rank, status=RunNode.Status.RUNNING).update(
-            supervisor=me, heartbeat=timezone.now()):
+            supervisor=me(), heartbeat=timezone.now()):
         return "skipped"  # the run no longer waits for this rank (a redelivery, a resumed attempt)
     timeout = parse_config(Run.objects.get(pk=run_id).config).learner.timeout_s
     log_path = runlog.run_dir(run_id) / f"rank-{rank}.log"
@@ -96,11 +93,11 @@ def run_rank_on_this_node(run_id: int, rank: int, node: str, control: str, key: 
             [*settings.THUNDERSYNC_LEARNER_COMMAND, "join-rank", "--control", control, "--rank", str(rank),
              "--node", node, "--timeout", f"{timeout:g}"],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
+            env={**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
     try:
         code = _watch(child, run_id, rank)
     finally:  # whatever is left of the rank's process group, waited for
-        ownership.signal_group(child.pid, signal.SIGKILL, 10.0)
+        signal_group(child.pid, signal.SIGKILL, 10.0)
     tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
     status = RunNode.Status.SUCCEEDED if code == 0 else RunNode.Status.FAILED
     error = "" if code == 0 else (f"exit code {code}: " + " | ".join(tail))[:2000]
@@ -126,7 +123,7 @@ def _watch(child: subprocess.Popen, run_id: int, rank: int) -> int:
             stop_at = time.monotonic() + (settings.THUNDERSYNC_CANCEL_GRACE_S if succeeded else 0.0)
         if kill_at is None and stop_at is not None and time.monotonic() >= stop_at:
             log.info("run %s ended (%s): stopping learner rank %s", run_id, run.status, rank)
-            ownership.signal_group(child.pid, signal.SIGTERM, 0.0)
+            signal_group(child.pid, signal.SIGTERM, 0.0)
             kill_at = time.monotonic() + settings.THUNDERSYNC_CANCEL_GRACE_S
         if kill_at is not None and time.monotonic() > kill_at:
-            ownership.signal_group(child.pid, signal.SIGKILL, 0.0)
+            signal_group(child.pid, signal.SIGKILL, 0.0)

@@ -10,7 +10,7 @@ from .compare import MAX_COMPARED, MIN_COMPARED
 from .forms import MAX_CONFIG_CHARS, MAX_STEPS
 from .limits import INT32_MAX
 from .models import Run, Schedule
-from .quotas import quota_for
+from .quotas import RESOURCE_LIMITS, quota_for
 
 # Text fields: Django refuses NUL characters everywhere and, for required names, text that
 # is empty once stripped of whitespace (Python's str.strip set, spelled out for ECMA regexes).
@@ -163,6 +163,10 @@ SCHEMAS = {
             "schedule": {"type": "string"},
             "steps_done": {"type": "integer", "description": "steps with stored metrics"},
             "step_s": NULLABLE_NUMBER | {"description": "median timing_s/step"},
+            "step_p10_s": NULLABLE_NUMBER | {"description": "10th percentile of timing_s/step"},
+            "step_p90_s": NULLABLE_NUMBER | {"description": "90th percentile of timing_s/step"},
+            "speedup_p10": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p90_s"},
+            "speedup_p90": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p10_s"},
             "speedup_vs_sync": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_s"},
             "efficiency": NULLABLE_NUMBER | {"description": "max(R, L) / step_s (R, L from the sync run)"},
             "learner_idle": NULLABLE_NUMBER | {"description": "share of the training window with no learner span"},
@@ -172,8 +176,11 @@ SCHEMAS = {
             "tail_s": NULLABLE_NUMBER | {"description": "median timing_s/tail (last reward to step end)"},
             "final_reward": NULLABLE_NUMBER,
             "time_to_reward_s": NULLABLE_NUMBER | {"description": "first step start to the end of the first step "
-                                                                  "whose reward/mean >= reward_level"},
+                                                                  "whose smoothed reward/mean >= reward_level"},
             "reward_step": NULLABLE_INT,
+            "kept_token_share": NULLABLE_NUMBER | {"description": "mean speculation/kept_token_share (null: no drafts)"},
+            "whole_draft_share": NULLABLE_NUMBER | {"description": "mean speculation/whole_draft_share"},
+            "drafted_tokens": NULLABLE_NUMBER | {"description": "total speculation/drafted_tokens"},
         },
     },
     "Compare": {
@@ -184,6 +191,9 @@ SCHEMAS = {
             "learner_s": NULLABLE_NUMBER | {"description": "L: the sync run's median step end - first backward"},
             "bound_s": NULLABLE_NUMBER | {"description": "max(R, L)"},
             "reward_level": NULLABLE_NUMBER,
+            "reward_smoothing": {"type": "number", "description": "EMA weight applied to reward/mean"},
+            "warnings": {"type": "array", "items": {"type": "string"},
+                         "description": "what makes a ratio between these runs unfair (empty: nothing)"},
             "runs": {"type": "array", "items": ref("CompareRun")},
         },
     },
@@ -269,17 +279,33 @@ PATHS = {
               "schema": {"type": "array", "minItems": MIN_COMPARED, "maxItems": MAX_COMPARED, "uniqueItems": True,
                          "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX}}},
              {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
-              "description": "reward/mean level for time_to_reward_s (default: the highest every run reached)"}],
+              "description": "smoothed reward/mean level for time_to_reward_s (default: the highest every run reached)"},
+             {"name": "smoothing", "in": "query", "required": False,
+              "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+              "description": "EMA weight of reward/mean for time_to_reward_s (default 0.8; 0: raw)"}],
         ),
     },
 }
+
+
+def quota_bounds(quota) -> dict:
+    """The config fields the user's quota bounds, as JSON Schema maxima (YAML text is checked
+    against the same bounds once parsed)."""
+    sections: dict[str, dict] = {}
+    for path, limit in {**RESOURCE_LIMITS, "train.steps": "steps"}.items():
+        section, name = path.split(".")
+        sections.setdefault(section, {"type": "object", "properties": {}})["properties"][name] = {
+            "type": "integer", "minimum": 1, "maximum": getattr(quota, limit), "description": f"your {limit} quota"}
+    return sections
 
 
 def schema(user) -> dict:
     """The schema as ``user`` is served it: limits from their quota included."""
     schemas = copy.deepcopy(SCHEMAS)
     steps = schemas["RunInput"]["properties"]["steps"]
-    steps["maximum"] = min(MAX_STEPS, quota_for(user).steps)
+    quota = quota_for(user)
+    steps["maximum"] = min(MAX_STEPS, quota.steps)
+    schemas["ExperimentInput"]["properties"]["config"]["oneOf"][0]["properties"] = quota_bounds(quota)
     return {
         "openapi": "3.1.0",
         "info": {"title": "ThunderSync Lab controller API", "version": "1"},

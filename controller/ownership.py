@@ -21,12 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
-import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
@@ -34,30 +31,19 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
+from .broker import backlog, enqueue
+from .dispatch import next_run_id
+from . import liveness
 from .ingestion import finish_run
 from .models import Run
+from .processes import HOST, group_members, process_start, signal_group, works_in
 from .resuming import requeue_attempt
+from .runlog import run_dir
 
 log = logging.getLogger(__name__)
-HOST = socket.gethostname()
 HANDED_OFF = "queue:"  # Run.supervisor of a run handed to another node's queue, not yet taken
 _supervising: set[int] = set()  # runs whose supervisor runs in this process right now
 _stale_seen: dict[int, datetime | None] = {}  # run -> the stale heartbeat an earlier pass saw
-
-
-def process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot ('' if unknown): with the pid it
-    names one process, even after the pid is reused (a restarted container starts at 1 again)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
-
-
-def me() -> str:
-    """This process as a run's supervisor."""
-    return f"{HOST}:{os.getpid()}:{process_start(os.getpid())}"
 
 
 @contextmanager
@@ -83,41 +69,32 @@ def owner_dead(supervisor: str, run_id: int) -> str | None:
 
 
 def heartbeat_stale(run: Run, now: datetime) -> bool:
+    """No heartbeat in the database for THUNDERSYNC_STALE_S and no sign of life from the
+    supervisor in the run directory (controller/liveness.py): a supervisor that only lost the
+    database is not stale."""
     limit = timedelta(seconds=settings.THUNDERSYNC_STALE_S)
-    return run.heartbeat is None or now - run.heartbeat > limit
+    stale = run.heartbeat is None or now - run.heartbeat > limit
+    return stale and not liveness.alive(run.pk, run.supervisor)
 
 
 def kill_leftovers(run: Run) -> None:
     """Stop what is left of the run's process group on this host: SIGTERM (the learner
-    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then remove the
-    semaphores a killed group leaves. The learner stops by itself once its supervisor is
-    gone (parent-death signal, broken stdout pipe); this is for one that hangs. Only a
-    group whose leader is still a learner is signalled."""
+    stops at a safe point), SIGKILL after THUNDERSYNC_CANCEL_GRACE_S, then check the group is
+    gone and remove the semaphores a killed group leaves. The learner stops by itself once
+    its supervisor is gone (parent-death signal, broken stdout pipe); this is for one that
+    hangs. The group is the run's if one of its processes works in the run's directory
+    (cold or forked by the warm runner, the learner and its workers do), whatever its command
+    line; a reused pid elsewhere is left alone."""
     if not run.pids or run.supervisor.split(":")[0] != HOST:
         return
     pgid = int(run.pids[0])
-    try:
-        is_learner = b"train" in Path(f"/proc/{pgid}/cmdline").read_bytes() and os.getpgid(pgid) == pgid
-    except (OSError, ValueError):
-        is_learner = False
-    if is_learner:
+    if any(works_in(pid, run_dir(run.pk)) for pid in group_members(pgid)):
         for sig, wait_s in ((signal.SIGTERM, settings.THUNDERSYNC_CANCEL_GRACE_S), (signal.SIGKILL, 10.0)):
             if not signal_group(pgid, sig, wait_s):
                 break
+        if left := group_members(pgid):
+            log.error("run %s: process group %s still has members %s 10s after SIGKILL", run.pk, pgid, left)
     sweep_semaphores({pgid})
-
-
-def signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
-    """Signal the group and wait up to ``wait_s`` for it to empty; False once it is gone."""
-    deadline = time.monotonic() + wait_s
-    try:
-        os.killpg(pgid, sig)
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def abandon(run: Run, reason: str) -> bool:
@@ -163,37 +140,16 @@ def reap_active(now: datetime) -> int:
     return ended
 
 
-def broker_backlog() -> int | None:
-    """Messages waiting in the runs queue (not those being worked on); None if the broker
-    cannot be looked into (only Redis can) or is down."""
-    from .celery import app
-
-    try:
-        with app.connection_for_read() as conn:
-            channel = conn.default_channel
-            if not hasattr(channel, "_q_for_pri"):
-                return None
-            queue = settings.CELERY_TASK_ROUTES["controller.tasks.run_training"]["queue"]
-            # LLEN is one of the commands kombu's client prefixes with global_keyprefix itself
-            return sum(channel.client.llen(channel._q_for_pri(queue, pri)) for pri in channel.priority_steps)
-    except Exception as err:  # the broker is down: nothing to send to anyway
-        log.warning("reaper: cannot look into the broker: %s", err)
-        return None
-
-
 def requeue_lost(now: datetime) -> int:
     """One slot (controller/dispatch.py) when a queued run may start, has waited
     THUNDERSYNC_REQUEUE_AFTER_S since its last message, and the broker holds none: its
     message was lost. A slot too many is harmless (it claims nothing)."""
-    from .dispatch import next_run_id
-    from .launching import enqueue
-
     run_id = next_run_id()
     if run_id is None:
         return 0
     cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
     run = Run.objects.get(pk=run_id)
-    if (run.enqueued or run.created) > cutoff or broker_backlog() != 0:
+    if (run.enqueued or run.created) > cutoff or backlog() != 0:
         return 0
     if not Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now):
         return 0  # another worker's reaper sent it

@@ -1,21 +1,33 @@
-"""Per-user quotas: trajectories per step, steps per run, runs at once, runs waiting.
+"""Per-user quotas: trajectories per step, steps per run, processes per run, runs at once,
+runs waiting.
 
 Site defaults are ``THUNDERSYNC_QUOTA_DEFAULTS``; a ``UserQuota`` row (admin) overrides
 any of them for one user. Config limits are checked when an experiment is saved and again
 when a run is launched (an admin may have lowered them since); the queued-runs limit at
 launch; the concurrent-runs limit by the dispatcher, which leaves a user's extra runs
 queued (controller/dispatch.py). docs/controller.md, "Security and fair use".
+
+The queued-runs check and the insert it guards run in one transaction holding a row lock on
+the user (``SELECT ... FOR UPDATE``), so parallel launches of one user are counted one after
+the other and never pass the limit together; other users are not held up.
 """
 
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
 
 from .models import Run, UserQuota
 
-LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs")
+LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs", "rollout_workers",
+          "learner_world_size", "task_size")
+# Per-run resources: config path -> the quota that bounds it (processes and generated items).
+RESOURCE_LIMITS = {"rollout.workers": "rollout_workers", "learner.world_size": "learner_world_size",
+                   "task.size": "task_size"}
 # A launch names the input that is over: its own steps, or the experiment's config.
-LAUNCH_FIELDS = {"train.steps": "steps", "train.prompts_per_step": "experiment"}
+LAUNCH_FIELDS = {"train.steps": "steps", "train.prompts_per_step": "experiment",
+                 **{path: "experiment" for path in RESOURCE_LIMITS}}
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,9 @@ class Quota:
     steps: int
     concurrent_runs: int
     queued_runs: int
+    rollout_workers: int
+    learner_world_size: int
+    task_size: int
 
 
 class QuotaExceeded(Exception):
@@ -49,10 +64,16 @@ def quotas_for(user_ids) -> dict[int, Quota]:
     return out
 
 
-def check_config(user, train: dict) -> None:
-    """A config's ``train`` section (a validated one, as a dict) within the user's quota;
-    else QuotaExceeded whose field is the config path that is over."""
+def check_config(user, config: dict) -> None:
+    """A validated config (as a dict, every default filled in) within the user's quota; else
+    QuotaExceeded whose field is the config path that is over."""
     quota = quota_for(user)
+    for path, limit in RESOURCE_LIMITS.items():
+        section, name = path.split(".")
+        value, bound = config[section][name], getattr(quota, limit)
+        if value > bound:
+            raise QuotaExceeded(path, f"{path} = {value} is over your quota of {bound}")
+    train = config["train"]
     per_step, group = train["prompts_per_step"], train["group_size"]
     if per_step * group > quota.trajectories_per_step:
         raise QuotaExceeded("train.prompts_per_step", (
@@ -63,6 +84,11 @@ def check_config(user, train: dict) -> None:
 
 
 def check_queue(user) -> None:
+    """Room in the user's queue; call it inside the transaction that queues the run: it locks
+    the user's row until that transaction ends."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("check_queue must run in the transaction that queues the run")
+    get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
     quota = quota_for(user)
     waiting = Run.objects.filter(experiment__owner=user, status=Run.Status.QUEUED).count()
     if waiting >= quota.queued_runs:

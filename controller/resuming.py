@@ -11,17 +11,24 @@ timeline and the charts continue; the metrics of steps the earlier attempt had d
 the checkpoint are replaced by the new attempt's (one row per step).
 """
 
+import logging
+import shutil
 import uuid
 from functools import partial
+from pathlib import Path
 
 from django.db import transaction
 from django.db.models import F, Max
 
+from learner.checkpoint import CHECKPOINTS, PREFIX, list_checkpoints
+
 from . import live
+from .broker import enqueue_or_leave_to_reaper
 from .models import Run, Span
 from .quotas import check_queue
 from .frames import status_frame
 
+log = logging.getLogger(__name__)
 DEFAULT_OUTPUT = "output"
 
 
@@ -34,18 +41,19 @@ def output_dir(config: dict) -> str:
     return (config.get("train") or {}).get("output_dir") or DEFAULT_OUTPUT
 
 
-def requeue_attempt(run_id: int, only_if: dict | None = None) -> bool:
-    """Queue the run again as its next attempt (``only_if``: field values it must still have)."""
-    from .launching import enqueue  # launching imports the task module, which imports this one
-
+def requeue_attempt(run_id: int, only_if: dict | None = None, owner=None) -> bool:
+    """Queue the run again as its next attempt (``only_if``: field values it must still have;
+    ``owner``: check their queued-runs quota in the same transaction, quotas.check_queue)."""
     task_id = str(uuid.uuid4())
     with transaction.atomic():
+        if owner is not None:
+            check_queue(owner)
         requeued = Run.objects.filter(pk=run_id, **(only_if or {})).update(
             status=Run.Status.QUEUED, cancel_requested=False, error="", finished=None, supervisor="",
             heartbeat=None, pids=[], attempt=F("attempt") + 1, celery_task_id=task_id, start_task_id="",
         )
         if requeued:
-            transaction.on_commit(partial(enqueue, run_id, task_id))
+            transaction.on_commit(partial(enqueue_or_leave_to_reaper, run_id, task_id))
     if requeued:
         live.publish(run_id, status_frame(Run.objects.get(pk=run_id)))
     return bool(requeued)
@@ -58,11 +66,35 @@ def request_resume(run: Run) -> Run:
         raise ResumeRefused(f"the run is {run.status}: only a failed or cancelled run can be resumed")
     if not run.checkpoints.exists():
         raise ResumeRefused("the run wrote no checkpoint to resume from (train.checkpoint_every)")
-    check_queue(run.experiment.owner)
-    if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}):
+    if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}, owner=run.experiment.owner):
         raise ResumeRefused("the run changed meanwhile: reload it")
     run.refresh_from_db()
     return run
+
+
+def remove_half_written(run_dir: Path, config: dict) -> None:
+    """Temporary checkpoint directories a run killed while writing one (or a full disk) left."""
+    for stale in (run_dir / output_dir(config) / CHECKPOINTS).glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def commit_point(run: Run, run_dir: Path) -> None:
+    """Make the newest checkpoint the database acknowledged the newest on disk, so ``--resume``
+    continues from it: checkpoints written after it (by a learner that died before its report
+    was stored, e.g. one writing a boundary checkpoint after its SIGTERM) are removed, with the
+    half-written ones; their steps are trained again, so every step has its metrics and the
+    spans stay dense. If none of the acknowledged ones is left on disk (pruned by
+    ``train.keep_checkpoints``), the disk's own are kept: resuming from them beats failing."""
+    remove_half_written(run_dir, run.config)
+    on_disk = {int(path.name.removeprefix(PREFIX)): path for path in list_checkpoints(run_dir / output_dir(run.config))}
+    acknowledged = set(run.checkpoints.values_list("step", flat=True)) & set(on_disk)
+    if not acknowledged:
+        return
+    for step, path in on_disk.items():
+        if step > max(acknowledged):
+            log.warning("run %s: checkpoint of step %s was never recorded: removed, resuming from step %s",
+                        run.pk, step, max(acknowledged))
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def resume_arguments(run: Run, run_dir) -> list[str]:

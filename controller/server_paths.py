@@ -23,11 +23,16 @@ from typing import Iterator, Optional
 from django.conf import settings
 from pydantic import BaseModel
 
-from learner.config import ConfigError, RunConfig
+from learner.config import ConfigError, RunConfig, parse_config
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
-FIELD_KINDS = {"task.path": "data", "task.reward": "code"}
+FIELD_KINDS = {"task.path": "data", "task.reward": "code", "tracking.tensorboard": "run"}
+# Plain-text fields that name no file: every other string field of RunConfig has a kind above
+# or by its marker/name (tests/controller/test_config_paths.py fails on a new unclassified one).
+NOT_PATHS = ("name", "task.name", "task.prompt_field", "task.answer_field", "task.system_prompt",
+             "task.reward_pattern", "task.datasets.name", "model.lora.target_modules", "learner.nodes",
+             "task.datasets.config")  # a reasoning-gym generator's parameters (sizes, seeds, ranges)
 BUILTIN_REWARDS = ("exact-match", "regex", "math-verify")
 
 
@@ -95,6 +100,23 @@ def check_run_relative(field: str, value: str) -> None:
     if not value or value.startswith("~") or path.is_absolute() or ".." in path.parts or "\\" in value:
         raise ConfigError(f"{field}: {value!r} must be a relative path inside the run's directory "
                           "(no leading /, ~ or ..)")
+
+
+def run_dir_escape(config: dict, run_dir: Path) -> str | None:
+    """Why a path the learner writes would leave ``run_dir`` once symlinks are followed (one
+    planted inside it, e.g. by an earlier run's output), or None. Checked when the run starts,
+    on the directory itself; the text of each path was checked when the config was saved. A
+    config that does not parse is left to the learner, which reports why."""
+    try:
+        parsed = parse_config(config)
+    except ConfigError:
+        return None
+    home = Path(os.path.realpath(run_dir))
+    for field, kind, value in path_fields(parsed):
+        if kind == "run" and isinstance(value, str) and not under(home / value, [home]):
+            return (f"{field}: {value!r} leads outside the run's directory "
+                    f"(to {os.path.realpath(home / value)}, through a symlink)")
+    return None
 
 
 CHECKS = {"model": check_model_dir, "data": check_data_path, "code": check_reward, "run": check_run_relative}

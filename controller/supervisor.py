@@ -12,7 +12,6 @@ is stopped with that reason, and a stderr log that cannot be written (a full dis
 the run with the reason instead of silently blocking the learner on a full pipe.
 """
 
-import ctypes
 import logging
 import os
 import queue
@@ -31,27 +30,17 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import nodes, ownership, runlog, warm
+from . import liveness, nodes, ownership, runlog, warm
+from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
-from .resuming import output_dir, resume_arguments
+from .resuming import commit_point, output_dir, remove_half_written, resume_arguments
+from .server_paths import run_dir_escape
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SIGKILL
-PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not load it
-except OSError:
-    _LIBC = None
-
-
-def _die_with_parent() -> None:
-    """Child side, before exec: SIGTERM when the supervising thread dies (a killed Celery
-    worker), so the learner stops at a safe point instead of training for nobody."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LearnerProcess:
@@ -67,7 +56,7 @@ class LearnerProcess:
         # forked by this worker's warm runner if it has one (controller/warm.py), else cold
         self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1, start_new_session=True, env=env, preexec_fn=_die_with_parent,
+            text=True, bufsize=1, start_new_session=True, env=env, preexec_fn=die_with_parent,
         )
         self.pid = self.proc.pid
         self.stderr_tail: deque[str] = deque(maxlen=stderr_lines)
@@ -176,7 +165,10 @@ def supervise(run: Run) -> Run:
     # every run keeps its final model (and checkpoints, if asked) under its run directory
     config = {**run.config, "train": {**run.config.get("train", {}), "output_dir": output_dir(run.config)}}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    if escape := run_dir_escape(config, run_dir):
+        return finish_run(run.pk, Run.Status.FAILED, escape)
     if run.attempt:
+        commit_point(run, run_dir)
         command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
     else:
         command = learner_command(config_path)
@@ -190,7 +182,7 @@ def supervise(run: Run) -> Run:
     except OSError as err:
         return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
     with ownership.supervising(run.pk):
-        Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=ownership.me(), heartbeat=timezone.now())
+        Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=me(), heartbeat=timezone.now())
         watch = RunWatch(child, ingestor, run.pk, spans_nodes=bool(remote))
         try:
             watch.pump()
@@ -198,6 +190,7 @@ def supervise(run: Run) -> Run:
         finally:
             child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
             sweep_semaphores({child.pid})  # what a SIGKILLed group leaves in /dev/shm (learner/stopping.py)
+            remove_half_written(run_dir, config)  # a checkpoint the learner died writing (a full disk)
         child.wait_for_stderr(timeout=2.0)
         ingestor.publish_log()  # the last lines (a traceback) came after the last flush
         status, error = watch.outcome()
@@ -211,8 +204,9 @@ class DatabaseRetry:
     THUNDERSYNC_DB_RETRY_MAX_S) while the learner keeps training and its events are kept;
     one warning per outage. Past THUNDERSYNC_DB_OUTAGE_LIMIT_S the error is raised."""
 
-    def __init__(self, run_id: int):
+    def __init__(self, run_id: int, supervisor: str):
         self.run_id, self.delay, self.next_try, self.down_since = run_id, 0.0, 0.0, None
+        self.supervisor = supervisor
 
     def attempt(self, what: str, call: Callable[[], object]) -> bool:
         """Run ``call`` unless backing off; False if it did not run or the database failed."""
@@ -240,6 +234,7 @@ class DatabaseRetry:
     def until_done(self, what: str, call: Callable[[], T]) -> T:
         box: list[T] = []
         while not self.attempt(what, lambda: box.append(call())):
+            liveness.mark_alive(self.run_id, self.supervisor)  # alive, only the database is not
             time.sleep(max(0.05, self.next_try - time.monotonic()))
         return box[0]
 
@@ -249,14 +244,14 @@ class RunWatch:
 
     def __init__(self, child: LearnerProcess, ingestor: RunIngestor, run_id: int, spans_nodes: bool = False):
         self.child, self.ingestor, self.run_id, self.spans_nodes = child, ingestor, run_id, spans_nodes
-        self.db = DatabaseRetry(run_id)
-        self.me = ownership.me()
+        self.me = me()
+        self.db = DatabaseRetry(run_id, self.me)
         self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
         self.failure = ""
         self.kill_at: float | None = None
         self.leader_gone_at: float | None = None
         now = time.monotonic()
-        self.next_poll = self.next_stamp = now
+        self.next_poll = self.next_stamp = self.next_alive = now
         self.last_event = now
 
     def pump(self) -> None:
@@ -268,6 +263,9 @@ class RunWatch:
             if line:
                 self.ingestor.feed(line)
                 self.last_event = now
+            if now >= self.next_alive:  # liveness through the run directory, whatever the database does
+                self.next_alive = now + settings.THUNDERSYNC_HEARTBEAT_S
+                liveness.mark_alive(self.run_id, self.me)
             self.db.attempt("store events", lambda: self.ingestor.flush_if_due(drained=child.drained()))
             if now >= self.next_poll:
                 self.next_poll = now + settings.THUNDERSYNC_CANCEL_POLL_S

@@ -9,10 +9,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import live, nodes, ownership, warm
+from .broker import hand_to_node
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
 from .models import Run
 from .frames import status_frame
+from .processes import me
 from .supervisor import supervise
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ def run_training(self, slot_run_id: int) -> str:
         if first is not None and first != settings.THUNDERSYNC_NODE:  # rank 0 runs on the run's first node
             Run.objects.filter(pk=run_id).update(supervisor=ownership.HANDED_OFF + nodes.queue_of(first),
                                                  heartbeat=timezone.now())
-            supervise_on_node.apply_async(args=[run_id], queue=nodes.queue_of(first))
+            hand_to_node(run_id, nodes.queue_of(first))
             return "handed to node " + first
         return supervise_and_finish(run)
     finally:
@@ -79,7 +81,7 @@ def supervise_on_node(self, run_id: int) -> str:
         return "adopted"
     handed = ownership.HANDED_OFF + nodes.queue_of(settings.THUNDERSYNC_NODE)
     if not Run.objects.filter(pk=run_id, status=Run.Status.STARTING, supervisor=handed).update(
-            supervisor=ownership.me(), heartbeat=timezone.now(), start_task_id=self.request.id):
+            supervisor=me(), heartbeat=timezone.now(), start_task_id=self.request.id):
         return "skipped"
     return supervise_and_finish(Run.objects.select_related("experiment", "schedule").get(pk=run_id))
 

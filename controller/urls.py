@@ -5,9 +5,10 @@ from django.urls import path
 from django.views.generic.base import RedirectView
 
 from . import api, manage_views, views
-from .login_throttle import ThrottledLoginView
+from .login_throttle import ThrottledLoginView, admin_login
 
 handler404 = "controller.api_errors.not_found"
+handler500 = "controller.outages.server_error"
 
 api_urlpatterns = [
     path("api/openapi.json", api.openapi, name="api-openapi"),
@@ -26,12 +27,15 @@ api_urlpatterns = [
 ]
 
 urlpatterns = [
+    path("admin/login/", admin_login),  # before the admin's own: 429 when throttled
     path("admin/", admin.site.urls),
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.experiments, name="experiments"),
     path("experiments/<int:experiment_id>/", views.experiment, name="experiment"),
     path("experiments/<int:experiment_id>/launch/", views.launch, name="launch"),
+    path("experiments/<int:experiment_id>/compare/", views.compare_schedules, name="compare-schedules"),
+    path("comparisons/<int:comparison_id>/", views.comparison, name="comparison"),
     path("experiments/<int:experiment_id>/edit/", manage_views.experiment_edit, name="experiment-edit"),
     path("experiments/<int:experiment_id>/clone/", manage_views.experiment_clone, name="experiment-clone"),
     path("experiments/<int:experiment_id>/delete/", manage_views.experiment_delete, name="experiment-delete"),

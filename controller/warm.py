@@ -9,10 +9,8 @@ None, and then it starts ``thundersync`` cold as before (the runner is off, stil
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,18 +21,15 @@ from django.conf import settings
 
 from learner.warm.client import WarmProcess
 
+from .processes import die_with_parent
+
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1
 _runner: dict[str, subprocess.Popen] = {}
 
 
 def socket_path(pid: int) -> Path:
     """The runner socket of the worker process ``pid`` (a prefork pool child finds its parent's)."""
     return Path(tempfile.gettempdir()) / f"thundersync-warm-{os.getuid()}-{pid}.sock"
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start() -> subprocess.Popen | None:
@@ -49,7 +44,7 @@ def start() -> subprocess.Popen | None:
         _runner["proc"] = subprocess.Popen(
             [sys.executable, "-m", "learner.warm.server", "--socket", str(path)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     log.info("warm runner starting (pid %s, socket %s)", _runner["proc"].pid, path)
     return _runner["proc"]

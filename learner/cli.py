@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
+import importlib
 import json
 import os
 import sys
@@ -124,6 +126,7 @@ def cmd_train(args) -> int:
     stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
     stopping.tag_semaphores()
     stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
+    stopping.start_janitor()  # and what this one leaves, once its group is gone
     booted, extra_sinks = None, []
     try:
         cfg = validated_config(args)
@@ -241,11 +244,7 @@ def cmd_audit(args) -> int:
     return 0 if result["passed"] else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="thundersync", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="train a policy with one of the four schedules")
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="run config (YAML/JSON), see configs/ (required unless --resume)")
     p.add_argument("--schedule", choices=SCHEDULES, help="override train.schedule")
     p.add_argument("--steps", type=int, help="override train.steps (0: only validate the config)")
@@ -267,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run clock starts at at least S seconds (as --seq-from, for the timeline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thundersync", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_train_arguments(sub.add_parser("train", help="train a policy with one of the four schedules"))
 
     p = sub.add_parser("check-exactness", help="streaming vs direct full-batch gradient on random batches")
     p.add_argument("--json", action="store_true")
@@ -291,13 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run")):
         try:
-            module = __import__(path, fromlist=["add_arguments", "run"])
-        except ImportError:
+            module = importlib.import_module(path)
+        except ImportError as err:  # the other commands still work; this one says why it cannot
+            # no option characters: every argument (--help too) reaches cannot_load, which exits 1
+            p = sub.add_parser(name, help=f"unavailable: {err}", prefix_chars="\0", add_help=False)
+            p.add_argument("ignored", nargs="*")
+            p.set_defaults(func=functools.partial(cannot_load, name, path, err))
             continue
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         module.add_arguments(p)
         p.set_defaults(func=module.run)
     return parser
+
+
+def cannot_load(name: str, path: str, err: ImportError, args) -> int:
+    print(f"thundersync: {name}: cannot load {path}: {type(err).__name__}: {err}", file=sys.stderr)
+    return 1
 
 
 def quiet_libraries() -> None:

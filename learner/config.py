@@ -61,9 +61,13 @@ class ToolLatency(Strict):
     the distribution, so users can set the rollout/learner balance like a real agent's.
     """
 
-    distribution: Literal["lognormal", "constant", "none"] = "lognormal"
+    distribution: Literal["lognormal", "pareto", "constant", "none"] = "lognormal"
     median_s: float = Field(0.05, ge=0.0, le=600.0)
     sigma: float = Field(0.8, ge=0.0, le=5.0, description="lognormal shape; larger = longer tail")
+    alpha: float = Field(1.5, gt=1.0, le=20.0,
+                         description="pareto tail index: P(wait > x) ~ x^-alpha; nearer 1 = heavier tail")
+    max_s: float | None = Field(None, gt=0.0, le=3600.0,
+                                description="every draw is cut to this before scale (a harness's timeout)")
     scale: float = Field(1.0, ge=0.0, le=1000.0, description="multiplies every draw (the bench's --balance)")
 
 
@@ -128,6 +132,18 @@ class TaskConfig(Strict):
         return self
 
 
+class SpeculationConfig(Strict):
+    """Cross-iteration speculation (docs/speculation.md): while step k learns, the fleet drafts
+    step k+1's trajectories under the weights it has; each draft is verified exactly against
+    step k+1's weights once they are published, and only the rejected remainder is sampled."""
+
+    enabled: bool = Field(False, description="draft the next steps' trajectories and verify them exactly")
+    lookahead: int = Field(1, ge=1, le=4, description="how many steps ahead the fleet drafts")
+    draft_token_budget: int = Field(
+        65_536, ge=1, le=100_000_000, description="per worker: the drafts' contexts hold at most this many "
+        "tokens (a draft's next turn waits while they exceed it), bounding draft memory")
+
+
 class RolloutConfig(Strict):
     engine: Literal["torch", "vllm"] = "torch"
     workers: int = Field(1, ge=1, le=64, description="rollout worker processes (torch engine)")
@@ -154,6 +170,19 @@ class RolloutConfig(Strict):
     max_worker_restarts: int = Field(
         2, ge=0, le=100, description="a rollout worker that dies is respawned and its trajectories sampled "
         "again, this many times per step; one failure more fails the run")
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+
+    @model_validator(mode="after")
+    def _speculation_needs_keyed_engine(self) -> "RolloutConfig":
+        if not self.speculation.enabled:
+            return self
+        if self.engine != "torch":
+            raise ValueError("rollout.speculation: needs engine torch; vLLM's sampler is not keyed per "
+                             "(stream, position), so a draft cannot be verified token for token (docs/vllm.md)")
+        if not self.continuous_batching:
+            raise ValueError("rollout.speculation: needs continuous_batching true (drafts yield to the current "
+                             "step's rows between decode steps)")
+        return self
 
     @model_validator(mode="after")
     def _cap_needs_continuous_batching(self) -> "RolloutConfig":
@@ -248,6 +277,19 @@ class LearnerConfig(Strict):
                           "when nothing else waits (false: they wait for a second reward or the close, so "
                           "no backward is spent on a group that ends zero-variance); null: on exactly when "
                           "the loss has a KL or entropy term, which those members need learnt anyway")
+    drain_policy: Literal["cost-aware", "finished-groups-first", "closed-groups"] = Field(
+        "cost-aware", description="adaptive learner: when work the micro-batched sync would not do runs before "
+                                  "the groups close (open groups' buckets, unfilled micro-batches): cost-aware: "
+                                  "when its measured premium fits in early_work_share and the rollout is near its "
+                                  "end; finished-groups-first: whenever the learner would idle; closed-groups: "
+                                  "never (docs/learner.md)")
+    early_work_share: float = Field(
+        0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
+                                           "share of the batch's estimated micro-batched learner work")
+    pack_rows: bool = Field(
+        False, description="pack several rows into each line of a learner micro-batch (position ids restarting "
+                           "per row, attention causal within a row) instead of right-padding every row to the "
+                           "longest (docs/learner.md)")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
@@ -361,6 +403,17 @@ class RunConfig(Strict):
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
             raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
                              f"streaming), not {self.train.schedule}")
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_is_on_policy(self) -> "RunConfig":
+        if self.rollout.speculation.enabled and self.train.schedule not in ("sync", "streaming"):
+            raise ValueError(f"rollout.speculation: drafts are verified against the next step's weights, which "
+                             f"sync and streaming wait for; {self.train.schedule} samples ahead with older "
+                             "weights already (turn speculation off)")
+        if self.rollout.speculation.enabled and self.learner.nodes:
+            raise ValueError("rollout.speculation: runs that span nodes (learner.nodes) place each group on a node's "
+                             "fleet by its rank; drafts are placed on one fleet's workers only (turn speculation off)")
         return self
 
     @model_validator(mode="after")

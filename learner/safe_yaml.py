@@ -9,12 +9,15 @@ node cap bounds what plain text can build. One loader for the CLI, the forms and
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 MAX_YAML_CHARS = 100_000
 MAX_YAML_NODES = 20_000  # a full RunConfig is ~100 nodes
+MAX_YAML_DEPTH = 32  # a RunConfig nests 3 levels; the same bound as the JSON API's
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 class UnsafeYamlError(ValueError):
@@ -35,7 +38,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def __init__(self, stream):
         super().__init__(stream)
-        self._nodes = 0
+        self._nodes = self._depth = 0
 
     def compose_node(self, parent, index):
         event = self.peek_event()
@@ -46,13 +49,32 @@ class _BoundedLoader(yaml.SafeLoader):
         if self._nodes > self.max_nodes:
             raise _Refused(
                 None, None, f"more than {self.max_nodes} values", event.start_mark)
-        return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _flow_depth(text: str) -> int:
+    """How deeply brackets nest in ``text`` (an upper bound of its flow nesting: brackets in
+    quoted strings count too); one regex pass, before the scanner's quadratic cost of deep flow
+    collections is paid."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(text):
+        depth = depth + 1 if bracket in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def load_yaml(text: str, max_chars: int = MAX_YAML_CHARS) -> Any:
     """Parse ``text`` safely; raises UnsafeYamlError naming the reason and line/column."""
     if len(text) > max_chars:
         raise UnsafeYamlError(f"longer than {max_chars} characters")
+    if _flow_depth(text) > MAX_YAML_DEPTH:
+        raise UnsafeYamlError(f"nested deeper than {MAX_YAML_DEPTH} levels")
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
     except _Refused as err:
@@ -64,3 +86,8 @@ def load_yaml(text: str, max_chars: int = MAX_YAML_CHARS) -> Any:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise UnsafeYamlError(f"not valid YAML{where}: {problem}") from None
+    except Exception as err:  # noqa: BLE001 (whatever the text makes the constructors raise is the text's fault)
+        # a value the constructors cannot build: an integer over Python's 4300-digit limit,
+        # a malformed explicit !!timestamp, a date out of range
+        first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise UnsafeYamlError(f"a value cannot be read: {first}") from None

@@ -26,6 +26,8 @@ class Kind:
     TOOL = "rollout.tool"  # the tool's real time
     TOOL_WAIT = "rollout.tool_wait"  # the modelled latency after it (task.tool_latency)
     VERIFY = "rollout.verify"
+    DRAFT = "rollout.draft"  # a turn generated as a draft of a later step, under older weights (docs/speculation.md)
+    DRAFT_VERIFY = "rollout.draft_verify"  # the forward that verifies a draft against the new weights
     TEACHER = "teacher.score"
     BACKWARD = "learner.backward"
     GROUP_CLOSE = "learner.group_close"
@@ -33,10 +35,10 @@ class Kind:
     PUBLISH = "learner.publish"
 
 
-SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER,
-                               Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
+SPAN_KINDS: tuple[str, ...] = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER, Kind.DRAFT,
+                               Kind.DRAFT_VERIFY, Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
 LEARNER_KINDS = (Kind.BACKWARD, Kind.GROUP_CLOSE, Kind.OPTIMIZER, Kind.PUBLISH)
-ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER)
+ROLLOUT_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY, Kind.TEACHER, Kind.DRAFT, Kind.DRAFT_VERIFY)
 
 
 class Metric:
@@ -65,6 +67,7 @@ class Metric:
     SKIPPED_TRAJECTORIES = "learner/skipped_trajectories"  # A = 0 exactly: no backward (docs/learner.md)
     SPECULATIVE_TRAJECTORIES = "learner/speculative_trajectories"
     MICRO_BATCHES = "learner/micro_batches"
+    PADDING_SHARE = "learner/padding_share"  # padded token slots / all slots of the learner's micro-batches
     OPEN_ROW_COST = "learner/open_row_cost"  # an open-group row's backward time / a known row's (docs/learner.md)
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
@@ -81,6 +84,12 @@ class Metric:
     EVAL_PASS_AT = "eval/pass@"  # + k
     EVAL_PROMPTS = "eval/prompts"
     EVAL_SECONDS = "eval/seconds"
+    DRAFTED_TOKENS = "speculation/drafted_tokens"  # sampled tokens of the step's drafts (docs/speculation.md)
+    KEPT_TOKEN_SHARE = "speculation/kept_token_share"  # of the drafted tokens, the share verification kept
+    WHOLE_DRAFT_SHARE = "speculation/whole_draft_share"  # of the drafts, the share kept token for token
+    VERIFY_S = "speculation/verify_s"  # seconds of verification forwards in the step's window
+    REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
+    ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers
     RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
 
 

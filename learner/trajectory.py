@@ -19,6 +19,11 @@ class Trajectory:
     teacher_logprobs: list[float | None] | None = None  # OPD: per position, None where unscored
     t_reward: float = 0.0  # run-clock time the reward (or last teacher score) became known
     error: str | None = None  # why it scored 0 without failing the run (malformed tool call, counted reward error)
+    # speculation (docs/speculation.md): per turn the version that drafted it (-1: sampled
+    # directly), the draft's sampled tokens and how many of them verification kept
+    drafted_versions: list[int] = field(default_factory=list)
+    drafted_tokens: int = 0
+    kept_tokens: int = 0
 
     @property
     def n_scored(self) -> int:

@@ -35,6 +35,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "controller.outages.OutageMiddleware",  # innermost: it sees what views raise (503, not 500)
 ]
 
 ROOT_URLCONF = "controller.urls"
@@ -132,6 +133,9 @@ if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to 
 
     THUNDERSYNC_NODE_ADDR = socket.gethostbyname(socket.gethostname())
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
+# The web process (controller/asgi.py) reaps too, so a run whose worker died is resumed or
+# failed even while no worker is up. Production turns it on; the embedded demo has its own.
+THUNDERSYNC_WEB_REAPER = os.environ.get("THUNDERSYNC_WEB_REAPER", "0") == "1"
 THUNDERSYNC_REQUEUE_AFTER_S = 30.0
 THUNDERSYNC_AUTO_RESUMES = 2  # a run whose supervisor is gone resumes from its checkpoint this often, then fails
 # The learner reports at least every few seconds while it trains; silence this long means
@@ -146,13 +150,18 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "steps": 10_000,  # train.steps of one run
     "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
     "queued_runs": 10,
+    # processes and generated items of one run (controller/quotas.py RESOURCE_LIMITS)
+    "rollout_workers": 8,  # rollout.workers
+    "learner_world_size": 4,  # learner.world_size
+    "task_size": 100_000,  # task.size (reasoning-gym items per split)
 }
 
-# Login throttling (controller/login_throttle.py): failures counted per account and per
-# client address; at the limit, logins are refused until the window after the first failure ends.
+# Login throttling (controller/login_throttle.py): failures counted per (account, address)
+# and per address; past a limit each attempt waits a cool-down after the last failure.
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
 THUNDERSYNC_LOGIN_WINDOW_S = 15 * 60
+THUNDERSYNC_LOGIN_COOLDOWN_S = 30.0  # first cool-down past a limit; doubles per further failure
 # Behind a reverse proxy: the META key of the header it sets to the client's address (e.g.
 # "HTTP_X_REAL_IP"); only a header the proxy overwrites, a client could forge any other.
 THUNDERSYNC_CLIENT_IP_HEADER = os.environ.get("THUNDERSYNC_CLIENT_IP_HEADER", "")

@@ -67,6 +67,7 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
 
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+THUNDERSYNC_WEB_REAPER = os.environ.get("THUNDERSYNC_WEB_REAPER", "1") == "1"  # settings/base.py
 
 # HTTPS (docs/controller.md, "Production"): `manage.py check --deploy` is clean with these.
 HTTPS = os.environ.get("DJANGO_HTTPS", "1") != "0"

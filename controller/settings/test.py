@@ -1,7 +1,7 @@
 """CI: PostgreSQL and Redis on 127.0.0.1 (the CI script starts them), a real Celery worker.
 
-Several test sessions may share those servers (engineers run suites side by side), so the
-test database, the broker keys and the channel-layer keys carry a per-session tag. Child
+Several test runs may share those servers (suites run side by side), so the test database,
+the broker keys and the channel-layer keys carry a per-run tag. Child
 processes inherit the tag through the environment.
 """
 
@@ -25,8 +25,8 @@ DATABASES = {
         "TEST": {"NAME": f"test_thundersync_{TEST_TAG}"},
     }
 }
-# A Celery worker process started by a test (tests/controller/faults.py) opens the session's
-# test database directly.
+# A Celery worker process started by a test (tests/controller/faults.py) opens this test run's
+# database directly.
 if os.environ.get("THUNDERSYNC_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["THUNDERSYNC_TEST_DATABASE"]
 

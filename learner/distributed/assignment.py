@@ -24,11 +24,3 @@ def assign_owners(group_sizes: Mapping[int, int], world_size: int) -> dict[int, 
         owners[group] = rank
         load[rank] += size
     return owners
-
-
-def groups_of_rank(group_sizes: Mapping[int, int], world_size: int, rank: int) -> dict[int, int]:
-    """The ``{group: size}`` share of ``rank`` (possibly empty: more ranks than groups)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank: {rank} is not in 0..{world_size - 1}")
-    owners = assign_owners(group_sizes, world_size)
-    return {g: size for g, size in group_sizes.items() if owners[g] == rank}

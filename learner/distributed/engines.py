@@ -21,12 +21,12 @@ partitioned and gathered only inside the engine's own forward, which the learner
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 import torch.distributed as dist
 
 from learner.config import LEARNER_ENGINES
+from learner.grad.learner_common import clip_and_step
 
 ZERO_STAGES = (0, 1, 2)
 
@@ -56,11 +56,7 @@ class TorchEngine:
 
     def step(self) -> float:
         """Clip the reduced gradient (the same on every rank), one step; returns its norm before clipping."""
-        clip = self.grad_clip if self.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return clip_and_step(self.params, self.optimizer, self.grad_clip)
 
 
 class DeepSpeedEngine:

@@ -36,6 +36,7 @@ class DataParallelLearner:
         from learner.distributed.rank import RankLearner
 
         self.cfg, self.world = cfg, cfg.learner.world_size
+        self._reduced = False  # this batch's gradient summed over the ranks already (``reduce``)
         self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
             init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s)
@@ -105,25 +106,37 @@ class DataParallelLearner:
         self.peers.drain()
         return self.local.idle_work(on_phase)
 
-    def finish_batch(self) -> dict:
+    def finish_batch(self, on_phase: PhaseCallback | None = None) -> dict:
         """Every rank's barrier (its own check + the integer all-reduce); raises on every rank alike."""
         self.peers.broadcast(("finish",))
         self.peers.check_alive()
         with self.peers.naming_failed_peers():
-            stats = self.local.finish_batch()
+            stats = self.local.finish_batch(on_phase)
         self.peers.stats = {0: stats}
+        self._reduced = False
         return stats
 
     # -- the reduction and the step ----------------------------------------------------------
     def reduce(self) -> None:
+        """The batch gradient: every rank's share, summed (once per batch)."""
+        if self._reduced:
+            return
         with self.peers.naming_failed_peers():
             self.engine.reduce()
+        self._reduced = True
 
-    def reduced_grads(self) -> list[torch.Tensor]:
-        return self.engine.reduced_grads()
+    def batch_gradient(self) -> dict[str, torch.Tensor]:
+        """The reduced gradient by parameter name (ZeRO-1/2: gathered from the partitions)."""
+        self.reduce()
+        names = [n for n, p in self.local.learner.model.named_parameters() if p.requires_grad]
+        return dict(zip(names, self.engine.reduced_grads()))
+
+    def metrics(self, spans: list[dict], t_start: float, t_end: float) -> dict[str, float]:
+        return rank_metrics(spans, t_start, t_end, self.cfg, self.rank_stats)
 
     def step(self) -> float:
-        """Clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
+        """Reduce, clip the reduced gradient, one optimizer step, and wait for every rank's own step."""
+        self.reduce()
         with self.peers.naming_failed_peers():
             norm = self.engine.step()
         self.peers.stats[0]["param_digest"] = param_digest(self.local.learner.model)

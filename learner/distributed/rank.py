@@ -76,7 +76,7 @@ class RankLearner:
         counts = BatchCounts(self._tokens, trajs, scored, len(open_groups), (1 << self.rank) if self.error else 0)
         return counts, own
 
-    def finish_batch(self) -> dict:
+    def finish_batch(self, on_phase: PhaseCallback | None = None) -> dict:
         """The barrier: p.grad = this rank's share × the whole batch's normaliser, or raise on every rank."""
         local, own = self.local_counts()
         try:
@@ -86,7 +86,7 @@ class RankLearner:
                 self.learner.abandon_batch()  # no step: the next begin_batch starts clean
             raise
         if self.mine:
-            stats = self.learner.finish_batch(totals=(total.scored_tokens, total.trajectories))
+            stats = self.learner.finish_batch(on_phase, totals=(total.scored_tokens, total.trajectories))
         else:  # a rank with no group this batch adds nothing to the sum
             for p in self.learner.acc.params:
                 p.grad = torch.zeros_like(p)

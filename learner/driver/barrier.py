@@ -1,70 +1,69 @@
-"""The barrier that ends every step: checks, (audit dump), gradient clipping, one optimizer
+"""The barrier that ends every step: checks, (audit dump), the learner's own clip and optimizer
 step, publish (docs/math.md, "Barrier")."""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
+from learner.audit import write_dump
 from learner.config import RunConfig
 from learner.driver import rules
 from learner.driver.metrics import StepRecord
 from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
-from learner.distributed.front import DataParallelLearner
 from learner.driver.setup import RunParts
 from learner.grad.mismatch import check_sampled_versions, step_mismatch
 from learner.timeline import Kind
 
 
-def barrier(parts: RunParts, rec: StepRecord, version: int, recorder: Recorder, rollouts: Rollouts,
-            cfg: RunConfig, dump: tuple[str, int] | None, wait_for_replicas: bool) -> int:
-    """Step ``rec`` (trained at ``version``) through the barrier; returns the new version.
-    ``dump``: (directory, step) of the audit dump; ``wait_for_replicas``: the publish ends
-    once every replica loaded the new weights."""
-    model = parts.model
-    t0 = recorder.now()  # the barrier's checks are learner work: inside the optimizer span
-    # before the weights move: sampled versions as expected, engine vs learner log-probs
-    check_sampled_versions(rec.trajs, rollouts.dispatch_versions)
-    rec.mismatch = step_mismatch(model, rec.trajs, version, known=parts.learner.logprobs.take())
-    ranks = isinstance(parts.learner, DataParallelLearner)
-    if ranks:
-        parts.learner.reduce()  # the batch gradient: every rank's share, summed
-    if dump and rec.step == dump[1]:
-        write_audit_dump(dump[0], parts, rec, version, cfg)
-        t0 = recorder.now()  # the audit dump is not training work
-    if ranks:  # the engine clips the reduced gradient and steps; every rank the same
+@dataclass(frozen=True)
+class AuditDump:
+    """``--dump-step DIR --dump-at STEP``: step ``step`` of run ``cfg`` dumped to ``dir`` for
+    ``thundersync audit`` (learner/audit.py)."""
+
+    dir: str
+    step: int
+    cfg: RunConfig
+
+    def write(self, parts: RunParts, rec: StepRecord) -> None:
+        """The step's pre-step model, batch (with how it was sampled) and final gradient, in the
+        model's dtype."""
+        cfg, version = self.cfg, rec.trained_version
+        how = {"schedule": cfg.train.schedule, "step": rec.step, "trained_version": version,
+               "group_size": cfg.train.group_size, "off_policy": rules.off_policy(cfg.train.schedule),
+               "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}}
+        # the KL reference is the initial policy: model/ holds it only at step 0
+        ref = parts.learner.ref_model if version > 0 else None
+        write_dump(self.dir, parts.model, parts.tokenizer, rec.trajs, cfg.algorithm, parts.learner.batch_gradient(),
+                   ref_model=ref, step=how)
+
+
+class Barrier:
+    """The end of every step, for the run of ``parts``: its spans go to ``recorder``, its
+    publishes to the replicas of ``rollouts``."""
+
+    def __init__(self, parts: RunParts, recorder: Recorder, rollouts: Rollouts, audit: AuditDump | None):
+        self.parts, self.recorder, self.rollouts, self.audit = parts, recorder, rollouts, audit
+
+    def __call__(self, rec: StepRecord, version: int, wait_for_replicas: bool) -> int:
+        """Step ``rec`` (trained at ``version``) through the barrier; returns the new version.
+        ``wait_for_replicas``: the publish ends once every replica loaded the new weights."""
+        parts, recorder = self.parts, self.recorder
+        rec.trained_version = version
+        t0 = recorder.now()  # the barrier's checks are learner work: inside the optimizer span
+        # before the weights move: sampled versions as expected, engine vs learner log-probs
+        check_sampled_versions(rec.trajs, self.rollouts.dispatch_versions)
+        rec.mismatch = step_mismatch(parts.model, rec.trajs, version, known=parts.learner.logprobs.take())
+        if self.audit is not None and rec.step == self.audit.step:
+            self.audit.write(parts, rec)
+            t0 = recorder.now()  # the audit dump is not training work
         norm = parts.learner.step()
-    else:
-        clip = cfg.train.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(parts.params, clip if clip > 0 else float("inf"))
-        parts.optimizer.step()
-        parts.optimizer.zero_grad(set_to_none=True)
-    recorder.learner_span(Kind.OPTIMIZER, t0, recorder.now(), version)
-    rec.learner_stats["grad_norm"] = float(norm)
-    rec.trained_version = version
-    version += 1
-    t0 = recorder.now()
-    parts.publish(version)
-    if wait_for_replicas:
-        rollouts.ensure_version(version)
-    recorder.learner_span(Kind.PUBLISH, t0, recorder.now(), version)
-    return version
-
-
-def write_audit_dump(dir: str, parts: RunParts, rec: StepRecord, version: int, cfg: RunConfig) -> None:
-    """The step's pre-step model, batch (with how it was sampled) and final gradient, in the
-    model's dtype, for ``thundersync audit`` (learner/audit.py)."""
-    from learner.audit import write_dump
-
-    model = parts.model
-    if isinstance(parts.learner, DataParallelLearner):
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        grads = dict(zip(names, parts.learner.reduced_grads()))
-    else:
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    how = {"schedule": cfg.train.schedule, "step": rec.step, "trained_version": version,
-           "group_size": cfg.train.group_size, "off_policy": rules.off_policy(cfg.train.schedule),
-           "sampling": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}}
-    # the KL reference is the initial policy: model/ holds it only at step 0
-    ref = parts.learner.ref_model if version > 0 else None
-    write_dump(dir, model, parts.tokenizer, rec.trajs, cfg.algorithm, grads, ref_model=ref, step=how)
+        recorder.learner_span(Kind.OPTIMIZER, t0, recorder.now(), version)
+        rec.learner_stats["grad_norm"] = float(norm)
+        version += 1
+        t0 = recorder.now()
+        parts.publish(version)
+        if wait_for_replicas:
+            self.rollouts.ensure_version(version)
+        recorder.learner_span(Kind.PUBLISH, t0, recorder.now(), version)
+        return version

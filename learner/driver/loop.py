@@ -1,18 +1,14 @@
-"""The training driver: one loop, four schedules (docs/schedules.md).
+"""The training driver: one loop for every schedule (docs/schedules.md).
 
-    sync        dispatch batch s -> wait for its last reward -> learn -> step -> publish
-    streaming   dispatch batch s -> learn each trajectory (GRPO) / turn (OPD) as it arrives
-                -> barrier -> step -> publish                              (staleness 0)
-    async       batch s+1 rolls out with weights s while the learner trains batch s (staleness 1)
-    fully-async rollout never waits: workers pick up new weights between turns; the learner
-                steps whenever a batch of groups is complete (staleness <= max_staleness)
+    dispatch -> collect the step (learning on arrival where the schedule does) -> dispatch
+    -> the learner's barrier work -> optimizer step -> publish -> metrics -> checkpoint
 
-``Trainer.run`` is the one loop. Where schedules differ it asks ``driver/rules.py``, through
-the plain state of ``driver/pipeline.py`` (shared with the simulator):
-- may a batch / a group be dispatched now      ``dispatch_open`` (BatchGate, GroupPool.may_admit)
-- is this item learnt the moment it arrives    ``collect_batch`` (rules.learns_on_arrival)
-- does a step form now                         ``collect_batch`` (all back) / ``collect_groups`` (GroupPool.take)
-- which learner, does a publish wait for every replica   rules.off_policy
+``Trainer.run`` is the one loop; what differs between the schedules is one object,
+``driver/schedules.py``, deciding through ``driver/rules.py`` (shared with the simulator):
+what may be dispatched now (``dispatch``), what is learnt the moment it arrives and when a step
+forms (``collect``), whether a publish waits for every replica (``publish_waits``). The
+learner is whichever ``Learner`` the schedule needs (``driver/setup.py``); it owns its
+optimizer step.
 
 The learner runs in this process (pinned to core 0, one torch thread); rollout workers run
 in their own processes on the other cores (docs/processes.md). Everything that happens is a
@@ -22,7 +18,6 @@ span; per-step metrics are a function of the spans of the step's window (driver/
 from __future__ import annotations
 
 import gc
-from functools import partial
 import resource
 import time
 from pathlib import Path
@@ -31,15 +26,15 @@ from typing import Any, Callable
 from learner import stopping
 from learner.checkpoint import save_final_model
 from learner.config import RunConfig
-from learner.distributed.front import DataParallelLearner, rank_lane, rank_metrics, uses_ranks
+from learner.distributed.front import rank_lane, uses_ranks
 from learner.distributed.node_rollouts import rollout_hosts
-from learner.driver import rules
-from learner.driver.barrier import barrier
+from learner.driver.barrier import AuditDump, Barrier
 from learner.driver.metrics import StepRecord, step_metrics
-from learner.driver.pipeline import BatchGate, GroupPool
 from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer, ResumePoint, continue_after_setup, restore, weights_loader
 from learner.driver.rollouts import Rollouts
+from learner.driver.speculation_metrics import busy_share, speculation_metrics
+from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
@@ -50,15 +45,11 @@ from learner.trajectory import ScoredTurn, Trajectory
 class Trainer:
     def __init__(self, cfg: RunConfig, sink: EventSink, dump: tuple[str, int] | None = None,
                  on_step: Callable[[dict], None] | None = None, resume: ResumePoint | None = None):
-        self.cfg, self.sink, self.dump, self.on_step, self.resume = cfg, sink, dump, on_step, resume
-        self.schedule = cfg.train.schedule
+        self.cfg, self.sink, self.on_step, self.resume = cfg, sink, on_step, resume
+        self.audit = AuditDump(dump[0], dump[1], cfg) if dump else None
+        self.schedule = make_schedule(cfg)  # with its in-flight state: what a checkpoint of it holds
         self.recorder = Recorder(sink, rank_lane(0, cfg.learner.node_of(0)))
         self.version, self.rewards = 0, []
-        # in-flight schedule state (plain data: what a checkpoint of a running schedule holds)
-        t = cfg.train
-        self.gate = BatchGate(rules.lead(t.schedule, t.max_staleness), t.steps)
-        self.pool = GroupPool(t.max_staleness, t.steps, lambda j: (j + 1) * t.prompts_per_step)
-        self.batch_groups: dict[int, list[int]] = {}  # on-policy: dispatch batch -> its groups
 
     def now(self) -> float:  # the run clock
         return self.recorder.now()
@@ -73,61 +64,12 @@ class Trainer:
                                lambda rank, *phase: self.on_phase(*phase, rank=rank), weights_loader(self.resume))
         self.model, self.policy_dir, self.learner = self.parts.model, self.parts.policy_dir, self.parts.learner
         self.rollouts = Rollouts(self.cfg, self.parts.fleet, self.parts.env, self.recorder)
+        self.barrier = Barrier(self.parts, self.recorder, self.rollouts, self.audit)
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
         nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
-        self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs) * nodes, self.now()))
-
-    def dispatch_open(self) -> None:
-        """Dispatch what the schedule's rules allow now: whole batches in order (sync,
-        streaming, async) or single groups within the staleness bound (fully-async)."""
-        if self.schedule == "fully-async":
-            while self.pool.may_admit(self.version):
-                self.pool.admit(self.rollouts.new_groups(1, -1, self.version)[0], self.cfg.train.group_size)
-            return
-        for batch in self.gate.open_batches(self.version):
-            version = self.checkpoints.dispatch_version(batch)  # the newest, but async's replayed batch
-            if batch > 0 and rules.off_policy(self.schedule):
-                self.rollouts.ensure_version(version)  # replicas are idle now: they take those weights
-            self.batch_groups[batch] = self.rollouts.new_groups(self.cfg.train.prompts_per_step, batch, version)
-            self.checkpoints.dispatched(batch)
-
-    def collect_batch(self) -> list[Trajectory | ScoredTurn]:
-        """sync, streaming, async: receive the step's dispatch batch; learn on arrival where
-        the schedule does; returns what is held for the barrier."""
-        P, G, objective = self.cfg.train.prompts_per_step, self.cfg.train.group_size, self.cfg.algorithm.objective
-        streams = rules.learns_on_arrival(self.schedule, objective, objective == "opd")
-        if not rules.off_policy(self.schedule):
-            self.learner.begin_batch({g: G for g in self.batch_groups.pop(self.rec.step)})
-        held: list = []
-        idle = partial(self.learner.idle_work, on_phase=self.on_phase) if streams else None  # docs/learner.md
-        while len(self.rec.trajs) < P * G:
-            arrived: list = []
-            for item in self.rollouts.receive_waiting(on_idle=idle, everything=streams):
-                is_turn = isinstance(item, ScoredTurn)
-                if not is_turn:
-                    self.rec.trajs.append(item)
-                elif rules.off_policy(self.schedule):
-                    continue  # the off-policy learner trains whole trajectories
-                (arrived if rules.learns_on_arrival(self.schedule, objective, is_turn) else held).append(item)
-            self.learn(arrived)
-        self.gate.received += 1
-        return held
-
-    def collect_groups(self) -> list[Trajectory]:
-        """fully-async: the first ``prompts_per_step`` groups to complete, fresh at this version;
-        keeps the fleet fed within the bound while waiting."""
-        self.rec.dropped_groups += len(self.pool.refresh(self.version))
-        while (chosen := self.pool.take(self.cfg.train.prompts_per_step)) is None:
-            self.dispatch_open()
-            item = self.rollouts.receive()
-            if isinstance(item, Trajectory):
-                self.rec.dropped_groups += len(self.pool.add(item.group, item, item.min_version(), self.version))
-        for g in chosen:
-            for t in self.pool.pop_members(g):
-                t.step = self.rec.step
-                self.rec.trajs.append(t)
-        return []
+        self.workers = len(booted.cmd_qs) * nodes
+        self.sink.emit(started_event(self.cfg, self.parts, self.workers, self.now()))
 
     def learn(self, items: list[Trajectory | ScoredTurn]) -> None:
         """Hand the learner everything waiting; it decides how to batch it (docs/learner.md)."""
@@ -138,17 +80,11 @@ class Trainer:
 
     def train_step(self, held: list[Trajectory | ScoredTurn]) -> None:
         """The learner's work for the step that formed: what was held (sync: all of it, turns
-        first; streaming OPD: the trajectories that close the turn accounting), or the
-        off-policy pass over the whole batch; then the barrier."""
-        if rules.off_policy(self.schedule):
-            self.recorder.backward_tokens = {t.id: t.n_scored for t in self.rec.trajs}
-            trajs = sorted(self.rec.trajs, key=learn_order)  # arrival order would reach the float sums
-            self.rec.learner_stats = self.learner.train_batch(trajs, on_phase=self.on_phase)
-        else:
-            self.learn(sorted(held, key=learn_order))
-            self.rec.learner_stats = self.learner.finish_batch()
-        self.version = barrier(self.parts, self.rec, self.version, self.recorder, self.rollouts, self.cfg,
-                               self.dump, wait_for_replicas=not rules.off_policy(self.schedule))
+        first; streaming OPD: the trajectories that close the turn accounting; off-policy: the
+        whole batch, learnt in ``finish_batch``), then the barrier."""
+        self.learn(sorted(held, key=learn_order))  # arrival order would reach the float sums
+        self.rec.learner_stats = self.learner.finish_batch(self.on_phase)
+        self.version = self.barrier(self.rec, self.version, wait_for_replicas=self.schedule.publish_waits)
 
     def finish_step(self, t_end: float) -> dict:
         """Metrics of the step that ended at ``t_end`` (its publish). The next step starts
@@ -158,8 +94,11 @@ class Trainer:
         self.t_step_end, rec.first_backward = t_end, self.recorder.first_backward
         self.rollouts.drain_spans()
         spans, waits = self.recorder.window(rec.t_start, t_end, rec.trajs)
-        values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule, memory_mb(self.parts, rec))
+        values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule.name, memory_mb(self.parts, rec))
         values.update(run_metrics(self.parts, rec, spans, t_end))
+        values[Metric.ROLLOUT_BUSY_SHARE] = busy_share(spans, rec.t_start, t_end, self.workers)
+        if self.cfg.rollout.speculation.enabled:
+            values.update(speculation_metrics(rec.trajs, spans, rec.t_start, t_end))
         self.sink.emit(StepMetrics(rec.step, values))
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
@@ -169,21 +108,19 @@ class Trainer:
     def run(self) -> dict:
         try:
             self.t_step_end = self.now()
-            self.dispatch_open()
+            self.schedule.dispatch(self)
             for step in range(self.first_step, self.cfg.train.steps):
                 self.rec = StepRecord(step, self.t_step_end)
                 self.recorder.begin_step(step)
                 self.parts.fleet.begin_step(step)  # rollout.max_worker_restarts counts per step
-                held = self.collect_groups() if self.schedule == "fully-async" else self.collect_batch()
-                self.dispatch_open()  # async: the next batch rolls out while this one trains
+                held = self.schedule.collect(self)
+                self.schedule.dispatch(self)  # async: the next batch rolls out while this one trains
                 self.train_step(held)
                 published = self.now()
-                if not rules.off_policy(self.schedule):  # the next batch's first turn generates
-                    self.dispatch_open()  # while this step's metrics are made
+                self.schedule.after_publish(self)
                 self.finish_step(t_end=published)
                 self.after_step(step)
-            if rules.off_policy(self.schedule):
-                self.rollouts.settle(self.version)
+            self.schedule.end(self)
         except stopping.Interrupted:  # keep the boundary before the step it stopped in
             self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)
             raise
@@ -204,7 +141,7 @@ def finish_run(trainer: Trainer) -> dict:
     if trainer.cfg.train.output_dir:
         save_final_model(lambda tmp: save_policy(trainer.model, trainer.parts.tokenizer, tmp),
                          trainer.cfg.train.output_dir)
-    summary = {"steps": trainer.cfg.train.steps, "schedule": trainer.schedule, "reward_curve": trainer.rewards,
+    summary = {"steps": trainer.cfg.train.steps, "schedule": trainer.schedule.name, "reward_curve": trainer.rewards,
                "final_version": trainer.version, "spans": trainer.recorder.seq, "wall_s": trainer.now()}
     trainer.sink.emit({"type": "run", "status": "finished", "summary": summary, "t": trainer.now()})
     return summary
@@ -220,9 +157,7 @@ def started_event(cfg: RunConfig, parts: RunParts, workers: int, now: float) -> 
 def run_metrics(parts: RunParts, rec: StepRecord, spans: list[dict], t_end: float) -> dict[str, float]:
     """Metrics a run's set-up adds: per learner rank (data-parallel) and held-out evaluation
     (``train.eval_every``, after the step's publish)."""
-    values = {}
-    if isinstance(parts.learner, DataParallelLearner):
-        values.update(rank_metrics(spans, rec.t_start, t_end, parts.learner.cfg, parts.learner.rank_stats))
+    values = parts.learner.metrics(spans, rec.t_start, t_end)
     if parts.evaluator is not None and parts.evaluator.due(rec.step):
         values.update(parts.evaluator.run(rec.step))
     return values

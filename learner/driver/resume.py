@@ -83,7 +83,7 @@ class Checkpointer:
         if self.replay is not None:
             self.replay = None
             t.parts.publish(t.version)
-        elif self.every and t.schedule == "async":
+        elif self.every and t.schedule.keeps_behavior:
             self.behavior = (batch, {n: x.clone() for n, x in t.parts.store.tensors.items()})
 
     def at_boundary(self, steps_done: int) -> None:
@@ -109,11 +109,8 @@ class Checkpointer:
 
 def capture(t, steps_done: int, rng: dict) -> RunState:
     """The state of trainer ``t`` at the boundary after ``steps_done`` steps."""
-    P, G = t.cfg.train.prompts_per_step, t.cfg.train.group_size
-    if t.schedule == "fully-async":  # admitted groups are dropped on resume: numbers are never reused
-        next_traj, next_group = t.rollouts.next_traj, t.rollouts.next_group
-    else:  # the batch after the boundary is dispatched again: its numbers as before its dispatch
-        next_traj, next_group = steps_done * P * G, steps_done * P
+    P = t.cfg.train.prompts_per_step
+    next_traj, next_group = t.schedule.next_numbers(t.rollouts, steps_done)
     return RunState(
         steps_done=steps_done, version=t.version, seq=t.recorder.seq, clock=t.now(), next_traj=next_traj,
         next_group=next_group, rewards=list(t.rewards[:steps_done]), schedule={"groups_taken": steps_done * P},
@@ -129,8 +126,7 @@ def restore(t, point: ResumePoint) -> RunState:
     t.version, t.rewards = state.version, list(state.rewards)
     t.recorder.seq = max(state.seq, point.seq_from)
     t.recorder.origin = time.monotonic() - max(state.clock, point.clock_from)
-    t.gate.next_batch = t.gate.received = state.steps_done
-    t.pool.admitted = state.schedule.get("groups_taken", 0)
+    t.schedule.restore(state)
     return state
 
 

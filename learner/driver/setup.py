@@ -10,20 +10,21 @@ from typing import Any, Callable
 
 import torch
 
-from learner.config import RunConfig
+from learner.config import ConfigError, RunConfig
 from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.distributed.placed_fleet import PlacedFleet
 from learner.evaluation import Evaluator
 from learner.grad.deterministic import on_policy_learner
-from learner.grad.learner_common import LearnerOptions
+from learner.grad.learner_common import LearnerOptions, OptimizerStep
+from learner.grad.learner_protocol import Learner
 from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
 from learner.lora import publish_view, with_lora
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
 from learner.rollout.env import Environment
+from learner.rollout.drafts import speculation_refused
 from learner.rollout.tasks import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
@@ -40,7 +41,7 @@ class RunParts:
     tokenizer: Any
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
-    learner: StreamingLearner | OffPolicyLearner | DataParallelLearner
+    learner: Learner
     env: Environment
     store: WeightStore
     fleet: Fleet | PlacedFleet  # PlacedFleet: rollouts on every node of the run
@@ -86,20 +87,24 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     version = load_state(model, optimizer) if load_state else 0
+    hosts = {}
     if uses_ranks(cfg):  # data-parallel learner ranks: this process is rank 0 (docs/distributed.md)
-        learner = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
+        ranks = DataParallelLearner(cfg, model, ref, str(policy_dir), on_rank_phase, optimizer)
+        learner, hosts = ranks, ranks.peers.rollout_hosts()
     else:
         learner = (OffPolicyLearner if rules.off_policy(cfg.train.schedule) else on_policy_learner)(
-            model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))  # learner.path: docs/learner.md
+            model, cfg.algorithm, ref, LearnerOptions.from_config(cfg),  # learner.path: docs/learner.md
+            OptimizerStep(optimizer, cfg.train.grad_clip))
     try:
         env = make_env(cfg.task)
+        if cfg.rollout.speculation.enabled and (refused := speculation_refused(env)):
+            raise ConfigError(refused)
         evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                      if cfg.train.eval_every else None)
         store = WeightStore(publish_view(model), counters=booted.counters)
         if version:
             store.publish(publish_view(model), version)  # the workers start from the resumed version
         fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
-        hosts = learner.peers.rollout_hosts() if isinstance(learner, DataParallelLearner) else {}
         if hosts:  # rollouts on every node of the run: docs/distributed.md
             fleet = PlacedFleet(cfg, fleet, hosts, origin, version)
     except BaseException:

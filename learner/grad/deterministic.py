@@ -29,7 +29,7 @@ from dataclasses import replace
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.learner_common import LearnerOptions, PhaseCallback
+from learner.grad.learner_common import LearnerOptions, OptimizerStep, PhaseCallback
 from learner.grad.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -40,9 +40,9 @@ class DeterministicLearner(StreamingLearner):
     micro-batch is one group's members (GRPO) or one turn (OPD), over a fixed-point G."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                 options: LearnerOptions | None = None):
+                 options: LearnerOptions | None = None, optimizer: OptimizerStep | None = None):
         options = replace(options or LearnerOptions(), path="micro-batched", max_open_groups=0, deterministic=True)
-        super().__init__(model, algo, ref_model, options)
+        super().__init__(model, algo, ref_model, options, optimizer)
 
     @property
     def path(self) -> str:
@@ -65,7 +65,8 @@ class DeterministicLearner(StreamingLearner):
 
 
 def on_policy_learner(model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                      options: LearnerOptions | None = None) -> StreamingLearner:
+                      options: LearnerOptions | None = None,
+                      optimizer: OptimizerStep | None = None) -> StreamingLearner:
     """The learner of sync and streaming for ``options``: deterministic or not."""
     cls = DeterministicLearner if options is not None and options.deterministic else StreamingLearner
-    return cls(model, algo, ref_model, options)
+    return cls(model, algo, ref_model, options, optimizer)

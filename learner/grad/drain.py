@@ -33,7 +33,7 @@ running sums (folded with the whole group's μ, σ at close) or with its final a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from learner.config import AdvantageConfig
@@ -140,10 +140,11 @@ class DrainPlanner:
     def all_arrived(self) -> bool:
         return all(len(g.arrived) == g.size for g in self.groups.values())
 
-    def idle(self, min_tokens: int = 0) -> list[Task]:
+    def idle(self, accept: Callable[[Bucket], bool] | None = None) -> list[Task]:
         """Nothing else waits: the largest bucket of an open group that holds (or may take) sums;
         zero-variance candidates only with ``speculate``, last, marked speculative; [] when there
-        is none with at least ``min_tokens`` tokens (a smaller backward costs more per row than it saves)."""
+        is none, or when ``accept`` (the ``cost-aware`` policy's judgement, learner/grad/cost_model.py)
+        says the largest does not pay now."""
         best: tuple | None = None
         for g in self.order:
             group = self.groups[g]
@@ -153,12 +154,10 @@ class DrainPlanner:
             if candidate and not self.speculate:
                 continue
             for bucket in self._group_buckets(g, group.waiting):
-                if sum(len(t.input_ids) for t in bucket.trajs) < min_tokens:
-                    continue
                 key = (not candidate, len(bucket.trajs))
                 if best is None or key > best[0]:
                     best = (key, g, bucket, candidate)
-        if best is None:
+        if best is None or (accept is not None and not accept(best[2])):
             return []
         _, g, bucket, candidate = best
         group = self.groups[g]
@@ -168,9 +167,9 @@ class DrainPlanner:
         bucket.speculative = candidate
         return [bucket]
 
-    def pending_groups(self) -> list[int]:
-        return [g for g in self.order if not self.groups[g].closed] + [
-            g for g, group in self.groups.items() if not group.arrived]
+    def waiting_tokens(self) -> int:
+        """Tokens of the arrived members of open groups not learnt yet."""
+        return sum(len(t.input_ids) for g in self.groups.values() if not g.closed for t in g.waiting)
 
     def _close(self, g: int, group: _Group) -> list[Task]:
         # in trajectory order, not arrival order: μ, σ and the known rows' order (hence their

@@ -10,6 +10,7 @@ the same), so every trajectory keeps its backward span.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
 from learner.grad.accumulator import GradAccumulator
 from learner.grad.fixed_point import FixedPointSum
 from learner.grad.microbatch import Row
+from learner.grad.packing import Layout
 from learner.grad.objectives import advantages, check_algorithm
 from learner.timeline import Kind
 from learner.trajectory import Trajectory
@@ -38,6 +40,9 @@ class LearnerOptions:
     accumulator_device: str = "device"  # or "host"
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/grad/deterministic.py)
     speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
+    drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/cost_model.py)
+    early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
+    pack_rows: bool = False  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -48,7 +53,8 @@ class LearnerOptions:
         return cls(path=cfg.learner_path(), micro_batch_tokens=cfg.train.micro_batch_tokens,
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
                    deterministic=cfg.deterministic_learner(),
-                   speculate_zero_variance=cfg.speculate_zero_variance())
+                   speculate_zero_variance=cfg.speculate_zero_variance(), drain_policy=cfg.learner.drain_policy,
+                   early_work_share=cfg.learner.early_work_share, pack_rows=cfg.learner.pack_rows)
 
     @property
     def min_stream_tokens(self) -> int:
@@ -65,6 +71,56 @@ class LearnerOptions:
         if self.deterministic:
             return FixedPointSum(params)
         return GradAccumulator(params, group_device="cpu" if self.accumulator_device == "host" else None)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """A learner's step at the barrier: ``optimizer`` over its trainable parameters, the batch
+    gradient clipped to ``grad_clip`` first (``train.grad_clip``; 0: not clipped)."""
+
+    optimizer: torch.optim.Optimizer
+    grad_clip: float = 0.0
+
+    def __call__(self, params: Sequence[torch.nn.Parameter]) -> float:
+        return clip_and_step(params, self.optimizer, self.grad_clip)
+
+
+def clip_and_step(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """Clip the gradient in ``p.grad`` (0: no clipping, the norm is still measured), one optimizer
+    step, gradients cleared; returns the norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+class InProcessLearner:
+    """What a learner that lives in the driver's process does at the barrier, once its batch's
+    gradient is in ``p.grad`` (``StreamingLearner``, ``OffPolicyLearner``; cf.
+    ``DataParallelLearner``). Needs ``model``, ``acc`` and ``optimizer``."""
+
+    model: torch.nn.Module
+    acc: GradAccumulator | FixedPointSum
+    optimizer: OptimizerStep | None
+
+    @property
+    def pids(self) -> list[int]:
+        return []  # no processes of its own
+
+    def step(self) -> float:
+        """Clip the finished batch's gradient, one optimizer step, gradients cleared."""
+        if self.optimizer is None:
+            raise RuntimeError("step: this learner was built without an optimizer (OptimizerStep)")
+        return self.optimizer(self.acc.params)
+
+    def batch_gradient(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def metrics(self, spans: list[dict], t_start: float, t_end: float) -> dict[str, float]:
+        return {}  # one process, one lane: the step's own metrics say it all
+
+    def close(self) -> None:
+        """Nothing to release: the learner lives in the driver's process."""
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -117,16 +173,25 @@ class LogprobLedger:
         return taken
 
 
-def report_micro_batch(state, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
-    """Count a micro-batch and report it as one equal share of its interval per row."""
+def report_micro_batch(state, rows: list[Row], grid: Layout, t0: float, t1: float,
+                       on_phase: PhaseCallback | None) -> None:
+    """Count a micro-batch (and its padded token slots) and report it as one equal share of its
+    interval per row."""
     state.micro_batches += 1
     state.rows += len(rows)
+    state.token_slots += grid.slots  # lines × longest row (learner/grad/packing.py)
+    state.padded_slots += grid.padded_slots
     state.backward_s += t1 - t0
     if on_phase:
         share = (t1 - t0) / len(rows)
         for k, row in enumerate(rows):
             on_phase(Kind.BACKWARD, t0 + k * share, t0 + (k + 1) * share if k + 1 < len(rows) else t1,
                      row.traj, row.group)
+
+
+def padding_stats(state) -> dict:
+    """``padding_share``: padded token slots over all token slots of the step's micro-batches."""
+    return {"padding_share": state.padded_slots / state.token_slots} if state.token_slots else {}
 
 
 def memory_stats(acc: GradAccumulator, peak_buffers: int) -> dict:

@@ -8,7 +8,7 @@ update up to summation order), per batch:
                                         # ended trajectories), any order, any number of calls
     learner.idle_work()                 # optional, when nothing waits: True if it learnt something
     stats = learner.finish_batch()      # barrier: batch normaliser, result in p.grad
-    # caller: clip_grad_norm_, optimizer.step(), optimizer.zero_grad()
+    norm = learner.step()               # clip, optimizer step, zero_grad (its ``OptimizerStep``)
 
 The learner decides how to batch what it is handed (docs/learner.md): ``LearnerOptions.path``
 ``per-trajectory`` (one forward+backward per trajectory, the earlier learner), ``micro-batched``
@@ -33,17 +33,22 @@ import torch
 
 from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
+from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
 from learner.grad.learner_common import (
     LearnerOptions,
+    InProcessLearner,
     LogprobLedger,
+    OptimizerStep,
     PhaseCallback,
     check_ref,
     memory_stats,
+    padding_stats,
     report_micro_batch,
     trainable,
 )
 from learner.grad.microbatch import (
+    MicroBatchRows,
     Row,
     check_trajectory,
     check_turn,
@@ -56,6 +61,7 @@ from learner.grad.microbatch import (
     split_grads,
 )
 from learner.grad.objectives import batch_normaliser
+from learner.grad.packing import layout
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -66,6 +72,7 @@ class _Batch:
 
     group_sizes: dict[int, int]
     planner: DrainPlanner
+    budget: EarlyWorkBudget | None = None  # adaptive: the cost-aware policy's allowance of early work
     turns: set[tuple[int, int]] = field(default_factory=set)  # OPD (traj, turn) seen
     scored_by_traj: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # OPD
     ended: set[int] = field(default_factory=set)  # OPD trajectories that ended
@@ -77,6 +84,8 @@ class _Batch:
     speculative: int = 0  # zero-variance candidates learnt in idle time (docs/learner.md)
     micro_batches: int = 0
     rows: int = 0
+    token_slots: int = 0  # rows × longest row, summed over micro-batches
+    padded_slots: int = 0
     closes: int = 0
     backward_s: float = 0.0
     # rows and seconds of micro-batches into running sums (open groups) vs straight into G: their
@@ -136,20 +145,21 @@ class _Batch:
         self.ended.add(traj.id)
 
 
-class StreamingLearner:
+class StreamingLearner(InProcessLearner):
     """Exact on-policy GRPO / OPD (sync and streaming): one optimizer step per batch, zero staleness.
 
     The batch's life (begin, learn, idle work, barrier) is here; the forwards and backwards
     into the running sums are ``OnPolicyBackward``'s."""
 
     def __init__(self, model: torch.nn.Module, algo: AlgorithmConfig, ref_model: torch.nn.Module | None = None,
-                 options: LearnerOptions | None = None):
+                 options: LearnerOptions | None = None, optimizer: OptimizerStep | None = None):
         check_ref(algo, ref_model)
-        self.model, self.algo, self.ref_model = model, algo, ref_model
+        self.model, self.algo, self.ref_model, self.optimizer = model, algo, ref_model, optimizer
         self.options = options or LearnerOptions()
         self.acc = self.options.accumulator(trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
+        self.policy = DrainPolicy(self.options.drain_policy, self.options.early_work_share)
         self.backward = OnPolicyBackward(self)
 
     @property
@@ -171,7 +181,8 @@ class StreamingLearner:
         cap = 0 if opts.path == "micro-batched" else opts.max_open_groups
         planner = DrainPlanner(group_sizes, self.algo.advantage, cap, lazy=opts.path != "per-trajectory",
                                speculate=opts.speculate_zero_variance)
-        self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner)
+        self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner,
+                             budget=self.policy.begin(sum(group_sizes.values())))
         if self.acc.params[0].device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)
 
@@ -199,17 +210,19 @@ class StreamingLearner:
             for traj in trajs:
                 check_trajectory(traj)
             tasks = state.planner.drain(trajs)  # validates membership before any work
+            state.budget.arrivals(len(trajs), sum(len(t.input_ids) for t in trajs))
             state.n_tokens += sum(t.n_scored for t in trajs)
             self.backward.tasks(state, tasks, on_phase)
         return state.counted_since(before)
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
-        """Nothing waits: learn deferred work (adaptive: a zero-variance candidate, speculatively)."""
+        """Nothing waits: learn deferred work where the drain policy says it pays (docs/learner.md):
+        known rows not yet a full micro-batch, else an open group's bucket."""
         state = self._state("idle_work")
-        if state.ready:  # known rows first: they share one backward whatever their groups
+        if state.ready and self.backward.early_known_pays(state):  # they share one backward whatever their groups
             self.backward.ready(state, on_phase, flush=True)
             return True
-        tasks = state.planner.idle() if self.algo.objective == "grpo" else []
+        tasks = state.planner.idle(self.backward.open_bucket_judge(state)) if self.algo.objective == "grpo" else []
         self.backward.tasks(state, tasks, on_phase)
         return bool(tasks)
 
@@ -238,17 +251,14 @@ class StreamingLearner:
         self._batch = None
         self.acc.reset()
 
-    def close(self) -> None:
-        """Nothing to release: the learner lives in the driver's process (cf. ``DataParallelLearner``)."""
-
-    def finish_batch(self, totals: tuple[int, int] | None = None) -> dict:
+    def finish_batch(self, on_phase: PhaseCallback | None = None, totals: tuple[int, int] | None = None) -> dict:
         """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
 
         ``totals``: (scored tokens, trajectories) of the whole batch when this learner holds one
         data-parallel rank's share of it (``learner.distributed``); default its own counts."""
         state = self._state("finish_batch")
         self.check_complete()
-        self.backward.ready(state, None, flush=True)
+        self.backward.ready(state, on_phase, flush=True)
         n_tokens, n_traj = totals if totals is not None else self.batch_counts()
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
@@ -257,7 +267,7 @@ class StreamingLearner:
         return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
                 **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
-                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path,
+                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -269,6 +279,7 @@ class OnPolicyBackward:
     def __init__(self, learner: StreamingLearner):
         self.model, self.ref_model, self.algo = learner.model, learner.ref_model, learner.algo
         self.options, self.acc, self.logprobs = learner.options, learner.acc, learner.logprobs
+        self.policy = learner.policy
         self.one_pass = learner.path != "per-trajectory"
 
     def tasks(self, state: _Batch, tasks: list, on_phase: PhaseCallback | None) -> None:
@@ -299,29 +310,61 @@ class OnPolicyBackward:
                     state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
                 state.speculative += len(task.trajs) if task.speculative else 0
                 rows = [grpo_row(t, 1.0) for t in task.trajs]
-                for part in plan_micro_batches(rows, self.options.budget):
+                for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
                     self._micro_batch(state, part, task, on_phase)
 
     def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
         """Known-advantage rows, in micro-batches: at once, or (adaptive, before the whole batch has
-        arrived) once they add up to ``min_stream_tokens``: rows of later closes join them."""
-        if not state.ready or (not flush and sum(len(r.ids) for r in state.ready) < self.options.min_stream_tokens):
+        arrived) ``finished-groups-first``: once they add up to ``min_stream_tokens``; otherwise the
+        full micro-batches only, the last one waiting for rows of later closes to fill it."""
+        if not state.ready:
             return
-        rows, state.ready = state.ready, []
-        self.rows(state, rows, on_phase)
+        if flush or self.options.path != "adaptive":
+            rows, state.ready = state.ready, []
+        elif self.policy.eager:
+            if sum(len(r.ids) for r in state.ready) < self.options.min_stream_tokens:
+                return
+            rows, state.ready = state.ready, []
+        else:
+            *full, state.ready = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
+            rows = [row for part in full for row in part]
+        if rows:
+            self.rows(state, rows, on_phase)
+
+    def _waiting_slots(self, state: _Batch) -> int:
+        return sum(len(r.ids) for r in state.ready) + state.planner.waiting_tokens()
+
+    def early_known_pays(self, state: _Batch) -> bool:
+        """Idle, known rows waiting that do not fill a micro-batch: learn them now?"""
+        if self.options.path != "adaptive" or self.policy.eager:
+            return True
+        parts = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
+        slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
+        return self.policy.partial_pays(state.budget, slots)
+
+    def open_bucket_judge(self, state: _Batch):
+        """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
+        if self.policy.eager:
+            return None
+
+        def accept(bucket: Bucket) -> bool:
+            lengths = [len(t.input_ids) for t in bucket.trajs]
+            return self.policy.open_pays(state.budget, len(lengths) * max(lengths), sum(lengths),
+                                         self._waiting_slots(state))
+        return accept
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
         """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
-        for part in plan_micro_batches(rows, self.options.budget):
+        for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             self._micro_batch(state, part, None, on_phase)
 
-    def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
+    def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width)
         for b, row in enumerate(fwd.rows):
-            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+            self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         if bucket is None:
@@ -331,10 +374,12 @@ class OnPolicyBackward:
             self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
             if aux_grads is not None:
                 self.acc.add_direct(aux_grads)
+        grid = fwd.layout
         del fwd, pg, aux
         t1 = time.monotonic()
+        self.policy.observe(grid.slots, t1 - t0, open_group=bucket is not None)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-        report_micro_batch(state, rows, t0, t1, on_phase)
+        report_micro_batch(state, rows, grid, t0, t1, on_phase)

@@ -102,9 +102,6 @@ class ChatFormat:
                                                 tokenize=False)
         return task.prompt_text
 
-    def prompt_ids(self, task: Task) -> list[int]:
-        return self.tok.encode(self.prompt_text(task), add_special_tokens=False)
-
     def observation_ids(self, turn_ids: list[int], tool_output: str) -> list[int]:
         if self.frame is None:
             text = self.env.observation_text(tool_output)

@@ -10,6 +10,7 @@ within a few decode steps instead of when the call's longest row ends. ``engine`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -17,16 +18,17 @@ from transformers.cache_utils import DynamicCache
 
 from learner.rollout import kv_rows
 from learner.rollout.prefix_store import past_cache
-from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next
+from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, Stream, keyed_sample, row_keys, stream_of
 
 ADMIT_WAIT_STEPS = 4  # a ready row joins at most this many decode steps after the last join
 ADMIT_SHARE = 8  # ... or sooner, once the ready rows are 1/ADMIT_SHARE of the running batch
 
 
-def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None,
-                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None) -> list[Completion]:
-    """Each row is sampled exactly as in a fixed batch (its own generator, one uniform per
-    token, its own positions and mask), so its tokens and behavior log-probs do not depend
+def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams, seeds: list[int | Stream] | None,
+                        on_done: OnDone | None, admit: Admit | None, keys: list | None = None,
+                        cut: Callable[[], list[int]] | None = None) -> list[Completion]:
+    """Each row is sampled exactly as in a fixed batch (keyed by its stream and position, its own
+    positions and mask), so its tokens and behavior log-probs do not depend
     on which rows share the batch or when it joined (up to float round-off).
 
     What joining and leaving cost decides when they happen. Both copy the batch's whole KV
@@ -35,27 +37,15 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
     ended stays in the batch as masked padding until a quarter of the batch has ended (or
     rows join: the join copies anyway), and ready rows join once they are an eighth of the
     running batch or ``ADMIT_WAIT_STEPS`` decode steps after the last join: a loop whose
-    tool answered waits a few decode steps, not the rest of the call."""
+    tool answered waits a few decode steps, not the rest of the call.
+
+    ``cut()``, between decode steps: rows to end now (stopped False, a partial completion the
+    caller continues later from its stream's position: a draft giving way, rollout/drafts.py)."""
     seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
-    stop_ids = set(params.stop_token_ids)
-    tokens: list[list[int]] = []
-    logps: list[list[float]] = []
-    fed: list[list[int]] = []  # each row's prompt (its context so far)
-    row_keys: list = []  # each row's key in engine.prefixes (None: not kept)
-    store = engine.prefixes
-    gens: list[torch.Generator] = []
-    results: list[Completion | None] = []
-    run = _Running()
+    rows, run, store = _Rows(), _Running(), engine.prefixes
 
     def join(new_prompts: list[list[int]], new_seeds: list[int], new_keys: list) -> None:
-        first = len(tokens)
-        for p, s, k in zip(new_prompts, new_seeds, new_keys, strict=True):
-            tokens.append([])
-            logps.append([])
-            gens.append(torch.Generator().manual_seed(s))
-            results.append(None)
-            fed.append(p)
-            row_keys.append(k)
+        first = rows.add(new_prompts, new_seeds, new_keys)
         reuse = [None if store is None or k is None else store.take(k, p) for p, k in zip(new_prompts, new_keys)]
         _join(engine, run, new_prompts, list(range(first, first + len(new_prompts))), reuse)
 
@@ -63,59 +53,112 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
         join(prompts, seeds, keys if keys is not None else [None] * len(prompts))
     since_join = 0
     while run.alive:
-        live = [j for j, i in enumerate(run.rows) if i >= 0]
-        logits = run.logits if len(live) == len(run.rows) else run.logits[live]
-        # CPU generators: a row's draws depend on its seed alone, on any device
-        u = torch.cat([torch.rand(1, generator=gens[run.rows[j]], dtype=torch.float64) for j in live]).to(engine.device)
-        tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (live,)
-        logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
-        tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
-        step_tok = [engine.pad_id] * len(run.rows)
-        ending: list[tuple[int, int, list[int]]] = []  # (row, batch row, context) of rows whose keys/values are kept
-        for k, j in enumerate(live):
-            i = run.rows[j]
-            tokens[i].append(tok_row[k])
-            logps[i].append(logp_row[k])
-            hit = tok_row[k] in stop_ids
-            if hit or len(tokens[i]) >= params.max_new_tokens:
-                results[i] = Completion(tokens[i], logps[i], hit)
-                if (store is not None and row_keys[i] is not None
-                        and len(fed[i]) + len(tokens[i]) - 1 >= store.min_tokens):
-                    # its next turn starts from these keys/values
-                    ending.append((i, j, fed[i] + tokens[i][:-1]))  # before on_done: the caller may extend its prompt
-                run.rows[j] = -1  # ended: masked padding from now on
-                run.alive -= 1
-                if on_done is not None:  # final: the caller acts on it while the rest decodes
-                    on_done(i, results[i])
-            else:
-                step_tok[j] = tok_row[k]
-        if ending:  # copied before the batch changes: one copy per layer for all of them
-            store.keep([row_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
-                       [j for _, j, _ in ending], run.attn)
+        step_tok = _sample_step(engine, run, rows, params, on_done)
         new = []
         if admit is not None:  # loops that became ready meanwhile start their turn now
             since_join += 1
             new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // ADMIT_SHARE))
+        if cut is not None:
+            _cut(run, set(cut()), rows, on_done)
         ended = len(run.rows) - run.alive
         if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
             keep = [j for j, i in enumerate(run.rows) if i >= 0]
             step_tok = [step_tok[j] for j in keep]
             _retire(run, keep)
         if run.alive:
-            tok_in = torch.tensor(step_tok, device=engine.device)[:, None]
-            col = torch.tensor([[int(i >= 0)] for i in run.rows], device=engine.device)
-            run.attn = torch.cat([run.attn, col], dim=1)
-            out = engine.model(input_ids=tok_in, attention_mask=run.attn, position_ids=run.pos,
-                             past_key_values=run.cache, use_cache=True)
-            run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
-            run.pos = run.pos + 1
+            _decode_step(engine, run, step_tok)
         if new:
             join([r[0] for r in new], [r[1] for r in new], [r[2] if len(r) > 2 else None for r in new])
             since_join = 0
             engine.stats.extra["rows_admitted"] = engine.stats.extra.get("rows_admitted", 0) + len(new)
     engine.stats.calls += 1
-    engine.stats.tokens_out += sum(len(t) for t in tokens)
-    return results  # type: ignore[return-value]  (every row ended: none is None)
+    engine.stats.tokens_out += sum(len(t) for t in rows.tokens)
+    return rows.results  # type: ignore[return-value]  (every row ended: none is None)
+
+
+@dataclass
+class _Rows:
+    """Every row of one continuous-batching call, by the call's row index (rows that joined
+    later come after the first prompts)."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    logps: list[list[float]] = field(default_factory=list)
+    fed: list[list[int]] = field(default_factory=list)  # each row's prompt (its context so far)
+    prefix_keys: list = field(default_factory=list)  # each row's key in engine.prefixes (None: not kept)
+    streams: list[Stream] = field(default_factory=list)
+    results: list[Completion | None] = field(default_factory=list)
+
+    def add(self, prompts: list[list[int]], seeds: list[int], keys: list) -> int:
+        """New rows; returns the index of the first."""
+        first = len(self.tokens)
+        for p, s, k in zip(prompts, seeds, keys, strict=True):
+            self.tokens.append([])
+            self.logps.append([])
+            self.streams.append(stream_of(s))
+            self.results.append(None)
+            self.fed.append(p)
+            self.prefix_keys.append(k)
+        return first
+
+    def end(self, i: int, stopped: bool, on_done: OnDone | None) -> None:
+        self.results[i] = Completion(self.tokens[i], self.logps[i], stopped)
+        if on_done is not None:  # final: the caller acts on it while the rest decodes
+            on_done(i, self.results[i])
+
+
+def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, on_done: OnDone | None) -> list[int]:
+    """One token for every live row; rows that stop or reach their length end (their keys and
+    values kept where the prefix store wants them). Returns the next decode step's input
+    tokens, the pad id for rows that ended."""
+    store, stop_ids = engine.prefixes, set(params.stop_token_ids)
+    live = [j for j, i in enumerate(run.rows) if i >= 0]
+    logits = run.logits if len(live) == len(run.rows) else run.logits[live]
+    # a row's draw depends on its key (stream, position) and its logits alone
+    keys = row_keys([rows.streams[run.rows[j]] for j in live], [len(rows.tokens[run.rows[j]]) for j in live],
+                    engine.device)
+    tok = keyed_sample(logits, params.temperature, params.top_p, keys)  # (live,)
+    logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+    tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
+    step_tok = [engine.pad_id] * len(run.rows)
+    ending: list[tuple[int, int, list[int]]] = []  # (row, batch row, context) of rows whose keys/values are kept
+    for k, j in enumerate(live):
+        i = run.rows[j]
+        rows.tokens[i].append(tok_row[k])
+        rows.logps[i].append(logp_row[k])
+        hit = tok_row[k] in stop_ids
+        if hit or rows.streams[i].start + len(rows.tokens[i]) >= params.max_new_tokens:
+            if (store is not None and rows.prefix_keys[i] is not None
+                    and len(rows.fed[i]) + len(rows.tokens[i]) - 1 >= store.min_tokens):
+                # its next turn starts from these keys/values; taken before on_done, which may extend its prompt
+                ending.append((i, j, rows.fed[i] + rows.tokens[i][:-1]))
+            run.rows[j] = -1  # ended: masked padding from now on
+            run.alive -= 1
+            rows.end(i, hit, on_done)
+        else:
+            step_tok[j] = tok_row[k]
+    if ending:  # copied before the batch changes: one copy per layer for all of them
+        store.keep([rows.prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
+                   [j for _, j, _ in ending], run.attn)
+    return step_tok
+
+
+def _decode_step(engine, run: "_Running", step_tok: list[int]) -> None:
+    """The batch's next forward: one token per row (ended rows masked), their logits."""
+    tok_in = torch.tensor(step_tok, device=engine.device)[:, None]
+    col = torch.tensor([[int(i >= 0)] for i in run.rows], device=engine.device)
+    run.attn = torch.cat([run.attn, col], dim=1)
+    out = engine.model(input_ids=tok_in, attention_mask=run.attn, position_ids=run.pos,
+                       past_key_values=run.cache, use_cache=True)
+    run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
+    run.pos = run.pos + 1
+
+
+def _cut(run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | None) -> None:
+    for j, i in enumerate(run.rows):
+        if i >= 0 and i in cut:
+            run.rows[j] = -1
+            run.alive -= 1
+            rows.end(i, False, on_done)
 
 
 def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:

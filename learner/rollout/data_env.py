@@ -79,6 +79,7 @@ class DatasetEnv(TagTurns):
     """``dataset``: one prompt per row of ``task.path``, scored by ``task.reward``."""
 
     name = "dataset"
+    pure_history = True  # rows of a fixed data set, scored by their answers
 
     def __init__(self, config: TaskConfig):
         self.config = config
@@ -141,6 +142,7 @@ class ReasoningGymEnv(TagTurns):
     """``reasoning-gym``: a weighted mix of reasoning-gym datasets, scored by their verifiers."""
 
     name = "reasoning-gym"
+    pure_history = True  # generated from the seed, scored by the generator
 
     def __init__(self, config: TaskConfig):
         self.config = config

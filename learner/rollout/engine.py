@@ -10,14 +10,15 @@ corrects it in the off-policy schedules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import torch
 
 from learner.rollout.continuous import generate_continuous
 from learner.rollout.prefix_store import PrefixStore
 # re-exported: callers import the sampling types from here
-from learner.rollout.sampling import Admit, Completion, OnDone, SamplingParams, sample_next  # noqa: F401
+from learner.rollout.sampling import (Admit, Completion, OnDone, SamplingParams, Stream, keyed_sample,  # noqa: F401
+                                      row_keys, stream_of)
 
 
 @dataclass
@@ -41,8 +42,10 @@ class Engine(Protocol):
     version: int  # policy version of the weights the engine samples with
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
-        """``seeds``: one per prompt; the same (prompt, seed, weights) samples the same tokens.
+                 seeds: list[int | Stream] | None = None, on_done: OnDone | None = None) -> list[Completion]:
+        """``seeds``: one per prompt (an int, or a ``Stream`` that starts at a later position: the
+        rest of a turn, for at most max_new_tokens - start tokens); the same (prompt, seed, weights)
+        samples the same tokens.
         ``on_done`` is called once per prompt as soon as its completion is final, so a caller
         can act on a finished row (run its tool, verify it, ship the trajectory) while the rest
         of the batch still decodes; engines that finish a batch at once call it on return.
@@ -88,12 +91,14 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None, on_done: OnDone | None = None,
-                 admit: Admit | None = None, keys: list | None = None) -> list[Completion]:
+                 seeds: list[int | Stream] | None = None, on_done: OnDone | None = None,
+                 admit: Admit | None = None, keys: list | None = None,
+                 cut: Callable[[], list[int]] | None = None) -> list[Completion]:
         """``keys``: one per prompt (an agent loop's identity), under which the row's keys/values
-        are kept for its next turn (``rollout.reuse_kv``); ignored without the prefix store."""
+        are kept for its next turn (``rollout.reuse_kv``); ignored without the prefix store.
+        ``cut`` (continuous batching): rows to end early (``generate_continuous``)."""
         if self.continuous_batching:
-            return generate_continuous(self, prompts, params, seeds, on_done, admit, keys)
+            return generate_continuous(self, prompts, params, seeds, on_done, admit, keys, cut)
         if admit is not None:
             raise ValueError("admit: this engine runs with continuous_batching off; it cannot take rows mid-call")
         if not prompts:
@@ -105,8 +110,8 @@ class TorchEngine:
             ids[b, width - len(p):] = torch.tensor(p)
             attn[b, width - len(p):] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        seeds = seeds if seeds is not None else [params.seed + b for b in range(B)]
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        streams = [stream_of(s) for s in (seeds if seeds is not None else [params.seed + b for b in range(B)])]
+        limit = torch.tensor([params.max_new_tokens - s.start for s in streams], device=dev)
         stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
         out_tokens: list[list[int]] = [[] for _ in range(B)]
         out_logp: list[list[float]] = [[] for _ in range(B)]
@@ -114,10 +119,9 @@ class TorchEngine:
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cache, logits = self._prefill(prompts, ids, attn, pos)  # cache of B rows, (B, V)
         next_pos = pos[:, -1:] + 1
-        for _ in range(params.max_new_tokens):
-            # CPU generators: a row's draws depend on its seed alone, on any device
-            u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens]).to(dev)  # (B,)
-            tok = sample_next(logits.double(), params.temperature, params.top_p, u)  # (B,)
+        for n in range(int(limit.max())):
+            # a row's draw depends on its key (stream, position) and its logits alone
+            tok = keyed_sample(logits, params.temperature, params.top_p, row_keys(streams, [n] * B, dev))  # (B,)
             logp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)  # (B,)
             tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step, not 2B
             for b in (~done).nonzero().flatten().tolist():
@@ -125,7 +129,7 @@ class TorchEngine:
                 out_logp[b].append(logp_row[b])
             hit = torch.isin(tok, stop) & ~done
             stopped |= hit
-            done |= hit
+            done |= hit | (limit <= n + 1)
             if on_done is not None:  # a stopped row takes no more tokens: its completion is final
                 for b in hit.nonzero().flatten().tolist():
                     on_done(b, Completion(out_tokens[b], out_logp[b], True))

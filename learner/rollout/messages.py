@@ -33,6 +33,14 @@ class Work(NamedTuple):
     items: list[WorkItem]
 
 
+class Draft(NamedTuple):
+    """Items of a later dispatch batch (the same ids and seeds it will have), to draft under the
+    weights the worker has until that batch's ``Work`` arrives (docs/speculation.md)."""
+
+    step: int
+    items: list[WorkItem]
+
+
 class Load(NamedTuple):
     version: int  # load this weight version now and acknowledge it
 

@@ -17,7 +17,6 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ from transformers.utils import logging as hf_logging
 from learner.config import TaskConfig
 from learner.grad.objectives import compute_dtype
 from learner.preflight import BUILTIN_PREFIX, is_model_dir  # noqa: F401  (re-exported: checked without torch)
-from learner.rollout.env import STOP_TOKENS, Environment
+from learner.rollout.env import STOP_TOKENS
 from learner.rollout.tokenizer import build_char_tokenizer
 from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
@@ -240,37 +239,3 @@ def generate_turns(
         end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
         turns.append(row[:end])
     return turns
-
-
-def sft_success_rate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    env: Environment,
-    n: int,
-    rng: random.Random,
-    temperature: float = 1.0,
-    max_new_tokens: int = 24,
-) -> float:
-    """Mean reward of ``n`` episodes run with the env's tools (episode rules: env.py)."""
-    torch.manual_seed(rng.randrange(2**31))
-    tasks = [env.sample_task(rng) for _ in range(n)]
-    contexts = [tokenizer.encode(t.prompt_text, add_special_tokens=False) for t in tasks]
-    rewards = [0.0] * n
-    active = list(range(n))
-    for _turn in range(max(t.max_turns for t in tasks)):
-        active = [i for i in active if _turn < tasks[i].max_turns]
-        if not active:
-            break
-        turns = generate_turns(model, tokenizer, [contexts[i] for i in active], temperature, max_new_tokens)
-        still_running = []
-        for i, turn_ids in zip(active, turns):
-            text = tokenizer.decode(turn_ids)
-            result = env.parse_turn(tasks[i], text)
-            if result.kind == "tool":
-                observation = env.observation_text(env.run_tool(result.payload))
-                contexts[i] += turn_ids + tokenizer.encode(observation, add_special_tokens=False)
-                still_running.append(i)
-            elif result.kind == "final":
-                rewards[i] = env.reward(tasks[i], text)
-        active = still_running
-    return sum(rewards) / n

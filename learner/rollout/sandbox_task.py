@@ -34,6 +34,7 @@ def sandbox_tool(program: str) -> str:
 
 class PythonSandboxEnv(ArithToolEnv):
     name = "python-sandbox"
+    pure_history = False  # a real process per call: expensive, and a program may read time, files or randomness
     TOOLS = (ToolSpec("python", "code", "Run a Python program (or evaluate an expression) in a sandbox"),)
 
     def run_tool(self, call: str) -> str:

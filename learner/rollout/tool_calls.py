@@ -37,6 +37,10 @@ class ToolCalls:
         future.add_done_callback(lambda _: self.wake())
         self.pending[key] = Pending(future, self.now())
 
+    def forget(self, key: Hashable) -> None:
+        """The loop no longer waits for this call (a draft cut before it): its result is never reported."""
+        self.pending.pop(key, None)
+
     def next_deadline(self) -> float:
         """Run-clock time at which the earliest pending call times out (inf: none pending)."""
         return min((p.t0 + self.timeout_s for p in self.pending.values()), default=math.inf)

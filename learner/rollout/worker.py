@@ -14,7 +14,8 @@ span on the trajectory's slot lane; a turn's generate span starts when its row j
 
 Messages to the driver (``out_q``: the worker's own pipe, ``rollout/outbox.py``) and commands
 from it: ``rollout/messages.py``.
-Commands from the driver: ("load", version), ("work", step, [(traj, group, Task, seed)]), ("stop",).
+Commands from the driver: ``Load``, ``Work``, ``Draft`` (speculation: a later batch's items to
+draft under the weights the worker has, ``rollout/drafts.py``), ``Stop``.
 """
 
 from __future__ import annotations
@@ -27,42 +28,25 @@ import random
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections import deque
 
 import torch
 
 from learner.config import RunConfig
 from learner.rollout.cores import pin_process
+from learner.rollout import drafts
 from learner.rollout.engine import SamplingParams
 from learner.rollout.chat import ChatFormat, turn_stop_ids
-from learner.rollout.env import Task, score_final
+from learner.rollout.env import score_final
 from learner.rollout.tasks import make_env
-from learner.rollout.messages import Ack, Failed, Finished, Load, Ready, Spans, Stop, Wake, Work
+from learner.rollout.messages import Ack, Draft, Failed, Finished, Load, Ready, Spans, Stop, Wake, Work, WorkItem
 from learner.rollout.models import stop_token_ids
 from learner.rollout.tool_calls import ToolCalls
+from learner.rollout.turns import LoopState, close_turn
 from learner.timeline import Kind, Span
-from learner.trajectory import ScoredTurn, Trajectory
+from learner.trajectory import Trajectory
 
 IDLE_POLL_S = 0.05
-
-
-@dataclass
-class LoopState:
-    """One agent loop in flight."""
-
-    traj: int
-    group: int
-    step: int
-    task: Task
-    seed: int
-    slot: int
-    ids: list[int]
-    mask: list[int]
-    blogp: list[float]
-    turn_versions: list[int] = field(default_factory=list)
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)
-    teacher: list[float | None] | None = None
-    ready_at: float = 0.0  # run clock; the modelled tool latency ends here (inf: a tool call is running)
 
 
 def pin_to_core(core: int | None) -> None:
@@ -87,6 +71,7 @@ class AgentWorker:
         model_config = getattr(getattr(engine, "model", None), "config", None)
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
         self.follow_latest = cfg.train.schedule == "fully-async"
+        self.commands_waiting = lambda: False  # a driver command is queued (``Commands``: drafts yield then)
 
     def now(self) -> float:
         return time.monotonic() - self.origin
@@ -126,35 +111,38 @@ class AgentWorker:
         if isinstance(cmd, Load):
             t0, t1 = self.load(cmd.version)
             self.out_q.put(Ack(self.wid, self.engine.version, t0, t1))
+        elif isinstance(cmd, Draft):
+            start_loops(self, cmd.step, cmd.items, draft=True)
         elif isinstance(cmd, Work):  # (Wake: a tool call returned; the loop steps next)
-            step = cmd.step
-            encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
-            for traj, group, task, seed in cmd.items:
-                prompt = self.chat.prompt_text(task)  # the policy's chat template, if it has one
-                if prompt not in encoded:
-                    encoded[prompt] = self.tok.encode(prompt, add_special_tokens=False)
-                ids = list(encoded[prompt])
-                # lowest free lane, so lanes stay few and dense on the Gantt
-                slot = heapq.heappop(self.free_slots) if self.free_slots else len(self.loops)
-                self.loops[traj] = LoopState(
-                    traj, group, step, task, seed, slot, ids, [0] * len(ids), [0.0] * len(ids),
-                    teacher=[None] * len(ids) if self.teacher is not None else None, ready_at=self.now(),
-                )
+            kept = drafts.adopt(self, cmd.step, [item.traj for item in cmd.items])
+            start_loops(self, cmd.step, [item for item in cmd.items if item.traj not in kept])
         return True
+
+    def release(self, lp: LoopState) -> None:
+        del self.loops[lp.traj]
+        heapq.heappush(self.free_slots, lp.slot)
+
+    def next_due(self) -> float:
+        """When the next loop may generate (drafts only within their budget) or a tool times out."""
+        runnable = [lp.ready_at for lp in self.loops.values() if not lp.draft] + drafts.runnable_due(self)
+        return min(min(runnable, default=math.inf), self.tools.next_deadline())
 
     # -- the agent loop ------------------------------------------------------------
     def step_loops(self) -> None:
+        """One engine call: the current steps' ready loops, or, when none is ready, drafts (which
+        yield the engine again as soon as a current row or a driver command waits)."""
         now = self.now()
-        ready = [lp for lp in self.loops.values() if lp.ready_at <= now]
-        if not ready:
-            return
-        self.maybe_follow_latest()
+        ready = [lp for lp in self.loops.values() if lp.ready_at <= now and not lp.draft]
         ro = self.cfg.rollout
-        params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
         continuous = getattr(self.engine, "continuous_batching", False)
         call = EngineCall(self, ro.max_running_rows if continuous else None)
-        first = call.take(call.first(ready))
-        joining = {"admit": call.admit, "keys": [k for *_, k in first]} if continuous else {}
+        rows = call.first(ready) if ready else drafts.pick(self, call.first)
+        if not rows:
+            return
+        self.maybe_follow_latest()
+        params = SamplingParams(ro.max_new_tokens, self.stop_ids, ro.temperature, ro.top_p)
+        first = call.take(rows)
+        joining = {"admit": call.admit, "keys": [k for *_, k in first], "cut": call.cut} if continuous else {}
         self.engine.generate([p for p, *_ in first], params, seeds=[s for _, s, _ in first], on_done=call.turn_done,
                              **joining)
         self.flush_spans()
@@ -169,6 +157,9 @@ class AgentWorker:
             lp.ready_at = math.inf  # until the tool answers (learner/rollout/tool_calls.py)
             self.tools.start(lp.traj, result.payload)
             return
+        if lp.draft:  # verified (and rewarded) when its step's Work arrives
+            lp.parked, lp.ready_at = out.stopped, math.inf
+            return
         t0 = self.now()
         reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
         if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
@@ -179,9 +170,9 @@ class AgentWorker:
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
+            drafted_versions=lp.drafted_versions, drafted_tokens=lp.drafted_tokens, kept_tokens=lp.kept_tokens,
         ))
-        del self.loops[lp.traj]
-        heapq.heappush(self.free_slots, lp.slot)
+        self.release(lp)
 
     def run_loops(self, timeout_s: float) -> None:
         """Run the loops already handed out (``handle(Work(...))``) to their end in this
@@ -190,12 +181,12 @@ class AgentWorker:
         self.tools = ToolCalls(self.env.run_tool, self.cfg.task.tool_timeout_s, self.now, wake=woken.set)
         deadline = self.now() + timeout_s
         try:
-            while self.loops:
+            while self.next_due() < math.inf:  # (parked drafts wait for their step's Work)
                 if self.now() > deadline:
                     raise TimeoutError(f"{len(self.loops)} agent loops unfinished after {timeout_s:g}s")
                 for traj, t0, t1, output in self.tools.finished():
                     observe(self, self.loops[traj], t0, t1, output)
-                due = min(min(lp.ready_at for lp in self.loops.values()), self.tools.next_deadline())
+                due = self.next_due()
                 if due > self.now():  # every loop waits on a tool or its modelled latency
                     woken.wait(timeout=min(due - self.now(), deadline - self.now(), IDLE_POLL_S))
                     woken.clear()
@@ -203,6 +194,22 @@ class AgentWorker:
                 self.step_loops()
         finally:
             self.tools.close()
+
+
+def start_loops(worker: AgentWorker, step: int, items: list[WorkItem], draft: bool = False) -> None:
+    """New agent loops (or drafts) for ``items`` of dispatch batch ``step``, ready now."""
+    encoded: dict[str, list[int]] = {}  # a group's rows share their prompt: encode it once
+    for traj, group, task, seed in items:
+        prompt = worker.chat.prompt_text(task)  # the policy's chat template, if it has one
+        if prompt not in encoded:
+            encoded[prompt] = worker.tok.encode(prompt, add_special_tokens=False)
+        ids = list(encoded[prompt])
+        # lowest free lane, so lanes stay few and dense on the Gantt
+        slot = heapq.heappop(worker.free_slots) if worker.free_slots else len(worker.loops)
+        worker.loops[traj] = LoopState(
+            traj, group, step, task, seed, slot, ids, [0] * len(ids), [0.0] * len(ids),
+            teacher=[None] * len(ids) if worker.teacher is not None else None, ready_at=worker.now(), draft=draft,
+        )
 
 
 class EngineCall:
@@ -213,6 +220,7 @@ class EngineCall:
         self.rows: list[LoopState] = []
         self.started: list[float] = []  # row i's admission: its turn's generate span starts there
         self.in_call: set[int] = set()
+        self.has_drafts = self.yield_drafts = False  # draft rows in the call; they must give way
 
     def first(self, loops: list[LoopState]) -> list[LoopState]:
         """Under a cap, the loops in later turns first (nearest their reward), then by group, so
@@ -226,10 +234,13 @@ class EngineCall:
         """(prompt, seed, key) per loop: the key (its trajectory) finds its last turn's kept keys/values."""
         t = self.worker.now()
         for lp in loops:
+            self.has_drafts |= lp.draft
+            lp.begun |= lp.draft
+            self.yield_drafts |= not lp.draft and self.has_drafts
             self.rows.append(lp)
             self.started.append(t)
             self.in_call.add(lp.traj)
-        return [(lp.ids, lp.seed * 1000 + len(lp.turn_spans), lp.traj) for lp in loops]
+        return [(lp.ids, lp.stream(), lp.traj) for lp in loops]
 
     def turn_done(self, i: int, out) -> None:
         # called the moment row i stops, while the rest of the batch still decodes: a direct
@@ -238,16 +249,25 @@ class EngineCall:
         w, lp = self.worker, self.rows[i]
         turn = len(lp.turn_spans)
         self.in_call.discard(lp.traj)
-        w.span(Kind.GENERATE, self.started[i], w.now(), lp, turn=turn, tokens=len(out.token_ids))
-        start = len(lp.ids)
+        w.span(Kind.DRAFT if lp.draft else Kind.GENERATE, self.started[i], w.now(), lp, turn=turn,
+               tokens=len(out.token_ids))
         lp.ids += out.token_ids
         lp.mask += [1] * len(out.token_ids)
         lp.blogp += out.logprobs
-        lp.turn_spans.append((start, len(lp.ids)))
-        lp.turn_versions.append(w.engine.version)
-        if w.teacher is not None:
-            score_turn(w, lp, turn)
-        w.advance(lp, out)
+        lp.open_turn += len(out.token_ids)
+        if lp.draft:
+            lp.open_drafted = w.engine.version
+        if not out.stopped and lp.open_turn < w.cfg.rollout.max_new_tokens:
+            return  # a draft cut to yield the engine: its turn goes on later, at this stream position
+        close_turn(w, lp, out.stopped)
+
+    def cut(self) -> list[int]:
+        """Between decode steps: the draft rows to end now (partial turns, continued later from
+        their stream's position), once a current row joined or a driver command waits."""
+        if not self.has_drafts or not (self.yield_drafts or self.worker.commands_waiting()):
+            return []
+        self.has_drafts = self.yield_drafts = False
+        return [i for i, lp in enumerate(self.rows) if lp.draft and lp.traj in self.in_call]
 
     def admit(self, min_rows: int) -> list[tuple[list[int], int, int]]:
         """Between decode steps (continuous batching): loops whose tool answered or whose
@@ -259,27 +279,14 @@ class EngineCall:
         if w.follow_latest and w.store.version > w.engine.version:
             return []  # fully-async: let the call drain, so the next turns start on the newer weights
         now = w.now()
-        joining = self.first([lp for lp in w.loops.values() if lp.ready_at <= now and lp.traj not in self.in_call])
+        joining = self.first([lp for lp in w.loops.values()
+                              if lp.ready_at <= now and lp.traj not in self.in_call and not lp.draft])
+        if all(lp.draft for lp in self.rows if lp.traj in self.in_call):  # a call of drafts only
+            if joining and self.has_drafts:  # ... ends now (every draft cut): the current rows start their own
+                self.yield_drafts = True
+                return []
+            joining = joining or drafts.pick(w, self.first, running=self.in_call)
         return self.take(joining) if joining and len(joining) >= min_rows else []
-
-
-def score_turn(worker: AgentWorker, lp: LoopState, turn: int) -> None:
-    """OPD: the teacher scores the turn now; the learner can run its backward while the
-    turn's tool call is still running."""
-    start, end = lp.turn_spans[turn]
-    t0 = worker.now()
-    with torch.no_grad():
-        ids = torch.tensor([lp.ids[:end]], device=next(worker.teacher.parameters()).device)
-        logits = worker.teacher(input_ids=ids).logits[0, start - 1:end - 1].float()  # (n, V)
-        tlp = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end, None]).squeeze(-1).tolist()
-    lp.teacher[start:end] = tlp
-    t1 = worker.now()
-    worker.span(Kind.TEACHER, t0, t1, lp, turn=turn, tokens=end - start)
-    worker.send(ScoredTurn(
-        traj=lp.traj, group=lp.group, step=lp.step, turn=turn, input_ids=lp.ids[:end],
-        turn_span=(start, end), teacher_logprobs=tlp, behavior_logprobs=lp.blogp[start:end],
-        policy_version=worker.engine.version, t_scored=t1,
-    ))
 
 
 def observe(worker: AgentWorker, lp: LoopState, t0: float, t1: float, output: str) -> None:
@@ -301,34 +308,57 @@ def observe(worker: AgentWorker, lp: LoopState, t0: float, t1: float, output: st
         worker.span(Kind.TOOL_WAIT, t1, lp.ready_at, lp, turn=turn)
 
 
+class Commands:
+    """The worker's command queue with a look-ahead: a draft running in the engine yields it as
+    soon as a driver command waits (``EngineCall.cut``), which is then taken from the backlog."""
+
+    def __init__(self, cmd_q):
+        self.q, self.backlog = cmd_q, deque()
+
+    def waiting(self) -> bool:
+        while True:
+            try:
+                cmd = self.q.get_nowait()
+            except queue.Empty:
+                return bool(self.backlog)
+            if not isinstance(cmd, Wake):  # (a tool returned: the loops look at their tools anyway)
+                self.backlog.append(cmd)
+
+    def get(self, timeout: float | None):
+        if self.backlog:
+            return self.backlog.popleft()
+        return self.q.get(timeout=timeout) if timeout != 0.0 else self.q.get_nowait()
+
+
 def serve(worker: AgentWorker, cmd_q) -> None:
     """The worker process's main loop: take the driver's commands, step the agent loops."""
     worker.out_q.put(Ready(worker.wid))
     worker.tools = ToolCalls(worker.env.run_tool, worker.cfg.task.tool_timeout_s, worker.now,
                              wake=lambda: cmd_q.put(Wake()))
+    commands = Commands(cmd_q)
+    worker.commands_waiting = commands.waiting
     try:
-        _serve(worker, cmd_q)
+        _serve(worker, commands)
     finally:
         worker.tools.close()
 
 
-def _serve(worker: AgentWorker, cmd_q) -> None:
+def _serve(worker: AgentWorker, cmd_q: Commands) -> None:
     while True:
         for traj, t0, t1, output in worker.tools.finished():
             observe(worker, worker.loops[traj], t0, t1, output)
         if worker.loops:
-            due = min(min(lp.ready_at for lp in worker.loops.values()), worker.tools.next_deadline())
-            wait = max(0.0, due - worker.now())
+            due = worker.next_due()  # inf: only parked drafts, or drafts over their budget
+            wait = None if due == math.inf else max(0.0, due - worker.now())
         elif worker.follow_latest:
             wait = IDLE_POLL_S  # fully-async: an idle replica still picks up each publish
         else:
             wait = None  # idle: block until the driver says something
         try:
-            cmd = cmd_q.get(timeout=wait) if wait != 0.0 else cmd_q.get_nowait()
-            if not worker.handle(cmd):
+            if not worker.handle(cmd_q.get(wait)):
                 return
             while True:  # drain everything already queued before generating
-                if not worker.handle(cmd_q.get_nowait()):
+                if not worker.handle(cmd_q.get(0.0)):
                     return
         except queue.Empty:
             pass

@@ -124,7 +124,7 @@ class SyntheticSpec:
             )
 
 
-# ThunderSyncRL paper (README.md, "Simulator"; `--preset paper`): Qwen 27B, 32 prompts x 8
+# ThunderSyncRL paper (docs/schedules.md, "The simulator"; `--preset paper`): Qwen 27B, 32 prompts x 8
 # trajectories, 8xB200.
 # Measured: rollout+verify makespan 650.0 s, learner 646.4 s; sync 1,296-1,314 s,
 # streaming 687.7 s, async 695.0 s, fully-async 690.0 s, 20.5 s of learner work after the

@@ -8,11 +8,13 @@ import { MetricPanel, metricPoints } from "./metricpanel.js";
 import { METRIC } from "./conventions.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
-const HISTOGRAM_STEPS = 5; // staleness is histogrammed over each run's last few steps
 const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
 
+const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+const LIVE_POLL_MS = 3000; // while a run trains, the page re-reads metrics and the summary
+
 const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
-  id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule,
+  id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule, status: li.dataset.status,
   apiBase: li.dataset.apiBase, colour: RUN_COLOURS[i % RUN_COLOURS.length],
   metrics: [], stepSpans: new Map(), // step -> spans
 }));
@@ -42,11 +44,14 @@ function drawMetricCharts() {
 
 /**
  * Reward against wall time: each step's reward when the step ended, from the run's first step
- * start, so no run carries its boot time (the summary's origin); ``level``, the summary's
- * reward level, as a dotted line.
+ * start, so no run carries its boot time (the summary's origin): raw (faint) and smoothed as the
+ * summary reads it (solid); ``level``, the summary's reward level, as a dotted line.
  */
-function drawReward(level) {
-  const reward = runs.map((r) => ({ name: label(r), colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) }));
+function drawReward(level, smoothing) {
+  const reward = runs.flatMap((r) => [
+    { name: `${label(r)} raw`, colour: r.colour, opacity: 0.3, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) },
+    { name: `${label(r)} EMA ${smoothing}`, colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall", smoothing }) },
+  ]);
   const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: METRIC.REWARD_MEAN });
   if (level !== null) {
     figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
@@ -55,15 +60,14 @@ function drawReward(level) {
 }
 
 /**
- * Staleness of the trained turns over the run's last few steps, from the learner's per-step
+ * Staleness of the trained turns over every step of the run, from the learner's per-step
  * histogram (``staleness/turns_<k>``: turns trained k versions after they were sampled;
- * docs/schedules.md defines staleness once, the page only adds the counts up).
+ * docs/schedules.md defines staleness once, the page only adds the counts up): the same turns
+ * as the summary's staleness mean.
  */
 function stalenessCounts(metrics) {
-  const last = Math.max(...metrics.map((m) => m.step), 0);
   const counts = new Map();
   for (const m of metrics) {
-    if (m.step <= last - HISTOGRAM_STEPS) continue;
     for (const [name, n] of Object.entries(m.values)) {
       if (name.startsWith(METRIC.STALENESS_TURNS) && typeof n === "number") {
         const k = Number(name.slice(METRIC.STALENESS_TURNS.length));
@@ -82,7 +86,7 @@ function drawStaleness() {
   });
   const figure = seriesFigure(series, { kind: "bar", xTitle: "staleness (policy versions)", yTitle: "turns" });
   figure.layout.xaxis = { ...figure.layout.xaxis, dtick: 1, tickformat: "d" };
-  drawFigure($("chart-staleness"), figure, "No trained turns in the loaded steps.");
+  drawFigure($("chart-staleness"), figure, "No trained turns recorded.");
 }
 
 /** One Gantt per run for ``step``, times relative to that run's step start, one shared x range. */
@@ -121,36 +125,79 @@ async function drawTimelines(step) {
   container.dataset.step = String(step);
 }
 
+/** The summary and the reward chart, redrawn when the level or the smoothing changes; the input
+ * shows the level in use (the API's default until the user types one). Returns the redraw. */
 function watchSummary() {
-  const input = $("reward-level");
+  const input = $("reward-level"), smoothing = $("reward-smoothing");
+  let chosen = null;
   const draw = async () => {
-    const summary = await drawSummary($("compare-summary"), $("summary-note"), runs.map((r) => r.id),
-      input.value.trim() === "" ? null : Number(input.value));
-    await drawReward(summary.reward_level);
+    const summary = await drawSummary($("compare-summary"), $("summary-note"), $("compare-warnings"),
+      runs.map((r) => r.id), chosen, Number(smoothing.value));
+    if (chosen === null && summary.reward_level !== null) input.value = String(Number(summary.reward_level.toFixed(4)));
+    await drawReward(summary.reward_level, summary.reward_smoothing);
   };
-  input.addEventListener("change", () => draw().catch(showError));
-  return draw();
+  input.addEventListener("change", () => {
+    chosen = input.value.trim() === "" ? null : Number(input.value);
+    draw().catch(showError);
+  });
+  smoothing.addEventListener("change", () => draw().catch(showError));
+  return draw;
 }
 
-async function main() {
-  await Promise.all(runs.map(async (r) => { r.metrics = (await getJSON(`${r.apiBase}metrics/`)).metrics; }));
-  await watchSummary();
-  new MetricPanel($("metric-panel")).update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
-  drawMetricCharts();
-  // Steps every run has finished: the aligned timelines compare like with like.
+async function load() {
+  await Promise.all(runs.map(async (r) => {
+    const [metrics, detail] = await Promise.all([getJSON(`${r.apiBase}metrics/`), getJSON(r.apiBase)]);
+    r.metrics = metrics.metrics;
+    r.status = detail.status;
+  }));
+}
+
+/** Steps every run has finished: the aligned timelines compare like with like. The newest is
+ * shown until the user picks one. */
+let pickedStep = null;
+async function drawCommonSteps() {
   const common = runs.map((r) => new Set(r.metrics.map((m) => m.step)))
     .reduce((a, b) => new Set([...a].filter((s) => b.has(s))));
   const steps = [...common].sort((a, b) => a - b);
-  stepSelect.replaceChildren(...steps.map((s) => new Option(`step ${s}`, String(s))));
-  if (steps.length) {
-    stepSelect.value = String(steps[steps.length - 1]);
-    await drawTimelines(steps[steps.length - 1]);
-  } else {
+  const shown = pickedStep ?? steps[steps.length - 1];
+  if (steps.length !== stepSelect.options.length) stepSelect.replaceChildren(...steps.map((s) => new Option(`step ${s}`, String(s))));
+  if (!steps.length) {
     $("timelines").innerHTML = '<p class="empty">These runs have no step in common yet.</p>';
+  } else if ($("timelines").dataset.step !== String(shown)) {
+    stepSelect.value = String(shown);
+    await drawTimelines(shown);
   }
-  stepSelect.addEventListener("change", () => drawTimelines(Number(stepSelect.value)));
-  await drawStaleness();
+}
+
+/** "live: 2 of 3 runs training" while any run has not finished; polls until they all have. */
+function liveNote() {
+  const open = runs.filter((r) => !FINISHED.has(r.status));
+  $("live-note").textContent = open.length
+    ? `live: ${open.map((r) => `${r.name} ${r.status}, ${r.metrics.length} steps`).join(" · ")}; refreshed every ${LIVE_POLL_MS / 1000} s`
+    : "";
+  document.getElementById("compare-app").dataset.live = open.length ? "1" : "0";
+  return open.length > 0;
+}
+
+async function main() {
+  await load();
+  const drawSummaryAndReward = watchSummary();
+  const panel = new MetricPanel($("metric-panel"));
+  const redraw = async () => {
+    await drawSummaryAndReward();
+    await panel.update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
+    drawMetricCharts();
+    await drawCommonSteps();
+    await drawStaleness();
+  };
+  await redraw();
+  stepSelect.addEventListener("change", () => { pickedStep = Number(stepSelect.value); drawTimelines(pickedStep); });
   document.getElementById("compare-app").dataset.ready = "1";
+  while (liveNote()) {
+    await new Promise((resolve) => setTimeout(resolve, LIVE_POLL_MS));
+    await load();
+    await redraw();
+  }
 }
 
 function showError(err) {

@@ -3,6 +3,7 @@
 // milliseconds. Bars too small to see are merged (see mergeBars).
 import { kindColour, orderKinds } from "./spans.js";
 import { PLOTLY_CONFIG, plotlyLoaded } from "./plots.js";
+import { exportConfig } from "./figureexport.js";
 
 const LANE_PX = 16;
 // Above this many bars inside the window, bars are merged at pixel resolution there too.
@@ -114,7 +115,7 @@ function axisTraces(bars, lanes, kinds, shift, showLegend, lanePx) {
  * bars: [{lane, kind, t0, t1, n, span}], lanes: ordered lane names, barriers: [{step, t}],
  * xRange: [lo, hi] or null for autorange, shift: seconds subtracted from every time (compare page).
  */
-export function ganttFigure({ bars, lanes, barriers, xRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900 }) {
+export function ganttFigure({ bars, lanes, barriers, xRange = null, yRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900 }) {
   const lanePx = Math.max(4, Math.min(LANE_PX, (maxHeight - 120) / Math.max(lanes.length, 1)));
   const kinds = new Set(bars.map((b) => b.kind));
   const shapes = barriers.map((b) => ({
@@ -128,10 +129,14 @@ export function ganttFigure({ bars, lanes, barriers, xRange = null, shift = 0, t
   const layout = {
     title: title ? { text: title, font: { size: 13 }, x: 0, xanchor: "left" } : undefined,
     height: Math.round(Math.max(240, lanes.length * lanePx + (showLegend ? 160 : 120))),
-    margin: { l: 120, r: 20, t: title ? 56 : 36, b: showLegend ? 84 : 44 },
+    margin: { l: Math.max(120, Math.min(280, 24 + 6.2 * Math.max(0, ...lanes.map((l) => l.length)))), r: 20, t: title ? 56 : 36, b: showLegend ? 84 : 44 },
     xaxis: { title: { text: shift ? "seconds since step start" : "seconds since run start" }, zeroline: false,
       ...(xRange ? { range: xRange, autorange: false } : { autorange: true }) },
-    yaxis: { type: "category", categoryorder: "array", categoryarray: lanes, autorange: "reversed",
+    // every lane labelled (tickvals): plotly would otherwise thin a crowded category axis and
+    // could drop learner/0's label
+    yaxis: { type: "category", categoryorder: "array", categoryarray: lanes,
+      ...(yRange ? { range: yRange, autorange: false } : { autorange: "reversed" }),
+      tickmode: "array", tickvals: lanes, ticktext: lanes,
       tickfont: { family: "ui-monospace, monospace", size: 10 }, showgrid: false, fixedrange: false },
     legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", font: { size: 11 } },
     hovermode: false, shapes, annotations, uirevision,
@@ -147,6 +152,7 @@ function axisToPx(range, len, vertical) {
 }
 
 const HOVER_PX = 3;
+const FOLDED_ALPHA = 0.3;
 
 /**
  * A Gantt chart: plotly draws axes, barriers, legend and handles zoom and pan; the bars are
@@ -172,6 +178,8 @@ export class GanttChart {
     // Drawn over the bars after each paint, e.g. a selected trajectory (static/js/trajectory.js):
     // {dim: bool, paint(ctx, geometry)}; ``dim`` paints every other bar faded.
     this.overlay = null;
+    // (span) -> a line of text explaining it, added to its hover (e.g. an unusually long optimizer)
+    this.describe = null;
   }
 
   /** Listens to a plotly event of the chart (e.g. "plotly_relayout"), now or after the first draw. */
@@ -190,8 +198,10 @@ export class GanttChart {
     this.shift = options.shift ?? 0;
     this.setBars(bars);
     this.painted = false;
+    this.tip.hidden = true; // the bar under a still pointer may be gone
     await plotlyLoaded;
-    await Plotly.react(this.div, figure.data, figure.layout, PLOTLY_CONFIG);
+    await Plotly.react(this.div, figure.data, figure.layout, exportConfig(PLOTLY_CONFIG, this));
+    this.div.style.minHeight = "0"; // the figure's height is the chart's: no blank band below it
     this.listen();
     if (!this.painted) this.paint();
   }
@@ -199,6 +209,7 @@ export class GanttChart {
   /** An empty chart with a centred note, e.g. before the first spans arrive. */
   async note(text) {
     this.setBars([]);
+    this.tip.hidden = true;
     const { data, layout } = ganttFigure({ bars: [], lanes: [], barriers: [] });
     layout.annotations = [{ text, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c", size: 14 } }];
     layout.xaxis.visible = false;
@@ -242,6 +253,44 @@ export class GanttChart {
     return lo !== undefined && hi !== undefined ? [ax.r2l(lo), ax.r2l(hi)] : ax.range.map((v) => ax.r2l(v));
   }
 
+  /** The plot area in the figure's pixels (where the canvas lies). */
+  plotArea() {
+    const xa = this.div._fullLayout.xaxis, ya = this.div._fullLayout.yaxis;
+    return { left: xa._offset, top: ya._offset, width: xa._length, height: ya._length };
+  }
+
+  /**
+   * Every visible bar as plot-area rectangles, one list per kind in legend order:
+   * {left, top, width, height, px, py, laneY, thickness, kinds: [{kind, colour, alpha, rects: [[x, y, w, h]]}]}
+   * for the current axis ranges (or those of a drag in progress). The canvas paint and the SVG
+   * export both draw these.
+   */
+  barRects(dragging = null) {
+    const layout = this.div._fullLayout, ya = layout.yaxis;
+    const area = this.plotArea(), w = area.width, h = area.height;
+    const px = axisToPx(this.range("xaxis", dragging), w, false);
+    const py = axisToPx(this.range("yaxis", dragging), h, true);
+    const laneY = new Map([...this.byLane.keys()].map((lane) => [lane, py(ya.d2l(lane))]));
+    const thickness = Math.max(1, Math.abs(py(1) - py(0)) * 0.7);
+    const hidden = new Set((this.div._fullData || []).filter((t) => t.visible === "legendonly").map((t) => t.name));
+    const dim = this.overlay?.dim ? 0.22 : 1;
+    const kinds = orderKinds(this.byKind.keys()).flatMap((kind, i) => {
+      const rects = [], folded = [];
+      if (!hidden.has(kind)) {
+        for (const b of this.byKind.get(kind)) {
+          const x0 = px(b.t0 - this.shift), x1 = px(b.t1 - this.shift), y = laneY.get(b.lane);
+          if (x1 < 0 || x0 > w || y < -thickness || y > h + thickness) continue;
+          // A span shorter than a pixel still gets one pixel, as a line would.
+          (b.folded ? folded : rects).push([x0, y - thickness / 2, Math.max(1, x1 - x0), thickness]);
+        }
+      }
+      const colour = kindColour(kind, i);
+      // folded lanes share a band: translucent bars add up to the band's occupancy
+      return [{ kind, colour, alpha: dim, rects }, ...(folded.length ? [{ kind, colour, alpha: dim * FOLDED_ALPHA, rects: folded }] : [])];
+    });
+    return { ...area, px, py, laneY, thickness, kinds };
+  }
+
   /** Paints every bar in the current axis ranges (or those of a drag in progress). */
   paint(dragging = null) {
     this.painted = true;
@@ -253,9 +302,9 @@ export class GanttChart {
     // Between plotly's plot layer (grid, axes) and its top layer (barriers, legend, hover).
     if (this.canvas.nextSibling !== top) container.insertBefore(this.canvas, top);
     if (this.tip.parentNode !== container) container.appendChild(this.tip);
-    const xa = layout.xaxis, ya = layout.yaxis;
-    const w = xa._length, h = ya._length, dpr = window.devicePixelRatio || 1;
-    Object.assign(this.canvas.style, { left: `${xa._offset}px`, top: `${ya._offset}px`, width: `${w}px`, height: `${h}px` });
+    const geometry = this.barRects(dragging);
+    const { left, top: y0, width: w, height: h } = geometry, dpr = window.devicePixelRatio || 1;
+    Object.assign(this.canvas.style, { left: `${left}px`, top: `${y0}px`, width: `${w}px`, height: `${h}px` });
     if (this.canvas.width !== Math.round(w * dpr) || this.canvas.height !== Math.round(h * dpr)) {
       this.canvas.width = Math.round(w * dpr);
       this.canvas.height = Math.round(h * dpr);
@@ -263,28 +312,18 @@ export class GanttChart {
     const ctx = this.canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, h);
-    const px = axisToPx(this.range("xaxis", dragging), w, false);
-    const py = axisToPx(this.range("yaxis", dragging), h, true);
-    const laneY = new Map([...this.byLane.keys()].map((lane) => [lane, py(ya.d2l(lane))]));
-    const thickness = Math.max(1, Math.abs(py(1) - py(0)) * 0.7);
-    const hidden = new Set((this.div._fullData || []).filter((t) => t.visible === "legendonly").map((t) => t.name));
-    const kinds = orderKinds(this.byKind.keys());
-    ctx.globalAlpha = this.overlay?.dim ? 0.22 : 1;
-    kinds.forEach((kind, i) => {
-      if (hidden.has(kind)) return;
-      ctx.fillStyle = kindColour(kind, i);
+    for (const { colour, alpha, rects } of geometry.kinds) {
+      ctx.globalAlpha = alpha;
+      ctx.fillStyle = colour;
       ctx.beginPath();
-      for (const b of this.byKind.get(kind)) {
-        const x0 = px(b.t0 - this.shift), x1 = px(b.t1 - this.shift), y = laneY.get(b.lane);
-        if (x1 < 0 || x0 > w || y < -thickness || y > h + thickness) continue;
-        // A span shorter than a pixel still gets one pixel, as a line would.
-        ctx.rect(x0, y - thickness / 2, Math.max(1, x1 - x0), thickness);
-      }
+      for (const [x, y, rw, rh] of rects) ctx.rect(x, y, rw, rh);
       ctx.fill();
-    });
+    }
     ctx.globalAlpha = 1;
-    const x = (t) => px(t - this.shift);
-    this.overlay?.paint(ctx, { x, laneY, thickness, width: w, height: h, colour: (kind) => kindColour(kind, kinds.indexOf(kind)) });
+    const x = (t) => geometry.px(t - this.shift);
+    const colours = new Map(geometry.kinds.map((k) => [k.kind, k.colour]));
+    this.overlay?.paint(ctx, { x, laneY: geometry.laneY, thickness: geometry.thickness, width: w, height: h,
+      colour: (kind) => colours.get(kind) ?? kindColour(kind) });
   }
 
   /** The bar under a mouse event (lane from y, time from x within HOVER_PX), or null. */
@@ -302,7 +341,8 @@ export class GanttChart {
   hover(ev) {
     const bar = this.barAtEvent(ev);
     if (!bar) { this.tip.hidden = true; return; }
-    this.tip.innerHTML = bar.span ? hoverText(bar.span)
+    const more = bar.span && this.describe ? this.describe(bar.span) : "";
+    this.tip.innerHTML = bar.span ? hoverText(bar.span) + (more ? `<br>${escapeHtml(more)}` : "")
       : `<b>${bar.n} × ${escapeHtml(bar.kind)}</b> · ${escapeHtml(bar.lane)}<br>merged: widen the step window to see each span`;
     const host = this.tip.parentNode.getBoundingClientRect();
     Object.assign(this.tip.style, { left: `${ev.clientX - host.left + 12}px`, top: `${ev.clientY - host.top + 12}px` });

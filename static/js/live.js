@@ -6,7 +6,9 @@ import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots
 import { MetricPanel } from "./metricpanel.js";
 import { TrajectorySelection } from "./trajectory.js";
 import { trajectoryView, StepPicker } from "./bytraj.js";
-import { METRIC } from "./conventions.js";
+import { KIND, METRIC } from "./conventions.js";
+import { readableLog } from "./logview.js";
+import { foldLanes, unfoldedRange } from "./lanefold.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -24,7 +26,7 @@ const el = {
   idleLive: $("idle-live"), idleLiveHint: $("idle-live-hint"), idleLast: $("idle-last"),
   stepTime: $("step-time"), reward: $("reward"), staleness: $("staleness"),
   spansDrawn: $("spans-drawn"), barsHint: $("bars-hint"),
-  windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"), laneMode: $("lane-mode"),
+  windowSteps: $("window-steps"), follow: $("follow"), gantt: $("gantt"), laneMode: $("lane-mode"), foldLanes: $("fold-lanes"),
   chartIdle: $("chart-idle"), chartStepTime: $("chart-step-time"),
   chartReward: $("chart-reward"), chartStaleness: $("chart-staleness"),
   progress: $("progress"), log: $("log-tail"),
@@ -33,8 +35,10 @@ const el = {
 const store = new SpanStore();
 const bars = new WindowedBars();
 const gantt = new GanttChart(el.gantt);
-new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note") });
+new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
+  learnt: (step) => learntIn(step) });
 const trajSteps = new StepPicker($("traj-step"));
+gantt.describe = (span) => (span.kind === KIND.OPTIMIZER ? optimizerNote(span) : "");
 const metrics = new Map(); // step -> values
 // Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
 // page loads (the browser tests and web benches set it) does the page log frame and draw timings
@@ -57,28 +61,57 @@ const epochMs = () => performance.timeOrigin + performance.now();
 const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
 const num = (v, digits = 2) => (v === undefined || v === null ? "—" : Number(v).toFixed(digits));
 
+/** What the learner did with a step's trajectories, for one without a backward: the step is
+ * done (its metrics exist), the run has ended, how many it skipped (learner/skipped_trajectories). */
+function learntIn(step) {
+  const values = metrics.get(step);
+  return { done: values !== undefined, ended: TERMINAL.has(status), skipped: values?.[METRIC.SKIPPED_TRAJECTORIES] ?? null };
+}
+
+/**
+ * What an optimizer span holds: the whole barrier of its step (the learner's sampled-version
+ * checks, the engine-vs-learner log-prob check over the step's mismatch/tokens, gradient
+ * clipping, the optimizer step: learner/driver/barrier.py), and how it compares with the run's
+ * median optimizer span, so a long one is not a mystery.
+ */
+function optimizerNote(span) {
+  const durations = store.learnerSpans.filter((s) => s.kind === KIND.OPTIMIZER).map((s) => s.t1 - s.t0).sort((a, b) => a - b);
+  const median = durations[Math.floor(durations.length / 2)] ?? 0, took = span.t1 - span.t0;
+  const tokens = metrics.get(span.step)?.[METRIC.MISMATCH_TOKENS];
+  const check = tokens === undefined ? "the log-prob check" : `the log-prob check over ${tokens} tokens (mismatch/tokens)`;
+  const ratio = median > 0 ? ` · ${(took / median).toFixed(1)}× the run's median optimizer span (${(median * 1000).toFixed(1)} ms)` : "";
+  return `the step's barrier: version checks, ${check}, gradient clipping, the optimizer step${ratio}`;
+}
+
 // ---- Gantt -------------------------------------------------------------------------------
 /** What the Gantt shows: rollout-slot lanes over the last K steps, or one step by trajectory. */
 function ganttView() {
   if (el.laneMode.value === "traj") {
     const step = trajSteps.pick(store.sortedSteps());
-    const view = trajectoryView(store, step);
+    const view = trajectoryView(store, step, metrics.has(step));
     const barriers = storeBarriers(store).filter((b) => b.step === step);
+    lanesShown = null;
     return { ...view, barriers, lo: view.range[0], hi: view.range[1], key: `traj-${step}` };
   }
   const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
-  return { bars: bars.build(store, lo, plotPx), lanes: orderLanes(store.lanes), barriers: storeBarriers(store), lo, hi, key: "slots" };
+  const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx);
+  const view = el.foldLanes.checked ? foldLanes(built, lanes) : { bars: built, lanes, bands: null };
+  el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked;
+  lanesShown = { ...view, all: lanes };
+  return { ...view, yRange: unfoldTo, barriers: storeBarriers(store), lo, hi, key: view.bands ? "folded" : "slots" };
 }
+// the folded view on screen, and the lane range a zoom into it unfolded to (once)
+let lanesShown = null, unfoldTo = null;
 
 async function drawGantt() {
   if (!store.size) return;
   const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
-  const { bars: allBars, lanes, barriers, lo, hi, key } = ganttView();
+  const { bars: allBars, lanes, barriers, lo, hi, key, yRange } = ganttView();
   const follow = el.follow.checked;
   const builtMs = epochMs();
   await gantt.draw({
-    bars: allBars, lanes, barriers,
+    bars: allBars, lanes, barriers, yRange,
     xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}-${key}`,
   });
   draws++;
@@ -93,6 +126,8 @@ async function drawGantt() {
     for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
   }
   el.gantt.dataset.drawnSpans = String(spansDrawn);
+  const steps = store.sortedSteps();
+  root.dataset.lastStep = steps.length ? String(steps[steps.length - 1]) : ""; // the trace range's bound
   drawStats();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
 }
@@ -114,10 +149,19 @@ for (const input of [el.laneMode, $("traj-step")]) {
   });
 }
 
+el.foldLanes.addEventListener("change", () => { unfoldTo = null; followEpoch++; requestGantt({ now: true }); });
+
 function watchUserZoom() {
   // A user zoom or pan stops following the live edge until "follow live" is ticked again.
   gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
+    // a zoom into folded lanes shows the lanes of the bands zoomed into
+    const [y0, y1] = ev["yaxis.range"] ?? [ev["yaxis.range[0]"], ev["yaxis.range[1]"]]; // a call, or a box zoom
+    if (lanesShown?.bands && y0 !== undefined && y1 !== undefined) {
+      unfoldTo = unfoldedRange(lanesShown.lanes, lanesShown.bands, [y0, y1], lanesShown.all);
+      el.foldLanes.checked = false;
+      requestGantt({ now: true });
+    }
   });
 }
 
@@ -128,10 +172,22 @@ function latest(key) {
   return undefined;
 }
 
+/** The newest step's window: [step/t_start, step/t_end] once its metrics exist (the window of
+ * trainer/idle_ratio, so the two tiles agree), else from its first span to the newest one. */
+function newestStepWindow() {
+  const steps = store.sortedSteps();
+  if (!steps.length) return null;
+  const step = steps[steps.length - 1], values = metrics.get(step);
+  const start = values?.[METRIC.T_START], end = values?.[METRIC.T_END];
+  return typeof start === "number" && typeof end === "number"
+    ? { step, lo: start, hi: end, done: true } : { step, lo: store.steps.get(step).tStart, hi: store.tMax, done: false };
+}
+
 function drawStats() {
-  const running = store.runningIdle();
+  const stepWindow = newestStepWindow();
+  const running = stepWindow && store.runningIdle(stepWindow);
   el.idleLive.textContent = running ? pct(running.ratio) : "—";
-  const sofar = TERMINAL.has(status) ? "final" : "so far";
+  const sofar = stepWindow?.done ? "step done" : "so far";
   el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s ${sofar}` : "from spans of the current step";
   el.idleLast.textContent = pct(latest(METRIC.TRAINER_IDLE));
   const stepTime = latest(METRIC.STEP_S);
@@ -185,10 +241,13 @@ function progressText() {
   const done = metrics.size, total = totalSteps;
   const elapsed = startedMs === null ? null : (finishedMs ?? epochMs()) - startedMs;
   const took = elapsed === null ? "" : ` in ${clock(elapsed)}`;
+  // Steps are numbered from 0 everywhere (tiles, charts, the Gantt): "3 / 20 steps done" are
+  // steps 0-2, and step 3 is the one training.
+  const range = done ? ` (steps 0–${done - 1})` : "";
   if (status === "queued") return "queued: waiting for a worker";
-  if (status === "succeeded") return `finished: ${done} / ${total} steps${took}`;
-  if (status === "failed") return `failed after ${done} / ${total} steps${took}`;
-  if (status === "cancelled") return `cancelled after ${done} / ${total} steps${took}`;
+  if (status === "succeeded") return `finished: ${done} / ${total} steps${range}${took}`;
+  if (status === "failed") return `failed after ${done} / ${total} steps${range}${took}`;
+  if (status === "cancelled") return `cancelled after ${done} / ${total} steps${range}${took}`;
   const since = elapsed === null ? "" : ` · ${clock(elapsed)} elapsed`;
   if (!done) {
     const phase = status === "running" && !store.size ? "first generate" : bootPhase();
@@ -197,7 +256,7 @@ function progressText() {
   const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)[METRIC.STEP_S]);
   const perStep = recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length;
   const eta = done < total && perStep > 0 ? ` · ETA ${clock((total - done) * perStep * 1000)}` : "";
-  return `step ${done} / ${total}${since}${eta}`;
+  return `${done} / ${total} steps done, training step ${done}${since}${eta}`;
 }
 const drawProgress = () => { el.progress.textContent = progressText(); };
 setInterval(() => { if (!TERMINAL.has(status)) drawProgress(); }, 1000);
@@ -207,7 +266,7 @@ function addLog(first, lines) {
   const numbers = [...logLines.keys()].sort((a, b) => a - b);
   for (const n of numbers.slice(0, Math.max(0, numbers.length - LOG_KEEP))) logLines.delete(n);
   const atBottom = el.log.scrollTop + el.log.clientHeight >= el.log.scrollHeight - 4;
-  el.log.textContent = numbers.slice(-LOG_KEEP).map((n) => logLines.get(n)).join("\n") || "—";
+  el.log.textContent = readableLog(numbers.slice(-LOG_KEEP).map((n) => logLines.get(n))).join("\n") || "—";
   if (atBottom) el.log.scrollTop = el.log.scrollHeight;
   drawProgress();
 }
@@ -249,6 +308,7 @@ function handleFrame(frame) {
       for (const m of frame.metrics || []) metrics.set(m.step, m.values);
       if (replayDone) requestMetrics(); // during a replay the Gantt goes first, at replay_done
       drawProgress();
+      drawStats();
       break;
     case "status":
       setStatus(frame.status, frame.error, frame);
@@ -337,7 +397,14 @@ if (DEBUG) window.__thundersync = {
   frames: () => frameLog,
   draws: () => drawLog,
   barsByKind: () => gantt.barsByKind(),
+  dimmed: () => Boolean(gantt.overlay?.dim), // a followed trajectory fades the rest of the chart
 };
+
+// One click must not end a long run: the cancel form asks first.
+el.cancel.addEventListener("submit", (ev) => {
+  const done = metrics.size;
+  if (!window.confirm(`Cancel ${root.dataset.runName}? It has done ${done} of ${totalSteps} steps; a cancelled run cannot be continued without a checkpoint.`)) ev.preventDefault();
+});
 
 // The socket first: the server's replay overlaps the evaluation of plotly.js (deferred script).
 connect();

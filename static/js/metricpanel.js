@@ -1,11 +1,16 @@
-// "Every metric" panel (run page and compare page): a picker over every metric name the runs
-// recorded, optional smoothing, step or wall-time axis; one chart per picked metric, one line
-// per run. Built from the stored per-step metrics ({step, values}); nothing is hard-coded.
+// "Every metric" panel (run page and compare page): a searchable list of every metric name the
+// runs recorded (tick any number), optional smoothing drawn over the raw line, step or
+// wall-time axis; one chart per picked metric, one line per run. Ratios and shares are drawn in
+// percent, as everywhere else on the pages. Built from the stored per-step metrics
+// ({step, values}); nothing is hard-coded.
 import { METRIC } from "./conventions.js";
 import { drawFigure, seriesFigure } from "./plots.js";
 
 const DEFAULT_PICKS = [METRIC.GRAD_NORM, METRIC.TOKENS];
 const WALL = "wall";
+// 0-1 fractions the pages show in percent (idle and wait ratios, token shares)
+const PERCENT = /(idle|wait)_ratio$|_share$/;
+export const inPercent = (key) => PERCENT.test(key);
 
 /** The learner's clock when the run's first step started (after boot): min step/t_start. */
 export function firstStepStart(metrics) {
@@ -34,17 +39,23 @@ export function metricPoints(metrics, key, { axis = "step", smoothing = 0 } = {}
   return { x, y };
 }
 
-function option(value, text = value) {
-  const o = document.createElement("option");
-  o.value = value;
-  o.textContent = text;
-  return o;
+function choice(name, checked) {
+  const label = document.createElement("label");
+  const box = document.createElement("input");
+  box.type = "checkbox";
+  box.value = name;
+  box.checked = checked;
+  label.append(box, document.createTextNode(` ${name}`));
+  label.dataset.metric = name;
+  label.title = name;
+  return label;
 }
 
 export class MetricPanel {
-  /** ``root``: an element holding #metric-picker, #metric-smoothing, #metric-axis and #metric-charts. */
+  /** ``root``: an element holding #metric-search, #metric-picker, #metric-smoothing, #metric-axis and #metric-charts. */
   constructor(root) {
     this.root = root;
+    this.search = root.querySelector("#metric-search");
     this.picker = root.querySelector("#metric-picker");
     this.smoothing = root.querySelector("#metric-smoothing");
     this.axis = root.querySelector("#metric-axis");
@@ -52,6 +63,16 @@ export class MetricPanel {
     this.runs = []; // [{name, colour, metrics: [{step, values}]}]
     this.names = [];
     for (const input of [this.picker, this.smoothing, this.axis]) input.addEventListener("change", () => this.draw());
+    this.search.addEventListener("input", () => this.filter());
+  }
+
+  /** Shows the names containing every word typed in the search box (case-insensitive). */
+  filter() {
+    const words = this.search.value.toLowerCase().split(/\s+/).filter(Boolean);
+    for (const label of this.picker.children) {
+      const name = label.dataset.metric.toLowerCase();
+      label.hidden = !words.every((w) => name.includes(w));
+    }
   }
 
   /** New data (every run's metrics so far); refreshes the picker's names and the charts. */
@@ -68,11 +89,11 @@ export class MetricPanel {
     const picked = new Set(this.picked());
     const first = this.names.length === 0;
     this.names = names;
-    this.picker.replaceChildren(...names.map((n) => option(n)));
-    for (const o of this.picker.options) o.selected = first ? DEFAULT_PICKS.includes(o.value) : picked.has(o.value);
+    this.picker.replaceChildren(...names.map((n) => choice(n, first ? DEFAULT_PICKS.includes(n) : picked.has(n))));
+    this.filter();
   }
 
-  picked() { return [...this.picker.selectedOptions].map((o) => o.value); }
+  picked() { return [...this.picker.querySelectorAll("input:checked")].map((o) => o.value); }
 
   async draw() {
     const keys = this.picked();
@@ -89,17 +110,28 @@ export class MetricPanel {
     if (!keys.length) {
       const hint = document.createElement("p");
       hint.className = "empty";
-      hint.textContent = "Pick metrics in the list (ctrl- or shift-click for several).";
+      hint.textContent = "Tick metrics in the list (search to narrow it).";
       divs.push(hint);
     }
     this.charts.replaceChildren(...divs);
     this.root.dataset.picked = keys.join(",");
     await Promise.all(keys.map((key, i) => {
-      const series = this.runs.map((r) => ({ name: r.name, colour: r.colour, ...metricPoints(r.metrics, key, { axis, smoothing }) }));
+      const scale = inPercent(key) ? 100 : 1;
+      const points = (r, weight) => {
+        const { x, y } = metricPoints(r.metrics, key, { axis, smoothing: weight });
+        return { x, y: y.map((v) => v * scale) };
+      };
+      // smoothing draws over the raw values, which stay visible (faint)
+      const series = this.runs.flatMap((r) => (smoothing > 0
+        ? [{ name: `${r.name} raw`, colour: r.colour, opacity: 0.3, raw: true, ...points(r, 0) },
+          { name: `${r.name} EMA ${smoothing}`, colour: r.colour, ...points(r, smoothing) }]
+        : [{ name: r.name, colour: r.colour, ...points(r, 0) }]));
       const figure = seriesFigure(series, {
         xTitle: axis === WALL ? "seconds since the first step started" : "step",
-        yTitle: key + (smoothing > 0 ? ` (EMA ${smoothing})` : ""), height: 240,
+        yTitle: key + (scale === 100 ? " (%)" : ""), height: 240,
+        yRange: scale === 100 ? [0, 100] : null,
       });
+      divs[i].dataset.exportName = key;
       return drawFigure(divs[i], figure);
     }));
   }

@@ -1,4 +1,5 @@
 // Small plotly helpers shared by the pages: a throttled redraw loop and the metric charts.
+import { exportConfig } from "./figureexport.js";
 
 export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
 
@@ -56,7 +57,7 @@ export function metricSeries(metrics, key, scale = 1) {
 export function seriesFigure(series, { kind = "line", xTitle = "step", yTitle = "", yRange = null, height = 260 } = {}) {
   const data = series.map((s) => (kind === "bar"
     ? { type: "bar", name: s.name, x: s.x, y: s.y, marker: s.colour ? { color: s.colour } : undefined }
-    : { type: "scatter", mode: "lines+markers", name: s.name, x: s.x, y: s.y,
+    : { type: "scatter", mode: "lines+markers", name: s.name, x: s.x, y: s.y, ...(s.opacity ? { opacity: s.opacity } : {}),
         line: { width: 2, ...(s.dash ? { dash: s.dash } : {}), ...(s.colour ? { color: s.colour } : {}) }, marker: { size: 5 } }));
   return {
     data,
@@ -78,5 +79,5 @@ export async function drawFigure(el, figure, emptyText = "No data yet.") {
   if (!hasData) figure = { data: [], layout: { ...figure.layout,
     annotations: [{ text: emptyText, showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: { color: "#5f6b7c" } }],
     xaxis: { visible: false }, yaxis: { visible: false } } };
-  return Plotly.react(el, figure.data, figure.layout, PLOTLY_CONFIG);
+  return Plotly.react(el, figure.data, figure.layout, exportConfig(PLOTLY_CONFIG));
 }

@@ -12,6 +12,9 @@ const KIND_COLOURS = new Map([
   [KIND.TOOL_WAIT, "#f7c98b"],
   [KIND.VERIFY, "#59a14f"],
   [KIND.TEACHER, "#b07aa1"],
+  // speculation (docs/speculation.md): a draft turn generated under older weights, then its verify forward
+  [KIND.DRAFT, "#a0cbe8"],
+  [KIND.DRAFT_VERIFY, "#7b4fa0"],
   [KIND.BACKWARD, "#e15759"],
   [KIND.GROUP_CLOSE, "#76b7b2"],
   [KIND.OPTIMIZER, "#222a38"],
@@ -124,14 +127,11 @@ export class SpanStore {
   sortedSteps() { return [...this.steps.keys()].filter((s) => s >= 0).sort((a, b) => a - b); }
 
   /**
-   * Learner idle share of the newest step so far: 1 - |union of learner spans| / (now - step start),
-   * the running counterpart of trainer/idle_ratio (learner.timeline.window_metrics).
+   * Learner idle share of ``step`` over [lo, hi]: 1 - |union of learner spans| / (hi - lo), the
+   * running counterpart of trainer/idle_ratio (learner.timeline.window_metrics); equal to it
+   * once [lo, hi] is the step's [step/t_start, step/t_end].
    */
-  runningIdle() {
-    const steps = this.sortedSteps();
-    if (!steps.length) return null;
-    const step = steps[steps.length - 1];
-    const lo = this.steps.get(step).tStart, hi = this.tMax;
+  runningIdle({ step, lo, hi }) {
     if (!(hi > lo)) return null;
     const busy = unionLength(this.learnerSpans.map((s) => [s.t0, s.t1]), lo, hi);
     return { step, ratio: 1 - busy / (hi - lo), seconds: hi - lo };

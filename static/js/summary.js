@@ -10,8 +10,8 @@ const times = (v) => `${v.toFixed(2)}×`;
 // [field, header, format, title]
 const COLUMNS = [
   ["steps_done", "Steps", String, "steps with stored metrics"],
-  ["step_s", "Median step", fixed(3, " s"), "median timing_s/step"],
-  ["speedup_vs_sync", "Speedup vs sync", times, "the sync run's median step / this run's"],
+  ["step_s", "Median step (p10–p90)", fixed(3, " s"), "median timing_s/step; its 10th–90th percentile over the steps"],
+  ["speedup_vs_sync", "Speedup vs sync (p10–p90)", times, "the sync run's median step / this run's; spread: over this run's p90 and p10 step"],
   ["efficiency", "Efficiency", percent, "max(R, L) / median step; R and L from the sync run's metrics"],
   ["learner_idle", "Learner idle", percent, "share of the training window with no learner span"],
   ["rollout_idle", "Rollout idle", percent, "share of the training window with no rollout span"],
@@ -20,7 +20,17 @@ const COLUMNS = [
   ["tail_s", "Tail", fixed(3, " s"), "median time from the last reward to the step's end"],
   ["final_reward", "Final reward", fixed(3), "reward/mean of the last step"],
   ["time_to_reward_s", "Time to reward", fixed(1, " s"), "from the first step's start (boot excluded)"],
+  // speculation (docs/speculation.md): shown only when a run drafted
+  ["kept_token_share", "Kept draft tokens", percent, "mean speculation/kept_token_share: of the drafted tokens, the share verification kept", true],
+  ["whole_draft_share", "Whole drafts kept", percent, "mean speculation/whole_draft_share: drafts kept token for token", true],
+  ["drafted_tokens", "Drafted tokens", (v) => v.toFixed(0), "total speculation/drafted_tokens", true],
 ];
+
+/** The columns to show: every column, less the optional ones no run has a value for. */
+const shownColumns = (runs) => COLUMNS.filter(([field, , , , optional]) => !optional || runs.some((r) => r[field] !== null && r[field] !== undefined));
+
+// [p10 field, p90 field] shown beside a median
+const SPREAD = { step_s: ["step_p10_s", "step_p90_s"], speedup_vs_sync: ["speedup_p10", "speedup_p90"] };
 
 function cell(tag, text, attrs = {}) {
   const el = document.createElement(tag);
@@ -29,24 +39,26 @@ function cell(tag, text, attrs = {}) {
   return el;
 }
 
-function headerRow(level) {
+function headerRow(level, columns) {
   const row = document.createElement("tr");
   row.append(cell("th", "Run"), cell("th", "Schedule"));
-  for (const [field, header, , title] of COLUMNS) {
+  for (const [field, header, , title] of columns) {
     const text = field === "time_to_reward_s" && level !== null ? `${header} ≥ ${level.toFixed(3)}` : header;
     row.append(cell("th", text, { title, class: "num" }));
   }
   return row;
 }
 
-function runRow(run, reference) {
+function runRow(run, reference, columns) {
   const row = document.createElement("tr");
   row.dataset.runId = String(run.id);
   row.append(cell("td", run.name + (run.id === reference ? " (reference)" : "")), cell("td", run.schedule));
-  for (const [field, , format] of COLUMNS) {
+  for (const [field, , format] of columns) {
     const v = run[field];
     let text = v === null || v === undefined ? dash : format(v);
     if (field === "time_to_reward_s" && v !== null) text += ` (step ${run.reward_step})`;
+    const [lo, hi] = SPREAD[field] ?? [];
+    if (lo && v !== null && run[lo] !== null && run[hi] !== null) text += ` (${format(run[lo])}–${format(run[hi])})`;
     row.append(cell("td", text, { class: "num", "data-field": field, "data-value": v === null ? "" : String(v) }));
   }
   return row;
@@ -58,13 +70,26 @@ function describe(summary) {
   return `R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)}, bound max(R, L) = ${s(summary.bound_s)} (the sync run's medians).`;
 }
 
-/** Fetches the summary for ``runIds`` (and ``level``, or the API's default) and fills ``table``. */
-export async function drawSummary(table, note, runIds, level = null) {
-  const query = `runs=${runIds.join(",")}${level === null ? "" : `&reward=${encodeURIComponent(level)}`}`;
+/** The API's fairness warnings (different steps, seeds, configs; unfinished runs; too few steps). */
+function drawWarnings(list, warnings) {
+  list.replaceChildren(...warnings.map((w) => cell("li", w)));
+  list.hidden = !warnings.length;
+}
+
+/**
+ * Fetches the summary for ``runIds`` (``level`` or the API's default, ``smoothing`` of reward/mean)
+ * and fills ``table`` and the ``warnings`` list.
+ */
+export async function drawSummary(table, note, warnings, runIds, level = null, smoothing = null) {
+  const query = new URLSearchParams({ runs: runIds.join(",") });
+  if (level !== null) query.set("reward", String(level));
+  if (smoothing !== null) query.set("smoothing", String(smoothing));
   const summary = await getJSON(`/api/compare/?${query}`);
+  drawWarnings(warnings, summary.warnings);
   const head = document.createElement("thead"), body = document.createElement("tbody");
-  head.append(headerRow(summary.reward_level));
-  body.append(...summary.runs.map((r) => runRow(r, summary.reference)));
+  const columns = shownColumns(summary.runs);
+  head.append(headerRow(summary.reward_level, columns));
+  body.append(...summary.runs.map((r) => runRow(r, summary.reference, columns)));
   table.replaceChildren(head, body);
   note.textContent = describe(summary);
   table.dataset.rewardLevel = summary.reward_level === null ? "" : String(summary.reward_level);

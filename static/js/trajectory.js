@@ -51,9 +51,11 @@ function row(span) {
 }
 
 export class TrajectorySelection {
-  /** chart: a GanttChart; search: a number input; detail: a <table>; note: where the summary line goes. */
-  constructor(chart, { search, detail, note }) {
-    Object.assign(this, { chart, search, detail, note, traj: null, seenBars: null, bars: [] });
+  /** chart: a GanttChart; search: a number input; detail: a <table>; note: where the summary line
+   * goes; learnt(step) -> {done, skipped}: whether the learner is past the step, and how many
+   * trajectories it skipped there (for a trajectory without a backward). */
+  constructor(chart, { search, detail, note, learnt = () => ({ done: false, ended: false, skipped: null }) }) {
+    Object.assign(this, { chart, search, detail, note, learnt, traj: null, seenBars: null, bars: [] });
     chart.div.addEventListener("click", (ev) => {
       const span = chart.barAtEvent(ev)?.span;
       if (span && span.traj !== null && span.traj !== undefined) this.select(span.traj);
@@ -66,18 +68,22 @@ export class TrajectorySelection {
     this.traj = Number.isInteger(traj) ? traj : null;
     this.search.value = this.traj === null ? "" : String(this.traj);
     this.seenBars = null;
-    this.chart.overlay = this.traj === null ? null : { dim: true, paint: (ctx, geometry) => this.paint(ctx, geometry) };
+    const selection = this;
+    // the chart is faded only while the trajectory has bars to show over it
+    this.chart.overlay = this.traj === null ? null : {
+      get dim() { selection.refresh(); return selection.bars.length > 0; },
+      paint: (ctx, geometry) => { this.refresh(); paintSelection(ctx, geometry, this.bars); },
+    };
     if (this.traj === null) this.render();
     this.chart.paint();
   }
 
-  paint(ctx, geometry) {
+  refresh() {
     if (this.seenBars !== this.chart.bars) { // a redraw brought new bars: find the trajectory's again
       this.seenBars = this.chart.bars;
       this.bars = trajectoryBars(this.chart.bars, this.traj);
       this.render();
     }
-    paintSelection(ctx, geometry, this.bars);
   }
 
   render() {
@@ -89,18 +95,39 @@ export class TrajectorySelection {
     this.detail.hidden = !spans.length;
     this.detail.dataset.traj = this.traj === null ? "" : String(this.traj);
     this.note.textContent = this.traj === null ? "Click a bar, or type a trajectory id, to follow one trajectory."
-      : spans.length ? summary(this.traj, spans) : `trajectory ${this.traj}: no spans in the drawn window`;
+      : spans.length ? summary(this.traj, spans, this.learnt)
+        : `trajectory ${this.traj} is not in the drawn steps: choose "all steps", or the by-trajectory lanes of its step`;
+    this.note.dataset.state = this.traj === null ? "" : spans.length ? trainedState(this.traj, spans, this.learnt) : "absent";
+    this.note.dataset.drafted = spans.some((s) => s.kind === KIND.DRAFT) ? "1" : "0";
   }
 }
 
+/** "trained", "skipped" (the learner is past its step and spent no backward on it) or "pending". */
+function trainedState(traj, spans, learnt) {
+  if (spans.some((s) => s.kind === KIND.BACKWARD)) return "trained";
+  const first = spans.find((s) => s.traj === traj);
+  return learnt(first.step).done ? "skipped" : "pending";
+}
+
+/** Why a trajectory has no backward, in words. */
+function untrained(traj, spans, learnt) {
+  const step = spans.find((s) => s.traj === traj).step;
+  const { done, ended, skipped } = learnt(step);
+  if (!done) return ended ? `never trained: the run ended before step ${step} finished` : "not trained yet";
+  const count = skipped === null ? "" : ` (${skipped} trajectories skipped in step ${step}, learner/skipped_trajectories)`;
+  return `skipped: no backward, its group's rewards were all equal so its advantage is 0${count}`;
+}
+
 /** "traj 12 · group 3 · 4 rollout spans · backward 35 ms after its last rollout span" */
-function summary(traj, spans) {
+function summary(traj, spans, learnt) {
   const rollout = spans.filter((s) => s.traj === traj && !isLearnerKind(s.kind));
   const backward = spans.find((s) => s.kind === KIND.BACKWARD);
   const parts = [`trajectory ${traj}`, `group ${spans[0].group ?? "–"}`, `${rollout.length} rollout spans`];
+  const drafts = rollout.filter((s) => s.kind === KIND.DRAFT).length;
+  if (drafts) parts.push(`drafted: ${drafts} draft turn${drafts === 1 ? "" : "s"} (rollout.draft) under older weights, verified by rollout.draft_verify`);
   if (backward && rollout.length) {
     const gap = backward.t0 - Math.max(...rollout.map((s) => s.t1));
     parts.push(`backward on ${backward.lane} ${(gap * 1000).toFixed(0)} ms after its last rollout span`);
-  } else if (!backward) parts.push("not trained yet");
+  } else if (!backward) parts.push(untrained(traj, spans, learnt));
   return parts.join(" · ");
 }

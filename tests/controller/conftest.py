@@ -136,7 +136,7 @@ def celery_worker(transactional_db, settings, tmp_path):
     from controller.embedded_worker import EmbeddedWorker
 
     settings.THUNDERSYNC_RUN_DIR = tmp_path / "runs"
-    with app.connection_for_write() as conn:  # a clean queue: nothing left from an earlier session
+    with app.connection_for_write() as conn:  # a clean queue: nothing left from an earlier test run
         conn.default_channel.queue_purge("runs")
     worker = EmbeddedWorker(app, queues=["runs"]).start()
     yield worker

@@ -1,7 +1,7 @@
 """Fault injection for the controller: a real ``celery worker`` process (prefork pool, as
-in production) on this session's test database and broker, a private Redis server that can
+in production) on this test process's database and broker, a private Redis server that can
 be killed and restarted, and checks that a run left nothing behind. Only processes this
-test started are looked at (engineers share the machine)."""
+test started are looked at (other test runs may share the machine)."""
 
 from __future__ import annotations
 
@@ -148,14 +148,14 @@ class WorkerProcess:
 
 
 def wait_final(run_id: int, timeout: float = 60.0) -> Run:
-    return wait_until(lambda: (run := Run.objects.get(pk=run_id)).is_finished and run, timeout,
+    return wait_until(lambda: (run := Run.objects.get(pk=run_id)).status in Run.FINISHED and run, timeout,
                       f"run {run_id} reached a final state")
 
 
 def wait_running_with_spans(run_id: int, spans: int = 1, timeout: float = 240.0) -> Run:
     def ready():
         run = Run.objects.get(pk=run_id)
-        assert not run.is_finished, f"run {run_id} ended early: {run.status} {run.error}"
+        assert run.status not in Run.FINISHED, f"run {run_id} ended early: {run.status} {run.error}"
         return run.status == "running" and Span.objects.filter(run_id=run_id).count() >= spans and run
     return wait_until(ready, timeout, f"run {run_id} running with {spans} spans")
 
@@ -171,3 +171,90 @@ def assert_spans_kept(run_id: int, before: int) -> None:
     """Every span stored before the fault is still there, numbered densely from 0."""
     seqs = list(Span.objects.filter(run_id=run_id).order_by("seq").values_list("seq", flat=True))
     assert len(seqs) >= before and seqs == list(range(len(seqs)))
+
+
+class ProductionWeb:
+    """daphne serving ``controller.asgi`` with ``controller.settings.production`` (persistent
+    PostgreSQL connections, Redis as cache, broker and channel layer) on this test run's
+    database and the given Redis; ``login`` opens a ``requests`` session through the real form."""
+
+    def __init__(self, redis_url: str, run_dir: Path, log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        db = connection.settings_dict
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.production", "PYTHONPATH": str(ROOT),
+               "DJANGO_SECRET_KEY": uuid.uuid4().hex * 2, "DJANGO_HTTPS": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+               "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+               "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir)}
+        self.log_path, self.log = log_path, open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "controller.asgi:application"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: self.proc.poll() is not None or self._listens(), 60, "daphne listens")
+        assert self.proc.poll() is None, log_path.read_text()[-3000:]
+
+    def _listens(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def login(self, username: str, password: str):
+        import requests
+
+        session = requests.Session()
+        session.get(f"{self.url}/accounts/login/", timeout=30)
+        answer = session.post(f"{self.url}/accounts/login/", timeout=30, allow_redirects=False,
+                              data={"username": username, "password": password,
+                                    "csrfmiddlewaretoken": session.cookies["csrftoken"]})
+        assert answer.status_code == 302, answer.text[-2000:]
+        session.headers["X-CSRFToken"] = session.cookies["csrftoken"]
+        session.headers["Referer"] = self.url + "/"
+        return session
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+
+class BackendTerminator:
+    """Terminates every PostgreSQL backend of the test database but this process's own,
+    every ``period_s``, from a thread with its own connection: a flapping database."""
+
+    def __init__(self, period_s: float = 0.05):
+        import threading
+
+        import psycopg
+
+        db = connection.settings_dict
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            self.spared = cursor.fetchone()[0]
+        self.conn = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres",
+                                    autocommit=True)
+        self.database, self.period_s, self.terminated = db["NAME"], period_s, 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.period_s):
+            rows = self.conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> %s "
+                "AND pid <> pg_backend_pid()", [self.database, self.spared]).fetchall()
+            self.terminated += len(rows)
+
+    def __enter__(self) -> "BackendTerminator":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        self.conn.close()

@@ -40,7 +40,7 @@ def sync_and_streaming(alice_experiment, sync_preset, streaming_preset):
 
 def test_the_sync_run_is_the_reference_and_figures_come_from_the_stored_metrics(alice_client, sync_and_streaming):
     sync, streaming = sync_and_streaming
-    body = alice_client.get(f"/api/compare/?runs={streaming.pk},{sync.pk}").json()
+    body = alice_client.get(f"/api/compare/?runs={streaming.pk},{sync.pk}&smoothing=0").json()
     assert body["reference"] == sync.pk
     rollout_s = statistics.median([12 - 10, 16.5 - 14, 20 - 18])
     learner_s = statistics.median([14 - 12.5, 18 - 16.5, 21 - 20.2])
@@ -70,7 +70,7 @@ def test_the_sync_run_is_the_reference_and_figures_come_from_the_stored_metrics(
 def test_a_chosen_reward_level_and_no_sync_run(alice_client, sync_and_streaming, alice_experiment, streaming_preset):
     _, streaming = sync_and_streaming
     other = make_run(alice_experiment, streaming_preset, name="empty")
-    body = alice_client.get(f"/api/compare/?runs={streaming.pk},{other.pk}&reward=0.45").json()
+    body = alice_client.get(f"/api/compare/?runs={streaming.pk},{other.pk}&reward=0.45&smoothing=0").json()
     assert body["reference"] is None and body["bound_s"] is None
     fast, empty = body["runs"]
     assert (fast["time_to_reward_s"], fast["reward_step"]) == (4.5, 1)
@@ -83,6 +83,7 @@ def test_a_chosen_reward_level_and_no_sync_run(alice_client, sync_and_streaming,
 @pytest.mark.parametrize("query, field", [
     ("", "runs"), ("runs=1", "runs"), ("runs=1,1", "runs"), ("runs=a,b", "runs"), ("runs=1,2,3,4,5", "runs"),
     ("runs=1,99999999999", "runs"), ("runs=1,2&reward=high", "reward"), ("runs=1,2&reward=nan", "reward"),
+    ("runs=1,2&smoothing=1", "smoothing"), ("runs=1,2&smoothing=x", "smoothing"),
 ])
 def test_bad_queries_name_the_parameter(alice_client, query, field):
     response = alice_client.get(f"/api/compare/?{query}")
@@ -92,3 +93,18 @@ def test_bad_queries_name_the_parameter(alice_client, query, field):
 def test_another_users_run_is_not_found(alice_client, sync_and_streaming, bob_run):
     sync, _ = sync_and_streaming
     assert alice_client.get(f"/api/compare/?runs={sync.pk},{bob_run.pk}").status_code == 404
+
+
+def test_time_to_reward_reads_the_smoothed_reward_and_steps_have_a_spread(alice_client, sync_and_streaming):
+    sync, streaming = sync_and_streaming
+    body = alice_client.get(f"/api/compare/?runs={streaming.pk},{sync.pk}&smoothing=0.5").json()
+    fast, ref = body["runs"]
+    # sync's rewards 0.1, 0.4, 0.6 smooth to 0.1, 0.25, 0.425; streaming's 0.2, 0.5, 0.7 to
+    # 0.2, 0.35, 0.525: the default level is the lower best, 0.425, reached at sync's last step
+    assert body["reward_smoothing"] == 0.5 and body["reward_level"] == pytest.approx(0.425)
+    assert (ref["time_to_reward_s"], ref["reward_step"]) == (11.0, 2)
+    assert (fast["time_to_reward_s"], fast["reward_step"]) == (6.0, 2)
+    # step times: streaming 2, 2.5, 1.5 s -> p10 1.6 s, p90 2.4 s (inclusive deciles)
+    assert (fast["step_p10_s"], fast["step_p90_s"]) == (pytest.approx(1.6), pytest.approx(2.4))
+    assert fast["speedup_p10"] == pytest.approx(4 / 2.4) and fast["speedup_p90"] == pytest.approx(4 / 1.6)
+    assert body["warnings"] == []

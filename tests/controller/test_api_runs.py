@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 from django.test import Client
 
-from controller.launching import enqueue
+from controller.broker import enqueue_or_withdraw
 from controller.models import Run, Schedule
 from controller.tasks import run_training
 
@@ -32,7 +32,7 @@ def test_it_creates_a_queued_run_and_enqueues_it_after_commit(
     assert body["schedule"] == {"id": sync_preset.pk, "name": "sync", "kind": "sync"}
     assert run.config["train"]["schedule"] == "sync" and run.config["train"]["steps"] == 3
     assert run.config["name"] == "three steps"
-    assert [(cb.func, cb.args) for cb in callbacks] == [(enqueue, (run.pk, run.celery_task_id))]
+    assert [(cb.func, cb.args) for cb in callbacks] == [(enqueue_or_withdraw, (run.pk, run.celery_task_id))]
 
 
 def test_steps_default_to_the_experiments_config(alice_client, alice_experiment, streaming_preset):

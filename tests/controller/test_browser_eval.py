@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from tests.harness.web_harness import browser_page, live_url, log_in  # noqa: F401 (fixtures)
+from tests.harness.web_harness import browser_page, live_url, log_in, pick_metrics  # noqa: F401 (fixtures)
 
 from controller.ingestion import finite_or_none
 from controller.models import StepMetric
@@ -47,11 +47,11 @@ def test_eval_metrics_show_on_the_run_and_compare_pages(live_url, browser_page, 
     other = stored_run(alice_experiment, sync_preset, learner_metrics, "eval run 2")
     log_in(page, live_url, "alice", "alice-password")
     page.goto(f"{live_url}/runs/{run.pk}/")
-    page.wait_for_function("[...document.querySelectorAll('#metric-picker option')].some((o) => o.value === 'eval/reward')",
+    page.wait_for_function("[...document.querySelectorAll('#metric-picker input')].some((o) => o.value === 'eval/reward')",
                            timeout=60_000)
-    names = page.evaluate("[...document.querySelectorAll('#metric-picker option')].map((o) => o.value)")
+    names = page.evaluate("[...document.querySelectorAll('#metric-picker input')].map((o) => o.value)")
     assert {"eval/reward", "eval/pass@1", "eval/prompts", "eval/seconds"} <= set(names)
-    page.select_option("#metric-picker", ["eval/reward", "eval/pass@1"])
+    pick_metrics(page, ["eval/reward", "eval/pass@1"])
     chart = "#metric-charts [data-metric='eval/reward']"
     page.wait_for_function(f"document.querySelector(\"{chart}\")?.data?.[0]?.y?.length === 2")
     trace = page.evaluate(f"document.querySelector(\"{chart}\").data[0]")
@@ -61,7 +61,7 @@ def test_eval_metrics_show_on_the_run_and_compare_pages(live_url, browser_page, 
 
     page.goto(f"{live_url}/compare/?runs={run.pk},{other.pk}")
     page.wait_for_selector("#compare-app[data-ready='1']", timeout=60_000)
-    page.select_option("#metric-picker", ["eval/pass@1"])
+    pick_metrics(page, ["eval/pass@1"])
     compare_chart = "#metric-charts [data-metric='eval/pass@1']"
     page.wait_for_function(f"document.querySelector(\"{compare_chart}\")?.data?.length === 2")
     lines = page.evaluate(f"document.querySelector(\"{compare_chart}\").data.map((d) => d.y)")

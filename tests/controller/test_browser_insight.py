@@ -6,7 +6,8 @@ agent's spans, metrics from learner.timeline.window_metrics)."""
 import statistics
 
 import pytest
-from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
+from tests.harness.web_harness import (  # noqa: F401 (fixtures)
+    agent_run_events, browser_page, live_url, log_in, pick_metrics, screenshot)
 from django.test import Client
 
 from controller.models import Span, StepMetric
@@ -81,7 +82,7 @@ def test_compare_summary_equals_the_api_and_the_stored_metrics(live_url, browser
 
     # Time to reward counts from the first step's start: boot (20 s vs 7 s) is not in the chart.
     reward = page.evaluate("document.getElementById('chart-reward').data.map((t) => t.x[0])")
-    for run, first_x in zip((streaming, sync), reward):
+    for run, first_x in zip((streaming, streaming, sync, sync), reward):  # per run: raw, then smoothed
         first = StepMetric.objects.get(run=run, step=0).values
         assert first_x == pytest.approx(first["step/t_end"] - first["step/t_start"])
 
@@ -197,8 +198,8 @@ def test_metric_picker_smoothing_and_wall_time_axis(live_url, browser_page, alic
     open_run_page(page, live_url, run)
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
     names = sorted({k for v in stored for k in v})
-    assert page.evaluate("[...document.querySelectorAll('#metric-picker option')].map((o) => o.value)") == names
-    page.select_option("#metric-picker", ["timing_s/tail", "trainer/idle_ratio"])
+    assert page.evaluate("[...document.querySelectorAll('#metric-picker input')].map((o) => o.value)") == names
+    pick_metrics(page, ["timing_s/tail", "trainer/idle_ratio"])
     chart = "#metric-charts [data-metric='timing_s/tail']"
     page.wait_for_function(f"document.querySelector(\"{chart}\")?.data?.[0]?.y?.length === {len(stored)}")
     assert page.evaluate(f"document.querySelector(\"{chart}\").data[0].y") == pytest.approx(
@@ -212,14 +213,15 @@ def test_metric_picker_smoothing_and_wall_time_axis(live_url, browser_page, alic
     for v in stored:
         avg = v["timing_s/tail"] if avg is None else 0.5 * avg + 0.5 * v["timing_s/tail"]
         smoothed.append(avg)
-    trace = page.evaluate(f"document.querySelector(\"{chart}\").data[0]")
+    raw, trace = page.evaluate(f"document.querySelector(\"{chart}\").data")  # smoothing overlays the raw line
+    assert raw["y"] == pytest.approx([v["timing_s/tail"] for v in stored])
     assert trace["y"] == pytest.approx(smoothed)
     assert trace["x"] == pytest.approx([v["step/t_end"] - stored[0]["step/t_start"] for v in stored])
 
     # The compare page overlays the runs, one line per run.
     page.goto(f"{live_url}/compare/?runs={run.pk},{sync.pk}")
     page.wait_for_selector("#compare-app[data-ready='1']", timeout=60_000)
-    page.select_option("#metric-picker", ["reward/mean"])
+    pick_metrics(page, ["reward/mean"])
     page.wait_for_function("document.querySelector(\"#metric-charts [data-metric='reward/mean']\")?.data?.length === 2")
     assert errors == []
 

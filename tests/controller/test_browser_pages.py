@@ -54,6 +54,7 @@ def test_it_creates_an_experiment_launches_a_run_and_cancels_it(live_url, browse
     page.wait_for_url(f"{live_url}/runs/{run.pk}/")
     assert page.text_content("#status-badge") == "queued"
     page.wait_for_function("window.__thundersync.state().replayDone")
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel <run>? ..." (the cancel is confirmed)
     page.click("#cancel-button")
     page.wait_for_url(f"{live_url}/runs/{run.pk}/")
     page.wait_for_function("window.__thundersync.state().status === 'cancelled'")

@@ -63,29 +63,42 @@ def test_progress_eta_live_log_and_the_finished_state(
     assert any(re.fullmatch(r"starting: (starting 1 rollout worker\(s\)|loading torch and the policy builtin:tiny)"
                             r"( · \d+:\d\d elapsed)?", p) for p in starting), starting
     running = [s["progress"] for s in seen if s["status"] == "running"]
-    steps = {int(m.group(1)) for p in running if (m := re.fullmatch(r"step (\d) / 4 · \d+:\d\d elapsed · ETA \d+:\d\d", p))}
+    steps = {int(m.group(1)) for p in running
+             if (m := re.fullmatch(r"(\d) / 4 steps done, training step \1 · \d+:\d\d elapsed · ETA \d+:\d\d", p))}
     assert steps and steps <= {1, 2, 3}, running
 
     # the learner's per-step lines reached the log panel while the run was still running
     live_log = [s["log"] for s in seen if s["status"] == "running"]
     assert any(re.search(r"^step +0 +reward", text, re.M) for text in live_log), live_log[-1:]
     file_lines = log_path(run_id).read_text().splitlines()
-    assert page.inner_text("#log-tail").splitlines() == file_lines[-200:]
+    assert_readable_log(page.inner_text("#log-tail").splitlines(), file_lines[-200:])
     download = page.request.get(f"{live_url}/runs/{run_id}/log/")
     assert download.ok and download.text().splitlines() == file_lines
 
     # the finished state: no "live", no "so far", no ETA, no cancel button
     assert page.text_content("#status-badge") == "succeeded"
     assert page.inner_text("#conn") == "run succeeded" and page.get_attribute("#conn", "class") == "conn done"
-    assert re.fullmatch(r"finished: 4 / 4 steps in \d+:\d\d", page.inner_text("#progress"))
+    assert re.fullmatch(r"finished: 4 / 4 steps \(steps 0–3\) in \d+:\d\d", page.inner_text("#progress"))
     assert "so far" not in page.inner_text("#idle-live-hint")
     assert page.is_hidden("#cancel-form")
 
     # a page opened now gets the log's tail in its replay
     page.reload()
     page.wait_for_function(f"{STATE}.replayDone")
-    assert page.inner_text("#log-tail").splitlines() == file_lines[-200:]
+    assert_readable_log(page.inner_text("#log-tail").splitlines(), file_lines[-200:])
     assert errors == []
+
+
+def assert_readable_log(shown: list[str], file_lines: list[str]) -> None:
+    """The log panel shows the file's lines without tqdm's bar redraws (only the newest bar) and
+    blank lines, each log record on its own line (static/js/logview.js)."""
+    bar = re.compile(r"^\S[^|]*:\s+\d+%\|")
+    assert all(line.strip() for line in shown)
+    assert sum(bool(bar.match(line)) for line in shown) <= 1
+    text = "\n".join(file_lines)
+    assert all(line in text for line in shown)
+    summaries = [line for line in file_lines if re.match(r"^step +\d+ +reward", line)]
+    assert summaries and [line for line in shown if re.match(r"^step +\d+ +reward", line)] == summaries
 
 
 def test_failed_and_cancelled_runs_render_as_such(live_url, browser_page, alice, alice_experiment, streaming_preset):
@@ -105,6 +118,7 @@ def test_failed_and_cancelled_runs_render_as_such(live_url, browser_page, alice,
                        supervisor="worker-elsewhere:1:1", heartbeat=timezone.now())
     page.goto(f"{live_url}/runs/{running.pk}/")
     page.wait_for_function(f"{STATE}.replayDone")
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel <run>? ..." (the cancel is confirmed)
     page.click("#cancel-button")
     page.wait_for_url(f"{live_url}/runs/{running.pk}/")
     page.wait_for_function(f"{STATE}.replayDone")

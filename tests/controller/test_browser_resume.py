@@ -35,7 +35,7 @@ def test_resume_button_finishes_a_killed_run_with_continuous_steps(
     # the learner is killed once the first step is checkpointed
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while not Checkpoint.objects.filter(run_id=run_id).exists():
-        assert not Run.objects.get(pk=run_id).is_finished and time.monotonic() < deadline, "no checkpoint"
+        assert Run.objects.get(pk=run_id).status not in Run.FINISHED and time.monotonic() < deadline, "no checkpoint"
         time.sleep(0.1)
     os.kill(Run.objects.get(pk=run_id).pids[0], signal.SIGKILL)
     run = wait_for_status(run_id, Run.FINISHED, 60)

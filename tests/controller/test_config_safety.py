@@ -117,3 +117,12 @@ def test_shipped_data_data_roots_and_allowed_rewards_are_accepted(alice_client, 
                                                                                               "reward_pattern": "(.*)"}):
         response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": jsonl_math(**task)})
         assert response.status_code == 201, (task, response.content)
+
+
+@pytest.mark.parametrize("config", ["train:\n  steps: " + "9" * 5000, "a: " + "[" * 49_000 + "]" * 49_000,
+                                    "a: !!timestamp 99999-01-01"])
+def test_any_yaml_loader_error_is_a_400_naming_the_config(alice_client, config):
+    response, cpu_s = timed(lambda: post_json(alice_client, "/api/experiments/", {"name": "x", "config": config}))
+    assert response.status_code == 400 and "config" in response.json()["errors"], response.content
+    assert cpu_s < 0.2, cpu_s
+    assert alice_client.post("/", {"name": "x", "config": config}).status_code == 400

@@ -104,3 +104,30 @@ async def test_a_live_frame_is_encoded_once_for_all_viewers(alice_run, alice, mo
     assert span_seqs([json.loads(texts[0])]) == list(range(10))
     for v in viewers:
         await v.disconnect()
+
+
+@pytest.mark.parametrize("text", ['{"type": "ack", "frames": 1e20}', '{"type": "ack", "frames": true}',
+                                  '{"type": "ack", "frames": "99"}', '{"type": "ack", "frames": -1}',
+                                  "[" * 100_000 + "]" * 100_000])
+def test_a_fake_or_hostile_ack_is_ignored(text):
+    assert consumers.parse_ack(text) is None
+    assert consumers.parse_ack('{"type": "ack", "frames": 12}') == 12
+
+
+async def test_fake_acks_do_not_switch_off_the_backpressure(alice_run, alice, settings):
+    """A viewer that acknowledges more than it was sent (or sends a 100k-deep frame) is still
+    closed at the backlog limit: its acks count at most the frames sent so far."""
+    settings.THUNDERSYNC_WS_BACKLOG_BYTES = 20_000
+    viewer, connected, _ = await connect(alice_run, user=alice)
+    assert connected
+    await receive_until_replay_done(viewer)
+    await viewer.send_to(text_data="[" * 100_000 + "]" * 100_000)
+    await ack(viewer, 10**30)  # "everything, forever": capped at the frames sent until now
+    close_code = None
+    for start in range(0, 2000, 50):
+        await publish_stored(alice_run, start, start + 50)
+    while close_code is None:
+        out = await viewer.receive_output(timeout=5)
+        close_code = out.get("code") if out["type"] == "websocket.close" else None
+    assert close_code == CLOSE_TOO_SLOW
+    await viewer.disconnect()

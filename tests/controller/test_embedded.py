@@ -10,6 +10,7 @@ from django.core.management import call_command
 
 from controller.embedded_layer import EmbeddedChannelLayer
 from controller.embedded_worker import EmbeddedWorker
+from controller.management.commands.demo import DEMO_STEPS
 from controller.models import Experiment, Run, Schedule
 
 from .conftest import QUICKSTART, make_run, wait_for_status
@@ -23,7 +24,8 @@ def test_demo_setup_prints_a_working_login(capsys):
     assert "url: http://127.0.0.1:8000/" in out
     user = authenticate(username="demo", password=password)
     assert user is not None
-    assert Experiment.objects.get(owner=user).config == QUICKSTART
+    # configs/quickstart.yaml, with the demo's step count (a chart worth reading)
+    assert Experiment.objects.get(owner=user).config == {**QUICKSTART, "train": {**QUICKSTART["train"], "steps": DEMO_STEPS}}
     assert {"sync", "streaming"} <= set(Schedule.objects.filter(owner=None).values_list("kind", flat=True))
 
 

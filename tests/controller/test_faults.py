@@ -11,17 +11,19 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import Min
 from django.utils import timezone
 
 from controller.celery import app
-from controller.launching import enqueue, launch_run
+from controller.broker import enqueue
+from controller.launching import launch_run
 from controller.models import Experiment, Run, Span, StepMetric
 from learner.rollout.sandbox import SANDBOX_TOKEN
 
 from .conftest import QUICKSTART
 from tests.harness.processes import rollout_workers
 
-from .faults import (RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
+from .faults import (BackendTerminator, ProductionWeb, RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
                      exited, live_processes, wait_final, wait_running_with_spans, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -119,6 +121,27 @@ def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment
     no_run_without_owner()
 
 
+def test_a_run_whose_only_worker_died_is_ended_by_the_web_process(worker, alice_experiment, streaming_preset,
+                                                                   run_dir, tmp_path):
+    """No worker of the run's queue comes back: the web process (production settings reap
+    there too, controller/asgi.py) ends the run within its reap interval."""
+    redis = RedisServer(tmp_path / "redis").start()
+    web = ProductionWeb(redis.url, run_dir, tmp_path / "daphne.log")
+    try:
+        run_id = launch(alice_experiment, streaming_preset, 200)
+        run = wait_running_with_spans(run_id, 20)
+        worker.stop()  # kill -9 of the main and the pool process; none is started again
+        t0 = time.monotonic()
+        run = wait_final(run_id, BOUND_S)
+        assert run.status == "failed" and "lost its supervisor" in run.error, run.error
+        assert time.monotonic() - t0 < BOUND_S
+        assert_nothing_left(run)
+        no_run_without_owner()
+    finally:
+        web.stop()
+        redis.stop()
+
+
 def test_cancel_ends_a_run_whose_worker_is_gone(worker, alice_client, alice_experiment, streaming_preset):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 20)
@@ -148,6 +171,24 @@ def test_terminated_database_connections_do_not_kill_a_healthy_run(worker, alice
     seqs = list(Span.objects.filter(run_id=run_id).values_list("seq", flat=True))
     assert sorted(seqs) == list(range(run.summary["spans"]))  # nothing lost, nothing twice
     assert run.summary["steps"] == 4
+    assert_nothing_left(run)
+
+
+def test_a_flapping_database_never_reaps_a_live_supervisor(worker, alice_experiment, sync_preset, settings):
+    """Every backend terminated every 50 ms for three times THUNDERSYNC_STALE_S: the worker's
+    reaper sees the run's heartbeat go stale, but its supervisor keeps touching its run
+    directory (controller/liveness.py), so the run trains on and ends with every step."""
+    run_id = launch(alice_experiment, sync_preset, 60)
+    wait_running_with_spans(run_id, 20)
+    with BackendTerminator(0.05) as terminator:
+        time.sleep(3 * settings.THUNDERSYNC_STALE_S)  # the length of the outage, not a stand-in for work
+    assert terminator.terminated > 0
+    assert Run.objects.get(pk=run_id).status == "running"
+    run = wait_final(run_id, 300)
+    assert run.status == "succeeded", run.error
+    assert b"the database is unreachable" in worker.log_path.read_bytes()  # the fault did hit the supervisor
+    assert sorted(StepMetric.objects.filter(run_id=run_id).values_list("step", flat=True)) == list(range(60))
+    assert sorted(Span.objects.filter(run_id=run_id).values_list("seq", flat=True)) == list(range(run.summary["spans"]))
     assert_nothing_left(run)
 
 
@@ -186,7 +227,7 @@ def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset
     pgid = wait_running_with_spans(run_id, 1).pids[0]
     stopped: set[int] = set()
     deadline = time.monotonic() + 240
-    while not Run.objects.get(pk=run_id).is_finished and time.monotonic() < deadline:
+    while Run.objects.get(pk=run_id).status not in Run.FINISHED and time.monotonic() < deadline:
         for pid in sandbox_processes(pgid):  # every tool process hangs (SIGSTOP: alive, never answers)
             if pid not in stopped:
                 os.kill(pid, signal.SIGSTOP)
@@ -214,7 +255,7 @@ def private_redis(tmp_path):
 
 def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_experiment, sync_preset):
     # The worker's broker is a private Redis that this test crashes (a restart without
-    # persistence). The test process enqueues on the session's shared broker, which that
+    # persistence). The test process enqueues on the test run's shared broker, which that
     # worker never reads: for it, every message the test sends is lost, as in a crash.
     long_ago = timezone.now() - timedelta(minutes=5)
     first = launch_run(alice_experiment, sync_preset, steps=3)
@@ -258,6 +299,15 @@ def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, 
     os.kill(run.pids[0], signal.SIGKILL)
     run = wait_final(run_id, BOUND_S)
     assert run.status == "failed" and "killed by SIGKILL" in run.error
+    # The newest checkpoint's report, with its step's metrics and spans, never reached the
+    # database (a learner killed right after writing it): the resume must start from the
+    # newest one the database knows, or that step's metrics would be missing for good.
+    newest = Checkpoint.objects.filter(run_id=run_id).latest("step")
+    cut = Span.objects.filter(run_id=run_id, step__gte=newest.step).aggregate(seq=Min("seq"))["seq"]
+    Span.objects.filter(run_id=run_id, seq__gte=cut if cut is not None else 2**31).delete()
+    StepMetric.objects.filter(run_id=run_id, step__gte=newest.step).delete()
+    newest.delete()
+    (worker.log_path.parent / "runs" / f"run-{run_id}" / "output" / "checkpoints" / ".tmp-step-000009-1").mkdir()
     before = Span.objects.filter(run_id=run_id).count()
     page = alice_client.get(f"/runs/{run_id}/").content.decode()
     assert "killed by SIGKILL" in page and 'id="resume-form"' in page
@@ -271,5 +321,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, 
     spans = list(Span.objects.filter(run_id=run_id).order_by("seq").values("seq", "t0"))
     resumed = [s for s in spans if s["seq"] >= before]
     assert resumed and min(s["t0"] for s in resumed) >= max(s["t0"] for s in spans[:before]) - 1.0
-    assert (worker.log_path.parent / "runs" / f"run-{run_id}" / "output" / "model.safetensors").exists()
+    output = worker.log_path.parent / "runs" / f"run-{run_id}" / "output"
+    assert (output / "model.safetensors").exists()
+    assert not list((output / "checkpoints").glob(".tmp-*"))  # the half-written one was removed
+    assert b"was never recorded: removed, resuming from step" in worker.log_path.read_bytes()
     assert_nothing_left(run)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controller import ownership
+from controller import broker, ownership, processes
 from controller.celery import app
 from controller.launching import request_cancel
 from controller.models import Run
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 def dead_local_supervisor() -> str:
     """The identity of a process of this host that has exited."""
     proc = subprocess.Popen(["sleep", "30"])
-    identity = f"{ownership.HOST}:{proc.pid}:{ownership.process_start(proc.pid)}"
+    identity = f"{processes.HOST}:{proc.pid}:{processes.process_start(proc.pid)}"
     proc.kill()
     proc.wait()
     return identity
@@ -70,7 +70,7 @@ def test_a_claim_records_the_message_that_made_it(alice_experiment, sync_preset)
 
 def test_a_redelivered_task_leaves_a_live_supervisors_run_alone(alice_experiment, sync_preset):
     # this process, but no live supervisor thread...
-    run = running(alice_experiment, sync_preset, ownership.me(), start_task_id="message-2")
+    run = running(alice_experiment, sync_preset, processes.me(), start_task_id="message-2")
     with ownership.supervising(run.pk):  # ...now there is one
         assert run_training.apply(args=[run.pk], task_id="message-2").get() == "skipped"
     run.refresh_from_db()
@@ -138,9 +138,9 @@ def test_the_reaper_sends_again_a_queued_run_the_broker_lost(alice_experiment, s
     long_ago = timezone.now() - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S + 5)
     lost = make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED, enqueued=long_ago)
     try:
-        assert ownership.broker_backlog() == 0
+        assert broker.backlog() == 0
         assert ownership.reap() == (0, 1)
-        assert ownership.broker_backlog() == 1
+        assert broker.backlog() == 1
         lost.refresh_from_db()
         assert lost.enqueued > long_ago
         Run.objects.filter(pk=lost.pk).update(enqueued=long_ago)

@@ -88,3 +88,23 @@ def test_quotas_are_adjustable_in_the_admin(django_user_model, alice):
     response = admin.post("/admin/controller/userquota/add/", {"user": alice.pk, "concurrent_runs": 5})
     assert response.status_code == 302, response.content[:500]
     assert UserQuota.objects.get(user=alice).concurrent_runs == 5
+
+
+@pytest.mark.parametrize("section, name, value", [("rollout", "workers", 64), ("learner", "world_size", 62),
+                                                  ("task", "size", 10_000_000)])
+def test_processes_and_items_per_run_are_bounded_by_the_quota(alice, alice_client, section, name, value):
+    config = {**QUICKSTART, section: {**QUICKSTART.get(section, {}), name: value}}
+    response = post_json(alice_client, "/api/experiments/", {"name": "big", "config": config})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"].startswith(f"{section}.{name} = {value} is over your quota of ")
+    UserQuota.objects.create(user=alice, rollout_workers=64, learner_world_size=62, task_size=10_000_000)
+    assert post_json(alice_client, "/api/experiments/", {"name": "big", "config": config}).status_code == 201
+
+
+def test_the_schema_shows_the_users_bounds(alice, alice_client):
+    UserQuota.objects.create(user=alice, rollout_workers=3)
+    config = alice_client.get("/api/openapi.json").json()["components"]["schemas"]["ExperimentInput"]["properties"][
+        "config"]["oneOf"][0]["properties"]
+    assert config["rollout"]["properties"]["workers"]["maximum"] == 3
+    assert config["learner"]["properties"]["world_size"]["maximum"] == 4
+    assert config["task"]["properties"]["size"]["maximum"] == 100_000

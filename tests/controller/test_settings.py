@@ -101,6 +101,9 @@ def test_docker_compose_config_is_valid():
         worker = services[name]
         assert worker["environment"]["THUNDERSYNC_NODE"] == node and f"-Q {queues} " in worker["command"]
         assert worker["environment"]["DJANGO_SETTINGS_MODULE"] == "controller.settings.production"
+    # a killed worker, web server or data store comes back by itself (docs/controller.md)
+    assert {name: service.get("restart") for name, service in services.items()} == dict.fromkeys(
+        services, "unless-stopped")
 
 
 @pytest.mark.skipif(COMPOSE is None, reason="Debian's docker-compose is not installed")

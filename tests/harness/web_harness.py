@@ -91,6 +91,14 @@ def log_in(page, base_url: str, username: str, password: str) -> None:
     page.wait_for_url(f"{base_url}/")
 
 
+def pick_metrics(page, names: list[str]) -> None:
+    """Ticks exactly ``names`` in the every-metric panel's list (static/js/metricpanel.js)."""
+    page.evaluate("""(names) => {
+        for (const box of document.querySelectorAll('#metric-picker input')) box.checked = names.includes(box.value);
+        document.getElementById('metric-picker').dispatchEvent(new Event('change'));
+    }""", names)
+
+
 def screenshot(page, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import AdvantageConfig, AlgorithmConfig
+from learner.grad.cost_model import DRAIN_POLICIES
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
 from learner.grad.exactness import random_batch, random_trajectory, relative_error, tiny_llama, zero_variance_batch
 from learner.grad.learner_common import LearnerOptions
@@ -74,7 +75,7 @@ def test_drain_learns_every_member_once_within_the_cap(case, cap, path, speculat
         for _ in range(idles[k]):
             execute(planner.idle())
         i, k = i + len(chunk), k + 1
-    assert not open_sums and planner.pending_groups() == []
+    assert not open_sums and all(group.closed and group.arrived for group in planner.groups.values())
     assert learnt == Counter(t.id for t in trajs)  # each member exactly once
 
 
@@ -122,13 +123,15 @@ def interleaving(draw):
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), feed=interleaving(), cap=st.sampled_from([0, 1, 2, None]),
        acc=st.sampled_from(["device", "host"]), kl=st.sampled_from([0.0, 0.3]),
-       budget=st.sampled_from([16, 40, 4096]), speculate=st.booleans())
-def test_adaptive_is_exact_under_drawn_arrival_and_queue_interleavings(seed, feed, cap, acc, kl, budget, speculate):
+       budget=st.sampled_from([16, 40, 4096]), speculate=st.booleans(), drain=st.sampled_from(DRAIN_POLICIES))
+def test_adaptive_is_exact_under_drawn_arrival_and_queue_interleavings(seed, feed, cap, acc, kl, budget, speculate,
+                                                                      drain):
     rng = random.Random(seed)
     model, ref = tiny_llama(torch.float64, rng.randrange(2**31)), tiny_llama(torch.float64, rng.randrange(2**31))
     algo = AlgorithmConfig(kl_coef=kl, entropy_coef=kl / 3)
     trajs = rng.choice((random_batch, zero_variance_batch))(rng)
-    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc, speculate_zero_variance=speculate))
+    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", budget, cap, acc, speculate_zero_variance=speculate,
+                                                                drain_policy=drain))
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     order, (cuts, idles), i = rng.sample(trajs, len(trajs)), feed, 0
     for cut, idle in zip(cuts, idles):
@@ -309,7 +312,7 @@ def test_a_step_that_learnt_open_and_known_rows_reports_what_an_open_row_cost():
     algo = AlgorithmConfig(kl_coef=0.05)
     trajs = [random_trajectory(rng, i, 0, reward) for i, reward in enumerate([1.0, 0.0, 1.0])]
     trajs += [random_trajectory(rng, 3 + i, 1, reward) for i, reward in enumerate([1.0, 0.0])]
-    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive"))
+    learner = StreamingLearner(model, algo, ref, LearnerOptions("adaptive", drain_policy="finished-groups-first"))
     learner.begin_batch({0: 4, 1: 2})
     learner.learn(trajs[:2])
     while learner.idle_work():

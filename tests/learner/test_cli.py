@@ -73,6 +73,16 @@ def test_it_rejects_a_negative_steps_override():
     assert r.returncode == 2 and "train.steps" in r.stderr
 
 
+@pytest.mark.parametrize("argv", [["bench", "--quick"], ["bench", "--help"]])
+def test_a_subcommand_that_cannot_load_says_why_and_exits_1(monkeypatch, capsys, argv):
+    from learner.cli import main
+
+    monkeypatch.setitem(sys.modules, "learner.bench.run", None)  # its import now raises ImportError
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("thundersync: bench: cannot load learner.bench.run: ModuleNotFoundError")
+    assert main(["train", "--config", "configs/quickstart.yaml", "--steps", "0"]) == 0  # the others still work
+
+
 def wandb_records(path: Path):
     """The records of an offline W&B run file: a 7-byte header (":W&B", magic, version), then
     the LevelDB log format (32 KiB blocks; each chunk: crc32, length, type FULL/FIRST/MIDDLE/LAST)

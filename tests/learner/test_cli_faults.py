@@ -121,6 +121,27 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_group_kill_leaves_no_semaphore_behind(tmp_path):
+    """kill -9 of the whole process group: nobody inside can clean up, the run's janitor
+    (its own session, learner/stopping.py) removes the semaphores once the group is gone."""
+    proc, events = start_run(tmp_path, steps=200)
+    try:
+        wait_for_metrics(proc, events)
+        assert tagged_semaphores(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_gone(proc.pid)
+        deadline = time.monotonic() + 10
+        while tagged_semaphores(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tagged_semaphores(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def test_an_unwritable_event_stream_is_one_line_not_a_traceback(tmp_path):
     r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "2", "--quiet",
                     "--events", "/dev/full")

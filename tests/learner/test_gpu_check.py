@@ -1,23 +1,13 @@
-"""bench/gpu_check.py, the script a lent GPU runs, as a CPU dry run: it must not rot between loans."""
+"""``python -m bench.gpu_check``, the script a lent GPU runs, as a CPU dry run: it must not rot between loans."""
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import gpu_check
 
 
 def test_the_gpu_check_runs_on_cpu_and_the_streamed_gradient_matches_the_reference():
-    gpu_check = load_script()
     args = argparse.Namespace(groups=2, group_size=4, prompt_len=16, new_tokens=24, exact_groups=2)
     out = gpu_check.check_size("tiny", torch.device("cpu"), args)
     assert out["n_traj"] == 8 and out["tokens_out"] == 8 * 24

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from learner.config import TaskConfig
 from learner.rollout import models
-from learner.rollout.env import ArithToolEnv, Task, canonical_turns, evaluate
-from learner.rollout.models import generate_turns, load_model, load_tokenizer, resolve_model_dir, sft_success_rate, stop_token_ids
+from learner.rollout.env import ArithToolEnv, Environment, Task, canonical_turns, evaluate
+from learner.rollout.models import generate_turns, load_model, load_tokenizer, resolve_model_dir, stop_token_ids
 from learner.rollout.warm_start import BuildRecipe, sft_batch, sft_warm_start
 from learner.rollout.tokenizer import AGENT_TAGS, build_char_tokenizer
 
@@ -187,6 +187,40 @@ def test_builtin_policy_loads_in_eval_mode_and_stops_at_turn_ends(shared_builtin
     # the warm start mixes tool calls and direct answers (warm_start.BuildRecipe): both well formed
     kinds = [env.parse_turn(t, tok.decode(turn)).kind for t, turn in zip(tasks, turns)]
     assert set(kinds) <= {"tool", "final"} and "tool" in kinds, kinds
+
+
+def sft_success_rate(
+    model,
+    tokenizer,
+    env: Environment,
+    n: int,
+    rng: random.Random,
+    temperature: float = 1.0,
+    max_new_tokens: int = 24,
+) -> float:
+    """Mean reward of ``n`` episodes run with the env's tools (episode rules: env.py)."""
+    torch.manual_seed(rng.randrange(2**31))
+    tasks = [env.sample_task(rng) for _ in range(n)]
+    contexts = [tokenizer.encode(t.prompt_text, add_special_tokens=False) for t in tasks]
+    rewards = [0.0] * n
+    active = list(range(n))
+    for _turn in range(max(t.max_turns for t in tasks)):
+        active = [i for i in active if _turn < tasks[i].max_turns]
+        if not active:
+            break
+        turns = generate_turns(model, tokenizer, [contexts[i] for i in active], temperature, max_new_tokens)
+        still_running = []
+        for i, turn_ids in zip(active, turns):
+            text = tokenizer.decode(turn_ids)
+            result = env.parse_turn(tasks[i], text)
+            if result.kind == "tool":
+                observation = env.observation_text(env.run_tool(result.payload))
+                contexts[i] += turn_ids + tokenizer.encode(observation, add_special_tokens=False)
+                still_running.append(i)
+            elif result.kind == "final":
+                rewards[i] = env.reward(tasks[i], text)
+        active = still_running
+    return sum(rewards) / n
 
 
 def test_policy_starts_nonzero_but_imperfect_and_teacher_is_clearly_stronger(shared_builtins):

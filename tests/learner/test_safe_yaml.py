@@ -52,3 +52,28 @@ def test_the_cli_loader_shares_the_safe_parser(tmp_path):
     path.write_text(alias_bomb())
     with pytest.raises(ConfigError, match="anchors and aliases"):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("steps: " + "9" * 5000, "a value cannot be read: Exceeds the limit"),  # Python's int digit limit
+    ("a: " + "[" * 49_000 + "]" * 49_000, "nested deeper than 32 levels"),
+    ("a:\n" + "".join(f"{'  ' * i}k{i}:\n" for i in range(1, 40)) + "  " * 40 + "v: 1\n", "nested deeper than 32"),
+    ("a: !!timestamp 99999-01-01", "a value cannot be read"),
+])
+def test_every_loader_error_is_an_unsafe_yaml_error(text, reason):
+    started = time.thread_time()
+    with pytest.raises(UnsafeYamlError, match=reason):
+        load_yaml(text)
+    assert time.thread_time() - started < 0.2  # refused before the parse costs anything
+
+
+def test_the_cli_exits_2_on_an_integer_over_4300_digits(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "huge.yaml"
+    path.write_text("train:\n  steps: " + "9" * 5000 + "\n")
+    result = subprocess.run([sys.executable, "-m", "learner.cli", "train", "--config", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "a value cannot be read" in result.stderr and "Traceback" not in result.stderr

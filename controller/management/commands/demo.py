@@ -6,6 +6,7 @@ Celery worker thread (the embedded in-memory broker reaches only this process) a
 HTTP + websockets with daphne.
 """
 
+import re
 import secrets
 
 import yaml
@@ -15,11 +16,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from controller.launching import enqueue
+from controller.broker import enqueue
 from controller.models import Experiment, Run, Schedule
 
 DEMO_USER = "demo"
 DEMO_EXPERIMENT = "quickstart"
+# configs/quickstart.yaml trains one step (a quick check of the install); the demo's runs are
+# long enough for the charts to show a trend: one step takes a few seconds on a CPU.
+DEMO_STEPS = 20
+DEMO_DESCRIPTION = (f"A tiny model on arith-tool, {DEMO_STEPS} GRPO steps per run: each step takes a few seconds "
+                    "on a CPU, a run about a minute after boot.")
 # Global presets: one per schedule kind; fully-async's staleness bound is its knob.
 PRESETS = [
     ("sync", "sync", {}),
@@ -40,17 +46,24 @@ def ensure_presets() -> list[Schedule]:
 def ensure_demo_experiment(user) -> Experiment:
     path = settings.BASE_DIR / "configs" / "quickstart.yaml"
     try:
-        text = path.read_text()
+        text = demo_config_text(path.read_text())
         config = yaml.safe_load(text) or {}
     except (OSError, yaml.YAMLError) as err:
         raise CommandError(f"cannot read the demo config {path}: {err}") from None
     experiment = Experiment.objects.filter(owner=user, name=DEMO_EXPERIMENT).first() or Experiment(
-        owner=user, name=DEMO_EXPERIMENT, description="A tiny model on arith-tool; a run takes about a minute on CPU."
-    )
+        owner=user, name=DEMO_EXPERIMENT)
+    experiment.description = DEMO_DESCRIPTION
     experiment.config, experiment.config_text = config, text
     experiment.full_clean()
     experiment.save()
     return experiment
+
+
+def demo_config_text(quickstart: str) -> str:
+    """configs/quickstart.yaml as written (comments kept), with ``train.steps: DEMO_STEPS``."""
+    body = [line for line in quickstart.splitlines(keepends=True) if not line.startswith("#")]
+    steps = re.sub(r"(?m)^(\s+steps:)\s*\d+", rf"\g<1> {DEMO_STEPS}", "".join(body), count=1)
+    return f"# The demo experiment: configs/quickstart.yaml with {DEMO_STEPS} steps per run.\n{steps}"
 
 
 def recover_runs() -> int:

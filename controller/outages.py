@@ -1,0 +1,78 @@
+"""Infrastructure outages answer 503 with Retry-After, never a 500.
+
+A request that meets PostgreSQL or Redis down (a restart, backends terminated, the broker
+unreachable) gets ``503 Service Unavailable`` with ``Retry-After``: JSON
+``{"errors": {"service": ...}}`` under ``/api/``, a small self-contained page elsewhere (it
+reads nothing from the database, which may be the thing that is down). The middleware
+answers what a view raises; ``server_error`` (handler500) answers what another middleware
+raised, e.g. saving the session; any other error keeps Django's 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from html import escape
+
+import kombu.exceptions
+import redis.exceptions
+from django.db import InterfaceError, OperationalError
+from django.http import HttpResponse
+from django.templatetags.static import static
+from django.views.defaults import server_error as django_server_error
+
+from .api_errors import json_error
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
+# What a lost database or broker raises: Django wraps psycopg's errors (AdminShutdown is an
+# OperationalError); kombu's publish raises its OperationalError; Django's Redis cache raises
+# redis-py's own; a refused socket can surface as the builtin ConnectionError.
+OUTAGE_ERRORS = (OperationalError, InterfaceError, kombu.exceptions.OperationalError,
+                 redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError)
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Unavailable · ThunderSync Lab</title>
+<link rel="stylesheet" href="{css}"></head>
+<body><header class="topbar"><a class="brand" href="/">ThunderSync Lab</a></header>
+<main><h1>Temporarily unavailable</h1><p>The {what} cannot be reached right now. Nothing was
+lost: try again in a few seconds.</p></main></body></html>
+"""
+
+
+def what_is_down(err: BaseException) -> str:
+    return "database" if isinstance(err, (OperationalError, InterfaceError)) else "message broker"
+
+
+def outage_response(request, err: BaseException) -> HttpResponse:
+    what = what_is_down(err)
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    log.warning("%s %s: the %s is unreachable (%s): answering 503", request.method, request.path, what, first_line)
+    if request.path.startswith("/api/"):
+        response = json_error(503, {"service": f"the {what} is unreachable; try again in {RETRY_AFTER_S}s"})
+    else:
+        response = HttpResponse(PAGE.format(css=escape(static("css/app.css")), what=what), status=503)
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+class OutageMiddleware:
+    """Answer an outage a view raised with 503 (see the module doc)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if isinstance(exception, OUTAGE_ERRORS):
+            return outage_response(request, exception)
+        return None
+
+
+def server_error(request):
+    """handler500: an outage raised outside a view still answers 503."""
+    err = sys.exc_info()[1]
+    if isinstance(err, OUTAGE_ERRORS):
+        return outage_response(request, err)
+    return django_server_error(request)

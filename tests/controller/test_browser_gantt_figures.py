@@ -1,0 +1,104 @@
+"""Figures out and lanes at scale, in a real browser against the real app: the Gantt's PNG and
+SVG downloads hold its bars (painted on a canvas, not by plotly), every other chart downloads
+both too, and with 128 rollout lanes the learner lane stays labelled and readable: the
+rollout lanes fold into bands below it and a zoom into the bands unfolds them."""
+
+import io
+import re
+
+import pytest
+from PIL import Image
+from tests.harness.web_harness import agent_run_events, browser_page, live_url  # noqa: F401 (fixtures)
+
+from controller.models import Span, StepMetric
+
+from .conftest import make_run
+from .test_browser_insight import open_run_page, store_workload
+
+pytestmark = pytest.mark.browser
+BACKWARD_RGB = (0xe1, 0x57, 0x59)  # static/js/spans.js: learner.backward
+
+
+@pytest.fixture
+def run(alice_experiment, streaming_preset):
+    found = make_run(alice_experiment, streaming_preset, steps=4, name="figures")
+    store_workload(found, seed=8, boot_s=2.0)
+    return found
+
+
+def download(page, selector: str) -> bytes:
+    with page.expect_download(timeout=30_000) as info:
+        page.click(selector)
+    return open(info.value.path(), "rb").read()
+
+
+def modebar_button(chart: str, title: str) -> str:
+    return f"{chart} .modebar-btn[data-title='{title}']"
+
+
+def test_the_gantt_downloads_png_and_svg_with_its_bars(live_url, browser_page, alice, run):
+    """Defect 4: the camera button saved axes and legend but no bars."""
+    page, errors = browser_page
+    open_run_page(page, live_url, run)
+    page.hover("#gantt")
+    assert page.locator(modebar_button("#gantt", "Download plot as a png")).count() == 0  # plotly's own: no bars
+    png = Image.open(io.BytesIO(download(page, modebar_button("#gantt", "Download PNG")))).convert("RGB")
+    backward = sum(1 for p in png.get_flattened_data() if p == BACKWARD_RGB)
+    assert backward > 200, f"{backward} pixels of learner.backward's colour"
+
+    svg = download(page, modebar_button("#gantt", "Download SVG")).decode()
+    painted = page.evaluate("window.__thundersync.barsByKind()")
+    for kind, bars in painted.items():
+        paths = re.findall(rf'<path d="([^"]*)" fill="[^"]+"[^>]*data-kind="{re.escape(kind)}"', svg)
+        assert sum(p.count("M") for p in paths) == bars, kind
+    assert 'class="gantt-bars"' in svg and "learner/0" in svg
+    assert errors == []
+
+
+def test_every_chart_downloads_png_and_svg(live_url, browser_page, alice, run):
+    page, errors = browser_page
+    open_run_page(page, live_url, run)
+    page.wait_for_function("document.getElementById('chart-step-time').data?.length > 0")
+    page.hover("#chart-step-time")
+    svg = download(page, modebar_button("#chart-step-time", "Download SVG")).decode()
+    steps = StepMetric.objects.filter(run=run).count()
+    assert svg.startswith("<svg") and svg.count('class="point"') == steps  # one bar per step
+    png = Image.open(io.BytesIO(download(page, modebar_button("#chart-step-time", "Download PNG"))))
+    assert png.size[0] > 400
+    assert errors == []
+
+
+@pytest.fixture
+def wide_run(alice_experiment, streaming_preset):
+    """128 rollout lanes (8 workers x 16 slots), two learner ranks."""
+    found = make_run(alice_experiment, streaming_preset, steps=2, name="128 lanes")
+    spans, metrics = agent_run_events(2, groups=32, group_size=4, workers=8, slots=16, max_turns=2, seed=3)
+    keys = ("seq", "step", "kind", "lane", "traj", "group", "turn", "policy_version", "tokens", "t0", "t1")
+    Span.objects.bulk_create([Span(run=found, **{k: e[k] for k in keys}) for e in spans])
+    StepMetric.objects.bulk_create([StepMetric(run=found, step=m["step"], values=m["values"]) for m in metrics])
+    return found
+
+
+def test_the_learner_lane_stays_labelled_and_readable_at_128_rollout_lanes(live_url, browser_page, alice, wide_run):
+    """Defect 5: at 128 lanes each was ~3 px, learner/0 lost its label and became a 1-px line."""
+    page, errors = browser_page
+    open_run_page(page, live_url, wide_run)
+    assert Span.objects.filter(run=wide_run).values("lane").distinct().count() == 129
+    axis = page.evaluate("(() => { const ya = document.getElementById('gantt')._fullLayout.yaxis;"
+                         " return {lanes: ya.categoryarray, ticks: ya.tickvals, px: ya._length / ya.categoryarray.length}; })()")
+    assert axis["lanes"][0] == "learner/0" and len(axis["lanes"]) == 17  # learner/0 + 16 bands of 8 lanes
+    assert axis["lanes"][1] == "rollout/0/0…0/7 ×8" and axis["ticks"] == axis["lanes"]
+    assert axis["px"] >= 12
+    labels = page.evaluate("[...document.querySelectorAll('#gantt .ytick text')].map((t) => t.textContent)")
+    assert "learner/0" in labels
+    assert page.is_visible("#fold-lanes")
+
+    # a zoom into the first two bands unfolds their 16 lanes
+    page.evaluate("Plotly.relayout('gantt', {'yaxis.range': [2.4, 0.6]})")
+    page.wait_for_function("document.getElementById('gantt').layout.yaxis.categoryarray.length === 129")
+    shown = page.evaluate("(() => { const ya = document.getElementById('gantt')._fullLayout.yaxis;"
+                          " return [ya.range, ya.categoryarray.indexOf('rollout/0/0'), ya.categoryarray.indexOf('rollout/0/15')]; })()")
+    (top, bottom), first, last = shown[0][::-1] if shown[0][0] < shown[0][1] else shown[0], shown[1], shown[2]
+    assert top == pytest.approx(last + 0.5) and bottom == pytest.approx(first - 0.5)
+    assert not page.is_checked("#fold-lanes")
+    assert errors == []

@@ -1,0 +1,101 @@
+"""No 500 from an outage, on the production shape: daphne with
+``controller.settings.production`` (persistent PostgreSQL connections; Redis as cache,
+broker and channel layer), PostgreSQL backends terminated every 50 ms, a private Redis
+crashed. Every answer is the page or a 503 with Retry-After (JSON under /api/); a launch
+while the broker is down leaves no run behind; logins keep working; the websocket closes
+4503 (try again later). docs/controller.md "Outages" describes the guarantees under test."""
+
+import asyncio
+import time
+
+import pytest
+import websockets
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+from controller.consumers import CLOSE_TRY_AGAIN_LATER
+from controller.models import Run
+
+from .faults import BackendTerminator, ProductionWeb, RedisServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def alice(alice):
+    """Alice's password hashed with a hasher production accepts (the test settings use MD5)."""
+    hasher = PBKDF2PasswordHasher()
+    alice.password = hasher.encode("alice-password", hasher.salt(), iterations=1000)
+    alice.save(update_fields=["password"])
+    return alice
+
+
+@pytest.fixture
+def web(redis_server, tmp_path):
+    server = ProductionWeb(redis_server.url, tmp_path / "runs", tmp_path / "daphne.log")
+    yield server
+    server.stop()
+
+
+def assert_outage_answer(response) -> None:
+    assert response.status_code == 503, (response.status_code, response.text[-1500:])
+    assert response.headers["Retry-After"].isdigit()
+
+
+def test_a_flapping_database_answers_503_never_500(web, alice, alice_experiment, sync_preset):
+    run = Run.objects.create(experiment=alice_experiment, schedule=sync_preset, steps=3, config={})
+    session = web.login("alice", "alice-password")
+    paths = [f"/api/runs/{run.pk}/", "/api/runs/", f"/runs/{run.pk}/", "/"]
+    statuses: dict[int, int] = {}
+    with BackendTerminator(0.05) as terminator:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and statuses.get(503, 0) < 8:
+            for path in paths:
+                response = session.get(web.url + path, timeout=30, allow_redirects=False)
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                if response.status_code != 200:
+                    assert_outage_answer(response)
+                    if path.startswith("/api/"):
+                        assert "database" in response.json()["errors"]["service"]
+                    else:
+                        assert "Temporarily unavailable" in response.text
+    assert terminator.terminated > 0 and statuses.get(503, 0) > 0, statuses
+    assert set(statuses) <= {200, 503}, statuses
+    assert session.get(web.url + f"/api/runs/{run.pk}/", timeout=30).json()["id"] == run.pk  # back at once
+
+
+async def websocket_close_code(url: str, cookies: dict[str, str]) -> int:
+    headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items()), "Origin": url.replace("ws", "http", 1)}
+    async with websockets.connect(url, additional_headers=headers, open_timeout=30) as socket:
+        try:
+            while True:
+                await asyncio.wait_for(socket.recv(), timeout=30)
+        except websockets.ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd else 1006
+
+
+def test_with_redis_down_logins_work_launches_are_refused_and_the_websocket_says_try_later(
+        web, redis_server, alice, alice_experiment, sync_preset):
+    run = Run.objects.create(experiment=alice_experiment, schedule=sync_preset, steps=3, config={})
+    session = web.login("alice", "alice-password")
+    redis_server.crash()
+    assert web.login("alice", "alice-password").cookies["sessionid"]  # the throttle fails open
+    before = Run.objects.count()
+    launched = session.post(web.url + "/api/runs/", timeout=60, json={
+        "experiment": alice_experiment.pk, "schedule": sync_preset.pk, "steps": 3})
+    assert_outage_answer(launched)
+    assert "message broker" in launched.json()["errors"]["service"]
+    assert Run.objects.count() == before  # no run without its message
+    ws_url = web.url.replace("http", "ws", 1) + f"/ws/runs/{run.pk}/"
+    assert asyncio.run(websocket_close_code(ws_url, session.cookies.get_dict())) == CLOSE_TRY_AGAIN_LATER
+    redis_server.start()
+    relaunched = session.post(web.url + "/api/runs/", timeout=60, json={
+        "experiment": alice_experiment.pk, "schedule": sync_preset.pk, "steps": 3})
+    assert relaunched.status_code == 201, relaunched.text
+    assert b"Traceback" not in web.log_path.read_bytes()

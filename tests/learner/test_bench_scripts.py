@@ -1,0 +1,39 @@
+"""The measurement scripts in bench/ as a package: run as ``python -m bench.NAME``, none edits
+``sys.path``, each imports as a module, and the trainer never imports them."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "__init__.py")
+
+
+def touches_sys_path(tree: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name)
+               and n.value.id == "sys" for n in ast.walk(tree))
+
+
+def imported_roots(tree: ast.AST) -> set[str]:
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return roots | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_there_are_scripts_and_none_edits_sys_path():
+    assert len(SCRIPTS) >= 15
+    edits = [p.name for p in SCRIPTS if touches_sys_path(ast.parse(p.read_text()))]
+    assert edits == []
+
+
+@pytest.mark.parametrize("script", [p.stem for p in SCRIPTS])
+def test_each_script_imports_as_a_module_of_the_package(script):
+    module = importlib.import_module(f"bench.{script}")
+    assert module.__doc__, f"bench/{script}.py: its docstring says what it measures and how to run it"
+
+
+def test_the_trainer_never_imports_the_scripts():
+    importers = [str(p.relative_to(ROOT)) for p in (ROOT / "learner").rglob("*.py")
+                 if "bench" in imported_roots(ast.parse(p.read_text()))]
+    assert importers == []
