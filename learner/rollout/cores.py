@@ -22,20 +22,27 @@ def core_plan(n_workers: int, pin: bool) -> tuple[int | None, list[int | None]]:
     return cores[0], [cores[1 + w % (len(cores) - 1)] for w in range(n_workers)]
 
 
-def pin_process(core: int | None) -> None:
-    """Every thread of this process on ``core`` (None: leave it as it is). ``sched_setaffinity(0)``
-    moves only the calling thread: a thread started before the pin (the events flusher of
-    ``thundersync train --events``, a worker's outbox feeder) would keep the whole machine, wake
-    on the other side's busy core and stall this process's main thread at each GIL hand-off."""
-    if core is None or not hasattr(os, "sched_setaffinity"):
-        return
-    cores = {core % os.cpu_count()}
+def set_process_affinity(cores: set[int]) -> None:
+    """Every thread of this process on ``cores``. ``sched_setaffinity(0)`` moves only the calling
+    thread (Linux keeps one mask per thread): a thread started before a pin (the events flusher
+    of ``thundersync train --events``, a worker's outbox feeder) would keep the whole machine,
+    wake on the other side's busy core and hold up this process's main thread at each hand-off
+    of the interpreter lock. Threads started later inherit the caller's mask."""
+    os.sched_setaffinity(0, cores)
     try:
-        os.sched_setaffinity(0, cores)
-        for tid in os.listdir("/proc/self/task"):  # Linux: each thread has its own mask
-            try:
-                os.sched_setaffinity(int(tid), cores)
-            except (OSError, ValueError):
-                pass  # the thread ended meanwhile
+        tids = os.listdir("/proc/self/task")
     except OSError:
-        pass  # containers may forbid it; the run still works, only less isolated
+        return  # no /proc: only the calling thread is moved
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass  # the thread ended meanwhile
+
+
+def pin_process(core: int | None) -> None:
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        try:
+            set_process_affinity({core % os.cpu_count()})
+        except OSError:
+            pass  # containers may forbid it; the run still works, only less isolated
