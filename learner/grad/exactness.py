@@ -158,12 +158,13 @@ class CaseSpec:
     deterministic: bool = False  # learner.deterministic (the arrivals of ``learner``: adaptive's)
     # adaptive: early work always (the policy's decisions forced to "it pays"), never, or as measured
     drain: str = "finished-groups-first"
+    pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
-               ("" if self.drain == "finished-groups-first" else f"/{self.drain}")
+               ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -195,7 +196,7 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
                              max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator,
                              deterministic=spec.deterministic,
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
-                             drain_policy=spec.drain)
+                             drain_policy=spec.drain, pack_rows=spec.pack)
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
@@ -205,6 +206,7 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
+        "pack_rows": spec.pack,
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
         "micro_batches": stats["micro_batches"],
@@ -219,7 +221,8 @@ def case_specs() -> list[CaseSpec]:
     """Conventions × every learner path, and streaming's deterministic learner; K ∈ {0, 1, 2,
     unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
     the adaptive drain's early work forced never (closed-groups) and always (finished-groups-first,
-    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited};
+    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited}; rows
+    packed into micro-batch lines (micro-batched and adaptive, every convention);
     GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
     combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
@@ -233,6 +236,8 @@ def case_specs() -> list[CaseSpec]:
                   for learner in LEARNER_PATHS for aux in ("off", "on")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain=drain)
                   for drain in DRAIN_POLICIES[1:] + DRAIN_POLICIES[:1] for cap in (0, 2, None) for aux in ("off", "on")]
+        specs += [CaseSpec(o, m, s, dtype, learner, pack=True) for o, m, s in combos
+                  for learner in ("micro-batched", "adaptive")]
         specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, "device", aux, True, True)
                   for aux in ("off", "on")]
