@@ -99,6 +99,9 @@ class TaskConfig(Strict):
     reward: str = Field("exact-match", min_length=1, max_length=500,
                         description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'")
     reward_pattern: str | None = Field(None, max_length=1000, description="regex reward: group 1 is the answer")
+    reward_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
+                                    description="a reward function still running after this fails its trajectory "
+                                                "(task.on_bad_data decides: the run fails, or it scores 0)")
     on_bad_data: Literal["error", "score-zero"] = Field(
         "error", description="bad row or failing reward: stop with an error naming row and field, or score 0 and count it")
     shuffle: bool = Field(True, description="reshuffle the training rows each epoch, from the run seed")

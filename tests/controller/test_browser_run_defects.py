@@ -229,3 +229,25 @@ def test_a_long_optimizer_span_is_explained(live_url, browser_page, alice, run):
     assert "learner.optimizer" in tip and "the step's barrier" in tip and "over 321 tokens (mismatch/tokens)" in tip
     assert "× the run's median optimizer span (50.0 ms)" in tip
     assert errors == []
+
+
+def test_a_steps_trajectories_as_a_sortable_table(live_url, browser_page, alice, run):
+    page, errors = browser_page
+    open_finished(page, live_url, run)
+    page.select_option("#lane-mode", "traj")
+    page.select_option("#traj-step", str(SKIPPED_STEP))
+    trajs = sorted(set(Span.objects.filter(run=run, step=SKIPPED_STEP, kind="rollout.verify").values_list("traj", flat=True)))
+    page.wait_for_function("(n) => document.querySelectorAll('#traj-table tbody tr').length === n", arg=len(trajs))
+    page.click("#traj-table th[data-key='tokens']")
+    page.click("#traj-table th[data-key='tokens']")  # twice: most tokens first
+    assert page.get_attribute("#traj-table", "data-sort") == "tokens:desc"
+    rows = page.evaluate("[...document.querySelectorAll('#traj-table tbody tr')].map((tr) => Object.fromEntries("
+                         "[...tr.children].map((td) => [td.dataset.key, td.textContent])))")
+    tokens = {t: sum(Span.objects.filter(run=run, traj=t, kind="rollout.generate").values_list("tokens", flat=True))
+              for t in trajs}
+    assert [int(r["tokens"]) for r in rows] == sorted(tokens.values(), reverse=True)
+    assert {int(r["traj"]): int(r["tokens"]) for r in rows} == tokens
+    states = {int(r["traj"]): r["state"] for r in rows}
+    assert {t for t, s in states.items() if s == "skipped"} == set(skipped_trajs(run))
+    assert all(s == "trained" for t, s in states.items() if t not in skipped_trajs(run))
+    assert errors == []
