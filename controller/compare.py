@@ -197,7 +197,18 @@ def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) 
         "staleness_max": max(worst) if worst else None,
         "tail_s": median_of(rows, Metric.TAIL_S),
         "time_to_reward_s": seconds, "reward_step": step,
+        **speculation_figures(rows),
     }
+
+
+def speculation_figures(rows: list[dict]) -> dict:
+    """Speculation's per-step metrics (docs/speculation.md) over the run, None where it did not
+    draft: mean kept-token and whole-draft shares, total drafted tokens."""
+    kept, whole = present(rows, Metric.KEPT_TOKEN_SHARE), present(rows, Metric.WHOLE_DRAFT_SHARE)
+    drafted = present(rows, Metric.DRAFTED_TOKENS)
+    return {"kept_token_share": statistics.fmean(kept) if kept else None,
+            "whole_draft_share": statistics.fmean(whole) if whole else None,
+            "drafted_tokens": sum(drafted) if drafted else None}
 
 
 def compare_summary(runs: list[Run], level: float | None = None, weight: float = DEFAULT_SMOOTHING) -> dict:

@@ -4,9 +4,11 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
-from learner.config import ConfigError, parse_config
+from learner.config import SCHEDULES, ConfigError, parse_config
 from learner.safe_yaml import MAX_YAML_CHARS, UnsafeYamlError, load_yaml
 
+from .compare import MAX_COMPARED
+from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
 from .quotas import QuotaExceeded, check_config
@@ -15,6 +17,7 @@ from .server_paths import check_server_paths
 MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
 DEFAULT_SCHEDULE = "streaming"
+COMPARED_PRESETS = ("sync", "async", "streaming")  # ticked by default in "compare schedules"
 
 
 class ConfigField(forms.Field):
@@ -127,3 +130,32 @@ class RunCreateForm(LaunchForm):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, user=user, **kwargs)
         self.fields["experiment"].queryset = Experiment.objects.filter(owner=user)
+
+
+class ComparisonForm(forms.Form):
+    """Launch the experiment under several schedules at once (views.launch_comparison)."""
+
+    schedules = forms.ModelMultipleChoiceField(
+        queryset=Schedule.objects.none(), widget=forms.CheckboxSelectMultiple,
+        error_messages={"invalid_choice": "no such schedule", "required": "pick at least two schedules"},
+    )
+    steps = forms.IntegerField(min_value=MIN_COMPARED_STEPS, max_value=MAX_STEPS,
+                               help_text=f"the same for every run; at least {MIN_COMPARED_STEPS} for a median")
+    name = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args, user, experiment=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        visible = Schedule.objects.visible_to(user)
+        self.fields["schedules"].queryset = visible
+        self.fields["schedules"].initial = [s.pk for s in visible.filter(owner__isnull=True, name__in=COMPARED_PRESETS)]
+        if experiment is not None:
+            self.fields["steps"].initial = max(MIN_COMPARED_STEPS, experiment.run_config().train.steps)
+
+    def clean_schedules(self):
+        # in schedule order: sync first, the compare page's 1.00x reference
+        chosen = sorted(self.cleaned_data["schedules"], key=lambda s: (SCHEDULES.index(s.kind), s.name))
+        if len(chosen) < 2:
+            raise ValidationError("pick at least two schedules")
+        if len(chosen) > MAX_COMPARED:
+            raise ValidationError(f"pick at most {MAX_COMPARED} schedules (the compare page shows up to {MAX_COMPARED})")
+        return chosen

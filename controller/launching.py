@@ -9,12 +9,13 @@ from django.utils import timezone
 from . import live, ownership
 from .config_merge import run_config
 from .broker import enqueue_or_withdraw
-from .models import Experiment, Run, Schedule
+from .models import Comparison, Experiment, Run, Schedule
 from .quotas import check_config, check_queue
 from .frames import status_frame
 
 
-def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "") -> Run:
+def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "",
+               comparison: Comparison | None = None) -> Run:
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
     ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
@@ -29,10 +30,22 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     with transaction.atomic():
         check_queue(experiment.owner)
         run = Run.objects.create(
-            experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id
+            experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id,
+            comparison=comparison,
         )
         transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
+
+
+def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "") -> Comparison:
+    """One run per schedule of the experiment's config, all with ``steps`` and the config's seed,
+    as one comparison; all or none are queued (ConfigError / QuotaExceeded as launch_run)."""
+    with transaction.atomic():
+        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps)
+        label = name or f"comparison {comparison.pk}"
+        for schedule in schedules:
+            launch_run(experiment, schedule, steps, f"{label} · {schedule.name}", comparison=comparison)
+    return comparison
 
 
 def request_cancel(run: Run) -> bool:

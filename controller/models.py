@@ -104,6 +104,23 @@ class Schedule(models.Model):
         return {**knobs, "train.schedule": self.kind}
 
 
+class Comparison(models.Model):
+    """Runs launched together to compare schedules: the experiment's config, one seed and one
+    step count, one run per schedule preset (controller/launching.py, launch_comparison)."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="comparisons")
+    name = models.CharField(max_length=200, blank=True)
+    steps = models.PositiveIntegerField()
+    note = models.TextField(blank=True, max_length=10_000)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return self.name or f"comparison {self.pk}"
+
+
 class Run(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -142,6 +159,8 @@ class Run(models.Model):
     # the Celery task (message) whose delivery claimed the run: with fair dispatch a message
     # may start another user's run, so a redelivery adopts exactly this run (controller/tasks.py)
     start_task_id = models.CharField(max_length=64, blank=True, db_index=True)
+    # launched as one of a comparison's runs (same config, seed and steps; its own schedule)
+    comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -178,6 +178,9 @@ SCHEMAS = {
             "time_to_reward_s": NULLABLE_NUMBER | {"description": "first step start to the end of the first step "
                                                                   "whose smoothed reward/mean >= reward_level"},
             "reward_step": NULLABLE_INT,
+            "kept_token_share": NULLABLE_NUMBER | {"description": "mean speculation/kept_token_share (null: no drafts)"},
+            "whole_draft_share": NULLABLE_NUMBER | {"description": "mean speculation/whole_draft_share"},
+            "drafted_tokens": NULLABLE_NUMBER | {"description": "total speculation/drafted_tokens"},
         },
     },
     "Compare": {

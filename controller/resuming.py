@@ -11,11 +11,16 @@ timeline and the charts continue; the metrics of steps the earlier attempt had d
 the checkpoint are replaced by the new attempt's (one row per step).
 """
 
+import logging
+import shutil
 import uuid
 from functools import partial
+from pathlib import Path
 
 from django.db import transaction
 from django.db.models import F, Max
+
+from learner.checkpoint import CHECKPOINTS, PREFIX, list_checkpoints
 
 from . import live
 from .broker import enqueue_or_leave_to_reaper
@@ -23,6 +28,7 @@ from .models import Run, Span
 from .quotas import check_queue
 from .frames import status_frame
 
+log = logging.getLogger(__name__)
 DEFAULT_OUTPUT = "output"
 
 
@@ -64,6 +70,31 @@ def request_resume(run: Run) -> Run:
         raise ResumeRefused("the run changed meanwhile: reload it")
     run.refresh_from_db()
     return run
+
+
+def remove_half_written(run_dir: Path, config: dict) -> None:
+    """Temporary checkpoint directories a run killed while writing one (or a full disk) left."""
+    for stale in (run_dir / output_dir(config) / CHECKPOINTS).glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def commit_point(run: Run, run_dir: Path) -> None:
+    """Make the newest checkpoint the database acknowledged the newest on disk, so ``--resume``
+    continues from it: checkpoints written after it (by a learner that died before its report
+    was stored, e.g. one writing a boundary checkpoint after its SIGTERM) are removed, with the
+    half-written ones; their steps are trained again, so every step has its metrics and the
+    spans stay dense. If none of the acknowledged ones is left on disk (pruned by
+    ``train.keep_checkpoints``), the disk's own are kept: resuming from them beats failing."""
+    remove_half_written(run_dir, run.config)
+    on_disk = {int(path.name.removeprefix(PREFIX)): path for path in list_checkpoints(run_dir / output_dir(run.config))}
+    acknowledged = set(run.checkpoints.values_list("step", flat=True)) & set(on_disk)
+    if not acknowledged:
+        return
+    for step, path in on_disk.items():
+        if step > max(acknowledged):
+            log.warning("run %s: checkpoint of step %s was never recorded: removed, resuming from step %s",
+                        run.pk, step, max(acknowledged))
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def resume_arguments(run: Run, run_dir) -> list[str]:

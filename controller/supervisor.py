@@ -35,7 +35,7 @@ from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .runlog import LOG_NAME, count_lines
 from .models import Run
-from .resuming import output_dir, resume_arguments
+from .resuming import commit_point, output_dir, remove_half_written, resume_arguments
 from .server_paths import run_dir_escape
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ def supervise(run: Run) -> Run:
     if escape := run_dir_escape(config, run_dir):
         return finish_run(run.pk, Run.Status.FAILED, escape)
     if run.attempt:
+        commit_point(run, run_dir)
         command = [*settings.THUNDERSYNC_LEARNER_COMMAND, "train", *resume_arguments(run, run_dir), "--events", "-"]
     else:
         command = learner_command(config_path)
@@ -189,6 +190,7 @@ def supervise(run: Run) -> Run:
         finally:
             child.kill_group(timeout=10.0)  # leftovers of the group never outlive the run
             sweep_semaphores({child.pid})  # what a SIGKILLed group leaves in /dev/shm (learner/stopping.py)
+            remove_half_written(run_dir, config)  # a checkpoint the learner died writing (a full disk)
         child.wait_for_stderr(timeout=2.0)
         ingestor.publish_log()  # the last lines (a traceback) came after the last flush
         status, error = watch.outcome()

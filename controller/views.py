@@ -14,10 +14,10 @@ from learner.config import ConfigError
 
 from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .fairness import comparable_latest, config_diff
-from .forms import ExperimentForm, LaunchForm
-from .launching import launch_run, request_cancel
+from .forms import ComparisonForm, ExperimentForm, LaunchForm
+from .launching import launch_comparison, launch_run, request_cancel
 from .resuming import ResumeRefused, request_resume
-from .models import Experiment, Run, Schedule
+from .models import Comparison, Experiment, Run, Schedule
 from .quotas import LAUNCH_FIELDS, QuotaExceeded
 from .runlog import log_path, readable_log
 
@@ -55,7 +55,7 @@ def with_figures(runs: list[Run]) -> list[Run]:
     return runs
 
 
-def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
+def experiment_page(request, experiment: Experiment, launch_form: LaunchForm, comparison_form: ComparisonForm | None = None):
     runs = with_figures(list(experiment.runs.select_related("schedule")))
     latest, why_not = comparable_latest(runs, {r.pk: r.figures["steps_done"] for r in runs})
     context = {
@@ -65,8 +65,11 @@ def experiment_page(request, experiment: Experiment, launch_form: LaunchForm):
         "compare_latest_why_not": why_not,
         "schedules": Schedule.objects.visible_to(request.user),
         "launch_form": launch_form,
+        "comparison_form": comparison_form or ComparisonForm(user=request.user, experiment=experiment),
+        "comparisons": experiment.comparisons.all()[:10],
     }
-    return render(request, "experiment.html", context, status=400 if launch_form.errors else 200)
+    invalid = launch_form.errors or (comparison_form is not None and comparison_form.errors)
+    return render(request, "experiment.html", context, status=400 if invalid else 200)
 
 
 @login_required
@@ -75,23 +78,49 @@ def experiment(request, experiment_id: int):
     return experiment_page(request, found, LaunchForm(user=request.user))
 
 
+def try_launch(form, schedule_field: str, start):
+    """``start(cleaned_data)`` for a valid form, else None; a config or quota refusal becomes the
+    form's error (on the field it names)."""
+    if not form.is_valid():
+        return None
+    try:
+        return start(form.cleaned_data)
+    except ConfigError as err:
+        form.add_error(schedule_field, f"does not fit the experiment's config: {err}")
+    except QuotaExceeded as err:
+        field = LAUNCH_FIELDS.get(err.field)
+        form.add_error(field if field in form.fields else None, err.message)
+    return None
+
+
 @login_required
 @require_POST
 def launch(request, experiment_id: int):
     found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
     form = LaunchForm(request.POST, user=request.user)
-    if form.is_valid():
-        data = form.cleaned_data
-        try:
-            run = launch_run(found, data["schedule"], data["steps"], data["name"])
-        except ConfigError as err:
-            form.add_error("schedule", f"does not fit the experiment's config: {err}")
-        except QuotaExceeded as err:
-            field = LAUNCH_FIELDS.get(err.field)
-            form.add_error(field if field in form.fields else None, err.message)
-        else:
-            return redirect("run", run.pk)
-    return experiment_page(request, found, form)
+    run = try_launch(form, "schedule", lambda data: launch_run(found, data["schedule"], data["steps"], data["name"]))
+    return redirect("run", run.pk) if run else experiment_page(request, found, form)
+
+
+@login_required
+@require_POST
+def compare_schedules(request, experiment_id: int):
+    """One action: the experiment under each chosen schedule, same steps and seed, as one
+    comparison; then its compare page, live while the runs train."""
+    found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
+    form = ComparisonForm(request.POST, user=request.user, experiment=found)
+    comparison = try_launch(form, "schedules", lambda data: launch_comparison(
+        found, data["schedules"], data["steps"], data["name"]))
+    if comparison:
+        return redirect("comparison", comparison.pk)
+    return experiment_page(request, found, LaunchForm(user=request.user), form)
+
+
+@login_required
+def comparison(request, comparison_id: int):
+    found = get_object_or_404(Comparison, pk=comparison_id, experiment__owner=request.user)
+    chosen = list(owned_runs(request.user).filter(comparison=found).order_by("id"))
+    return render_compare(request, chosen, {r.pk for r in chosen}, "", 200, found)
 
 
 @login_required
@@ -166,6 +195,11 @@ def compare(request):
             error, status = f"runs: no run {', '.join(f'#{i}' for i in missing)} among yours", 404
         else:
             chosen = [found[i] for i in ids]
-    context = {"runs": chosen, "all_runs": mine, "asked": asked,
+    return render_compare(request, chosen, asked, error, status)
+
+
+def render_compare(request, chosen: list[Run], asked: set[int], error: str, status: int,
+                   comparison: Comparison | None = None):
+    context = {"runs": chosen, "all_runs": owned_runs(request.user), "asked": asked, "comparison": comparison,
                "config_diff": config_diff(chosen) if chosen else [], "error": error}
     return render(request, "compare.html", context, status=status)

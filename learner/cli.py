@@ -126,6 +126,7 @@ def cmd_train(args) -> int:
     stopping.install()  # SIGTERM/SIGINT: stop at a safe point (learner/stopping.py)
     stopping.tag_semaphores()
     stopping.sweep_semaphores()  # what runs killed with SIGKILL left in /dev/shm
+    stopping.start_janitor()  # and what this one leaves, once its group is gone
     booted, extra_sinks = None, []
     try:
         cfg = validated_config(args)

@@ -61,9 +61,13 @@ class ToolLatency(Strict):
     the distribution, so users can set the rollout/learner balance like a real agent's.
     """
 
-    distribution: Literal["lognormal", "constant", "none"] = "lognormal"
+    distribution: Literal["lognormal", "pareto", "constant", "none"] = "lognormal"
     median_s: float = Field(0.05, ge=0.0, le=600.0)
     sigma: float = Field(0.8, ge=0.0, le=5.0, description="lognormal shape; larger = longer tail")
+    alpha: float = Field(1.5, gt=1.0, le=20.0,
+                         description="pareto tail index: P(wait > x) ~ x^-alpha; nearer 1 = heavier tail")
+    max_s: float | None = Field(None, gt=0.0, le=3600.0,
+                                description="every draw is cut to this before scale (a harness's timeout)")
     scale: float = Field(1.0, ge=0.0, le=1000.0, description="multiplies every draw (the bench's --balance)")
 
 
@@ -95,6 +99,9 @@ class TaskConfig(Strict):
     reward: str = Field("exact-match", min_length=1, max_length=500,
                         description="math-verify | exact-match | regex | 'file.py:function' | 'module:function'")
     reward_pattern: str | None = Field(None, max_length=1000, description="regex reward: group 1 is the answer")
+    reward_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
+                                    description="a reward function still running after this fails its trajectory "
+                                                "(task.on_bad_data decides: the run fails, or it scores 0)")
     on_bad_data: Literal["error", "score-zero"] = Field(
         "error", description="bad row or failing reward: stop with an error naming row and field, or score 0 and count it")
     shuffle: bool = Field(True, description="reshuffle the training rows each epoch, from the run seed")
@@ -282,6 +289,10 @@ class LearnerConfig(Strict):
     early_work_share: float = Field(
         0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
                                            "share of the batch's estimated micro-batched learner work")
+    pack_rows: bool = Field(
+        False, description="pack several rows into each line of a learner micro-batch (position ids restarting "
+                           "per row, attention causal within a row) instead of right-padding every row to the "
+                           "longest (docs/learner.md)")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
@@ -403,6 +414,9 @@ class RunConfig(Strict):
             raise ValueError(f"rollout.speculation: drafts are verified against the next step's weights, which "
                              f"sync and streaming wait for; {self.train.schedule} samples ahead with older "
                              "weights already (turn speculation off)")
+        if self.rollout.speculation.enabled and self.learner.nodes:
+            raise ValueError("rollout.speculation: runs that span nodes (learner.nodes) place each group on a node's "
+                             "fleet by its rank; drafts are placed on one fleet's workers only (turn speculation off)")
         return self
 
     @model_validator(mode="after")

@@ -11,7 +11,9 @@ Semaphores: ``multiprocessing`` names its POSIX semaphores ``/dev/shm/sem.mp-<ra
 and a process group killed with SIGKILL (resource tracker included) leaves them behind.
 ``tag_semaphores`` puts this process's pid into the names (``sem.mp-ts<pid>-...``) so that
 whoever outlives the group (the supervisor, the next ``thundersync train``) can remove the
-ones whose owner is dead: ``sweep_semaphores``.
+ones whose owner is dead: ``sweep_semaphores``. ``start_janitor`` forks a watcher in a session
+of its own (outside the group, so a ``kill -9 -PGID`` misses it) that sweeps them as soon as
+the group is gone: /dev/shm is clean after every exit path, not only after the next run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import multiprocessing
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -90,3 +93,39 @@ def sweep_semaphores(pids: set[int] | None = None) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+JANITOR_GROUP_WAIT_S = 30.0  # how long the group's last members may outlive its leader
+
+
+def start_janitor() -> int:
+    """Fork the watcher described in the module doc; returns its pid (0 in the watcher, which
+    never returns). Call it early, while this process has one thread."""
+    leader = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        _janitor(leader)
+    finally:
+        os._exit(0)
+
+
+def _janitor(leader: int) -> None:
+    os.setsid()  # its own session and group: a signal to the run's group misses it
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)  # never keep the run's stdout pipe open (its reader waits for EOF)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    while os.getppid() == leader:  # the leader's death reparents this process
+        time.sleep(0.5)
+    deadline = time.monotonic() + JANITOR_GROUP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(leader, 0)  # rollout workers and the resource tracker of the group
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    sweep_semaphores()

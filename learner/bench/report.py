@@ -10,14 +10,17 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 COLORS = {"sync": "#7f7f7f", "sync-per-trajectory": "#c7c7c7", "async": "#1f77b4", "fully-async": "#9467bd",
-          "streaming": "#d62728"}
+          "streaming": "#d62728", "sync+spec": "#8c564b", "streaming+spec": "#ff7f0e"}
 TABLE = [("learner", "learner", "{}"), ("step_s (median)", "step_s", "{:.2f}"), ("min-max", None, None), ("R rollout_s", "rollout_s", "{:.2f}"),
-         ("L learner_s", "learner_s", "{:.2f}"), ("bound_s", "bound_s", "{:.2f}"), ("efficiency", "efficiency", "{:.2f}"),
-         ("efficiency vs per-step bound", "efficiency_per_step", "{:.2f}"),
+         ("L learner_s", "learner_s", "{:.2f}"), ("engine busy s", "engine_busy_s", "{:.2f}"),
+         ("learner work s", "learner_work_s", "{:.2f}"), ("bound_s", "bound_s", "{:.2f}"),
+         ("efficiency", "efficiency", "{:.2f}"),
          ("speedup vs sync", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
          ("trainer wait", "trainer_wait_ratio", "{:.1%}"),
          ("rollouter idle", "rollouter_idle_ratio", "{:.1%}"), ("staleness mean/max", None, None),
          ("first backward s", "first_backward_s", "{:.2f}"), ("tail_s", "tail_s", "{:.2f}"),
+         ("kept-token share", "kept_token_share", "{:.1%}"), ("whole-draft share", "whole_draft_share", "{:.1%}"),
+         ("engine busy share", "busy_share", "{:.1%}"),
          ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("backward ms (machine speed)", "backward_ms", "{:.1f}"),
          ("speedup vs sync at the same speed", "speedup_same_speed", "{:.2f}x"),
          ("simulated step_s (at that speed)", "simulated_step_s", "{:.2f}"),
@@ -55,7 +58,7 @@ def _step_figure(schedules: dict[str, dict[str, Any]]) -> go.Figure:
                                  name="simulated (the sync runs replayed at its machine speed)",
                                  marker={"symbol": "diamond", "size": 12, "color": "black"}))
     sync = schedules["sync"]
-    fig.add_hline(y=sync["bound_s"], line_dash="dash", annotation_text="bound max(R, L)")
+    fig.add_hline(y=sync["bound_s"], line_dash="dash", annotation_text="bound: least engine or learner work")
     fig.add_hline(y=sync["rollout_s"] + sync["learner_s"], line_dash="dot", annotation_text="R + L")
     fig.update_layout(title="Step time per schedule", yaxis_title="seconds per optimizer step", height=420)
     return fig
@@ -113,6 +116,19 @@ def _sweep_figure(points: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
+def _latency(lat: dict[str, Any]) -> str:
+    shape = f"alpha {lat['alpha']:g}" if lat["distribution"] == "pareto" else f"sigma {lat['sigma']:g}"
+    cut = f", cut at {lat['max_s']:g}s" if lat.get("max_s") is not None else ""
+    return f"{lat['distribution']} median {lat['median_s']:g}s, {shape}{cut}, scale {lat['scale']:.3g}"
+
+
+def _tail(t: dict[str, Any] | None) -> str:
+    if not t:
+        return ""
+    return (f" Trajectory time (sync runs, {t['trajectories']} trajectories): p50 {t['p50_s']:.2f}s, "
+            f"p99 {t['p99_s']:.2f}s, p99/p50 {t['p99_over_p50']:.1f}.")
+
+
 def _description(doc: dict[str, Any]) -> str:
     w, m = doc["workload"], doc.get("machine", {})
     lat = w["tool_latency"]
@@ -124,15 +140,16 @@ def _description(doc: dict[str, Any]) -> str:
         f"<p>Workload: {html.escape(str(w['model']))} on {html.escape(w['task'])}, {w['objective']} (kl_coef {w['kl_coef']:g}), "
         f"{w['prompts_per_step']} prompts x {w['group_size']} = {w['trajectories_per_step']} trajectories per step, "
         f"{w['steps_per_schedule']} steps per schedule ({w['warmup_steps']} warm-up dropped), seed {w['seed']}. "
-        f"Modelled tool latency: {lat['distribution']} median {lat['median_s']:g}s, sigma {lat['sigma']:g}, "
-        f"scale {lat['scale']:.3g}. Measured R = {w['rollout_s']:.2f}s, L = {w['learner_s']:.2f}s, "
-        f"R/L = {w['balance_measured']:.2f}{target}.</p>"
+        f"Modelled tool latency: {_latency(lat)}. Measured R = {w['rollout_s']:.2f}s, L = {w['learner_s']:.2f}s, "
+        f"R/L = {w['balance_measured']:.2f}{target}.{_tail(w.get('trajectory_time'))}</p>"
         f"<p>Machine: {m.get('cpus', '?')} cpus, learner on core {m.get('learner_core', '?')}, rollout on "
         f"{m.get('rollout_cores', '?')}, torch {html.escape(str(m.get('torch', '?')))}{load}.</p>"
         "<p>R: the sync run's median time from step start to the last reward (the rollout running alone); "
         "L: the sync run's median time from its first backward to the end of the step (the learner alone, "
         "every reward in hand). "
-        "bound = max(R, L); efficiency = bound / step time. See docs/bench.md.</p>"
+        "bound = max(least engine work, least learner work) per step over the rows (engine: generation, "
+        "tools' real time, verification; not the modelled waits); efficiency = bound / mean step, at most 1. "
+        "See docs/bench.md.</p>"
     )
 
 

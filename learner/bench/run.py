@@ -3,9 +3,11 @@
 `thundersync bench` trains the same model on the same task, seed and batch under each
 schedule (a fresh `thundersync train` process per schedule: learner pinned to one core,
 the rollout worker to another, so the overlap is real), drops the warm-up step and reports
-step time, the workload's rollout span R and learner time L, the bound max(R, L),
-efficiency, speedup vs sync, idle ratios, staleness, time after the last reward and peak
-learner RSS, beside the simulator's prediction from the recorded sync run. ``--balance X``
+step time, the workload's rollout span R and learner time L, the bound (the least engine and
+learner work per step of any row), efficiency, speedup vs sync, idle ratios, staleness, time
+after the last reward and peak learner RSS, beside the simulator's prediction from the
+recorded sync run; with speculation in the trainer also the rows sync+spec and
+streaming+spec. ``--workload longtail`` runs the long-tail agentic workload. ``--balance X``
 scales the modelled tool latency (the only modelled quantity) so that R = X * L;
 ``--sweep`` repeats the comparison over several R/L. Definitions: docs/bench.md.
 """
@@ -27,22 +29,24 @@ import yaml
 
 from learner.bench.arrival import streaming_ceiling
 from learner.bench.measure import (
-    BenchError, Calibration, calibrate, compare, drain_steps, load_events, step_timeline, summarize,
+    BenchError, Calibration, calibrate, compare, drain_steps, load_events, measured_steps, step_timeline, summarize,
 )
 from learner.bench.plan import QUICK_BUDGET_S, RunCost, plan_steps, refine_run_steps, run_cost, step_estimates
+from learner.bench.rows import (
+    REFERENCE_ROWS, bench_rows, row_config, row_of, speculation_factors, speculation_metrics,
+)
+from learner.bench.table import summary_text
+from learner.bench.workload import WORKLOADS, tail_summary
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "bench.yaml"
 QUICK_STEPS = 6  # one warm-up step + five measured ones
 QUICK_CALIBRATION_STEPS = 3  # a warm-up step + two measured ones (the first calibration run)
 SWEEP_BALANCES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_SCALE = 1000.0  # ToolLatency.scale's upper limit
 MIN_REFINE_SCALE = 0.05  # below this the tool waits are too short to re-measure the scale from
 PROG = "thundersync bench"
-# Rows that are not schedules: (schedule, learner.path). The earlier learner, one forward+backward
-# per trajectory, kept as a reference beside the best sync (docs/bench.md).
-REFERENCE_ROWS = {"sync-per-trajectory": ("sync", "per-trajectory")}
+RUN_TIMEOUT_S = 3600.0  # one `thundersync train` run; the longest full bench run takes a few minutes
 
 
 def _balances(text: str) -> list[float]:
@@ -52,15 +56,20 @@ def _balances(text: str) -> list[float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="workload: a run config [configs/bench.yaml]")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--workload", choices=tuple(WORKLOADS), default="default",
+                        help="default: configs/bench.yaml at R = L; longtail: configs/bench-longtail.yaml, "
+                        "heavy-tailed tool latency at its own scale [default]")
+    source.add_argument("--config", help="workload: a run config (calibrated to --balance, default 1)")
     parser.add_argument("--schedules", type=schedule_list, default=list(SCHEDULES), metavar="LIST",
                         help=f"comma list; sync always runs as the baseline [{','.join(SCHEDULES)}]")
     parser.add_argument("--steps", type=number(int, 2), help="optimizer steps per schedule, warm-up included "
                         f"[train.steps of the config; {QUICK_STEPS} with --quick]")
     parser.add_argument("--warmup", type=number(int, 0), default=1, help="first steps left out [1]")
     knob = parser.add_mutually_exclusive_group()
-    knob.add_argument("--balance", type=number(float, 0.0, strict=True), default=1.0, metavar="X",
-                      help="target R/L: tool-latency scale calibrated so rollout R = X * learner L [1]")
+    knob.add_argument("--balance", type=number(float, 0.0, strict=True), metavar="X",
+                      help="target R/L: tool-latency scale calibrated so rollout R = X * learner L "
+                      "[1; longtail: none, the config's scale]")
     knob.add_argument("--scale", type=number(float, 0.0), metavar="S",
                       help="use this tool-latency scale as is (no calibration run)")
     parser.add_argument("--rounds", type=number(int, 1), default=2, metavar="N",
@@ -73,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"[{','.join(map(str, SWEEP_BALANCES))}], simulated beside")
     parser.add_argument("--sweep-schedules", type=schedule_list, default=["streaming"], metavar="LIST",
                         help="schedules of each sweep point, sync always runs [streaming]")
+    parser.add_argument("--no-speculation", dest="speculation", action="store_false",
+                        help="leave out the sync+spec and streaming+spec rows")
     parser.add_argument("--json", metavar="FILE", help='write {"schedules": {...}, "workload": {...}, "machine": {...}}')
     parser.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")
     parser.add_argument("--events-dir", metavar="DIR", help="keep every run's config and JSONL events here")
@@ -89,12 +100,8 @@ class Runner:
         self.costs: list[RunCost] = []  # wall time and step times of each run, in order
 
     def config(self, row: str) -> RunConfig:
-        """The run config of a bench row: a schedule with its best learner, or a reference row."""
-        schedule, path = REFERENCE_ROWS.get(row, (row, "auto"))
-        cfg = self.cfg.model_copy(deep=True)
-        cfg.train.schedule = schedule
-        cfg.learner.path = path
-        return cfg
+        """The run config of a bench row (``learner/bench/rows.py``)."""
+        return row_config(self.cfg, row)
 
     def train(self, label: str, row: str, steps: int, scale: float) -> list[dict[str, Any]]:
         cfg = self.config(row)
@@ -106,13 +113,17 @@ class Runner:
         events_path = self.workdir / f"{label}.jsonl"
         config_path.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         learner = "deterministic" if cfg.deterministic_learner() else cfg.learner_path()
-        print(f"{PROG}: {label}: {schedule} ({learner} learner), {steps} steps, tool-latency scale "
+        spec = ", speculation" if row_of(row).speculation else ""
+        print(f"{PROG}: {label}: {schedule} ({learner} learner{spec}), {steps} steps, tool-latency scale "
               f"{scale:.3g} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "learner.cli", "train", "--config", str(config_path), "--events", str(events_path),
-             "--quiet"], capture_output=True, text=True,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "learner.cli", "train", "--config", str(config_path), "--events",
+                 str(events_path), "--quiet"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{label}: thundersync train still running after {RUN_TIMEOUT_S:.0f} s") from None
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise BenchError(f"{label}: thundersync train exited {proc.returncode}: {last}")
@@ -180,29 +191,36 @@ def alternating(arms: list, rounds: int):
             yield r, arm
 
 
-def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: int, warmup: int,
-                      scale: float, rounds: int, reference: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure every schedule at one scale, ``rounds`` times in alternating order (sync first,
-    then last, ...): a shared machine's speed drifts over minutes, and alternating puts the
-    drift on every schedule alike. Per-schedule results (steps pooled) and the simulation.
-    ``reference``: also the ``sync-per-trajectory`` row."""
-    order = list(dict.fromkeys(["sync", *(REFERENCE_ROWS if reference else []), *schedules]))
-    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in order}
-    for r, name in alternating(order, rounds):
-        drain = drain_steps(name, runner.cfg.train.max_staleness)
+def compare_schedules(runner: Runner, label: str, rows: list[str], steps: int, warmup: int,
+                      scale: float, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure every row (``learner/bench/rows.py``; sync first) at one scale, ``rounds`` times in
+    alternating order (sync first, then last, ...): a shared machine's speed drifts over minutes,
+    and alternating puts the drift on every row alike. Per-row results (steps pooled) and the
+    simulation."""
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in rows}
+    for r, name in alternating(rows, rounds):
+        drain = drain_steps(row_of(name).schedule, runner.cfg.train.max_staleness)
         run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
         runs[name].append(runner.train(run_label, name, steps + drain, scale))
-    summaries = {name: summarize(runs[name], warmup, end=steps) for name in order}
-    results = compare(summaries, alone=set(REFERENCE_ROWS))
+    summaries = {name: summarize(runs[name], warmup, end=steps) for name in rows}
+    results = compare(summaries, alone={name for name in rows if row_of(name).alone})
     for name, r in results.items():
         r["learner"] = runner.config(name).learner_path()
+        r.update(speculation_metrics([v for events in runs[name] for v in measured_steps(events, warmup, steps)]))
     if "streaming" in results:  # what the sync runs' arrival times leave it (docs/bench.md)
         results["streaming"].update(streaming_ceiling(runs["sync"], runs["streaming"], warmup, steps,
                                                       runner.config("streaming").learner.max_open_groups,
                                                       results["streaming"]["bound_s"]))
+    results["sync"]["trajectory_time"] = tail_summary(runs["sync"], warmup, steps)
+    return results, replay(runs, results, warmup)
+
+
+def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """The sync recordings replayed by the simulator, as they ran and at each schedule's machine
+    speed (the latter written into ``results``); the simulation per schedule."""
     from learner.sim.workload import SimInputError
 
-    try:  # the sync recordings replayed: as they ran, and at each schedule's machine speed
+    try:
         pooled = sync_workload(runs["sync"], warmup)
         sim, own = simulated(pooled, list(results), warmup), at_own_speed(pooled, results, warmup)
     except (SimInputError, ValueError) as err:
@@ -216,7 +234,7 @@ def compare_schedules(runner: Runner, label: str, schedules: list[str], steps: i
             r["simulated_error"] = own[name]["step_s"] / r["step_s"] - 1.0
             sync_at_speed = own[name]["sync_step_s"]
             r["speedup_same_speed"] = sync_at_speed / r["step_s"] if sync_at_speed is not None else None
-    return results, sim
+    return sim
 
 
 # ---------------------------------------------------------------- report
@@ -248,41 +266,13 @@ def workload_info(cfg: RunConfig, steps: int, warmup: int, rounds: int, scale: f
         "steps_per_schedule": steps, "warmup_steps": warmup, "rounds": rounds,
         "drain_steps": {s: drain_steps(s, cfg.train.max_staleness) for s in SCHEDULES},
         "tool_latency": {"distribution": lat.distribution, "median_s": lat.median_s, "sigma": lat.sigma,
-                         "scale": scale, "modelled": True},
+                         "alpha": lat.alpha, "max_s": lat.max_s, "scale": scale, "modelled": True},
         "balance_target": balance,
         "balance_measured": sync["rollout_s"] / sync["learner_s"],
         "rollout_s": sync["rollout_s"], "learner_s": sync["learner_s"],
         "rollout_s_predicted": calibration.rollout_at(scale) if calibration else None,
         "calibration": calibration.as_dict() if calibration else None,
     }
-
-
-COLUMNS = [("learner", "learner", "{}"), ("step_s", "step_s", "{:.2f}"), ("spread", None, None), ("R", "rollout_s", "{:.2f}"),
-           ("L", "learner_s", "{:.2f}"), ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
-           ("eff/step", "efficiency_per_step", "{:.2f}"),
-           ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
-           ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
-           ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
-           ("rss_mb", "peak_rss_mb", "{:.0f}"), ("bwd ms", "backward_ms", "{:.1f}"),
-           ("same-speed speedup", "speedup_same_speed", "{:.2f}x"), ("sim step_s", "simulated_step_s", "{:.2f}")]
-
-
-def format_table(results: dict[str, dict[str, Any]]) -> str:
-    rows = [["schedule", *(c[0] for c in COLUMNS)]]
-    for name, r in results.items():
-        row = [name]
-        for title, key, fmt in COLUMNS:
-            if title == "spread":
-                row.append(f"{r['step_s_min']:.2f}-{r['step_s_max']:.2f}")
-            elif title == "stale":
-                row.append(f"{r['staleness_mean']:.2f}/{r['staleness_max']}")
-            else:
-                row.append(fmt.format(r[key]) if r.get(key) is not None else "-")
-        rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- command
@@ -293,8 +283,21 @@ def _error(message: str) -> int:
     return 2
 
 
+def resolve_knob(args: argparse.Namespace, cfg: RunConfig) -> None:
+    """What sets the tool-latency scale: a given ``--scale``, a ``--balance`` to calibrate to, or,
+    for a workload without a default balance (longtail) and neither flag nor ``--sweep``, the
+    config's own scale (its latency model as written)."""
+    if args.scale is not None or args.balance is not None:
+        return
+    default = 1.0 if args.config else WORKLOADS[args.workload].balance
+    if default is None and not args.sweep:
+        args.scale = cfg.task.tool_latency.scale
+    else:
+        args.balance = default or 1.0
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config)  # ConfigError: the CLI prints it and exits 2
+    cfg = load_config(args.config or WORKLOADS[args.workload].config)  # ConfigError: the CLI prints it, exits 2
     started = time.monotonic()
     steps = args.steps or (QUICK_STEPS if args.quick else cfg.train.steps)
     if steps <= args.warmup:
@@ -305,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
         path = getattr(args, flag)
         if path and not Path(path).resolve().parent.is_dir():
             return _error(f"--{flag}: directory of {path} does not exist")
+    resolve_knob(args, cfg)
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="thundersync-bench-") as tmp:
         workdir = Path(args.events_dir or tmp)
@@ -316,11 +320,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     machine["load_avg_end"] = list(os.getloadavg())
     doc["machine"] = machine
-    print(format_table(doc["schedules"]))
-    w = doc["workload"]
-    print(f"workload: {w['trajectories_per_step']} trajectories/step, tool-latency scale {w['tool_latency']['scale']:.3g}, "
-          f"R/L = {w['balance_measured']:.2f} (target {w['balance_target']}); load avg "
-          f"{machine['load_avg_start'][0]:.1f} -> {machine['load_avg_end'][0]:.1f} on {machine['cpus']} cpus")
+    print(summary_text(doc))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     if args.html:
@@ -331,36 +331,44 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench(runner: Runner, cfg: RunConfig, args: argparse.Namespace, steps: int, started: float) -> dict[str, Any]:
-    warmup, calibration = args.warmup, None
-    if args.scale is None:
-        # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
-        # sampling seeds are fixed per trajectory id), so its steps hold the very trajectories
-        # the measured runs will have, only their waits differ
-        cal_steps = calibration_steps(args, steps)
-        events = runner.train("calibration", "sync", cal_steps, 1.0)
-        calibration = calibrate(events, warmup, 1.0)
-        # the model holds generation and queueing behind generate calls fixed, which they are
-        # not quite once tool waits change who shares a call: a second sync run at the first
-        # estimate measures them where the bench will run, and the estimate is refined from it
-        first = calibration.scale_for(args.balance, MAX_SCALE)
-        if first >= MIN_REFINE_SCALE:
-            sync_step_s = calibration.rollout_at(first) + calibration.learner_s
-            refine_steps = refine_run_steps(cal_steps, steps, runner.costs[-1].fixed_s, sync_step_s)
-            events = runner.train("calibration-2", "sync", refine_steps, first)
-            calibration = calibrate(events, warmup, first)
+    warmup = args.warmup
+    calibration = calibrate_scale(runner, args, steps) if args.scale is None else None
     scale = args.scale if args.scale is not None else calibration.scale_for(args.balance, MAX_SCALE)
-    if calibration and args.quick and not args.steps and not args.sweep:
-        steps = quick_steps(runner, args, calibration, scale, time.monotonic() - started)
-    results, sim = compare_schedules(runner, "main", args.schedules, steps, warmup, scale, args.rounds, reference=True)
+    if args.quick and not args.steps and not args.sweep:
+        if calibration is None and scale > 0:  # a given scale: one short sync run measures the machine
+            calibration = calibrate(runner.train("probe", "sync", calibration_steps(args, steps), scale), warmup, scale)
+        if calibration is not None:
+            steps = quick_steps(runner, args, calibration, scale, time.monotonic() - started)
+    rows = bench_rows(args.schedules, reference=True, speculation=args.speculation)
+    results, sim = compare_schedules(runner, "main", rows, steps, warmup, scale, args.rounds)
     balance = None if args.scale is not None else args.balance
-    doc = {
-        "schedules": {name: results[name] for name in dict.fromkeys(["sync", *REFERENCE_ROWS, *args.schedules])},
-        "simulated": sim,
-        "workload": workload_info(cfg, steps, warmup, args.rounds, scale, balance, calibration, results["sync"]),
-    }
+    workload = workload_info(cfg, steps, warmup, args.rounds, scale, balance, calibration, results["sync"])
+    workload.update(name=args.workload if not args.config else None, trajectory_time=results["sync"].pop("trajectory_time"))
+    doc = {"schedules": {name: results[name] for name in rows}, "simulated": sim, "workload": workload,
+           "speculation": speculation_factors(results)}
     if args.sweep:
         doc["sweep"] = sweep(runner, args, steps, calibration, main=(args.balance, results, sim))
     return doc
+
+
+def calibrate_scale(runner: Runner, args: argparse.Namespace, steps: int) -> Calibration:
+    """R as a function of the tool-latency scale, from one or two sync runs (docs/bench.md)."""
+    # the same sync workload at scale 1: tool latency changes no sampled token (tasks and
+    # sampling seeds are fixed per trajectory id), so its steps hold the very trajectories
+    # the measured runs will have, only their waits differ
+    cal_steps = calibration_steps(args, steps)
+    events = runner.train("calibration", "sync", cal_steps, 1.0)
+    calibration = calibrate(events, args.warmup, 1.0)
+    # the model holds generation and queueing behind generate calls fixed, which they are
+    # not quite once tool waits change who shares a call: a second sync run at the first
+    # estimate measures them where the bench will run, and the estimate is refined from it
+    first = calibration.scale_for(args.balance, MAX_SCALE)
+    if first >= MIN_REFINE_SCALE:
+        sync_step_s = calibration.rollout_at(first) + calibration.learner_s
+        refine_steps = refine_run_steps(cal_steps, steps, runner.costs[-1].fixed_s, sync_step_s)
+        events = runner.train("calibration-2", "sync", refine_steps, first)
+        calibration = calibrate(events, args.warmup, first)
+    return calibration
 
 
 def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibration, scale: float,
@@ -368,11 +376,11 @@ def quick_steps(runner: Runner, args: argparse.Namespace, calibration: Calibrati
     """Steps per run that fit what is left of --quick's budget, planned from the last
     calibration run (the machine as it is now; bench/plan.py)."""
     cost = runner.costs[-1]
-    order = list(dict.fromkeys(["sync", *REFERENCE_ROWS, *args.schedules]))
+    order = bench_rows(args.schedules, reference=True, speculation=args.speculation)
     estimates = step_estimates(order, cost.steady_step_s, calibration.rollout_at(scale), calibration.learner_s)
     for name in REFERENCE_ROWS:  # a sync whose learner takes about twice the micro-batched L (docs/learner.md)
         estimates[name] = cost.steady_step_s + calibration.learner_s
-    drains = {name: drain_steps(name, runner.cfg.train.max_staleness) for name in order}
+    drains = {name: drain_steps(row_of(name).schedule, runner.cfg.train.max_staleness) for name in order}
     steps, total = plan_steps(QUICK_BUDGET_S - elapsed_s, cost.fixed_s, estimates, drains, args.rounds,
                               most=QUICK_STEPS, least=args.warmup + 2)
     print(f"{PROG}: --quick: {steps} steps per run, estimated to end {elapsed_s + total:.0f} s after the start "
@@ -397,8 +405,8 @@ def sweep(runner: Runner, args: argparse.Namespace, steps: int, calibration: Cal
         if balance == main[0]:
             results, sim = main[1], main[2]
         else:
-            results, sim = compare_schedules(runner, f"sweep-{balance:g}", args.sweep_schedules, steps, args.warmup,
-                                             scale, args.rounds)
+            results, sim = compare_schedules(runner, f"sweep-{balance:g}", bench_rows(args.sweep_schedules, False, False),
+                                             steps, args.warmup, scale, args.rounds)
         sync = results["sync"]
         points.append({
             "balance_target": balance, "scale": scale, "balance_measured": sync["rollout_s"] / sync["learner_s"],

@@ -33,6 +33,7 @@ from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer, ResumePoint, continue_after_setup, restore, weights_loader
 from learner.driver.rollouts import Rollouts
+from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
 from learner.lora import grad_buffer_mb, save_policy
@@ -67,7 +68,8 @@ class Trainer:
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
         nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
-        self.sink.emit(started_event(self.cfg, self.parts, len(booted.cmd_qs) * nodes, self.now()))
+        self.workers = len(booted.cmd_qs) * nodes
+        self.sink.emit(started_event(self.cfg, self.parts, self.workers, self.now()))
 
     def learn(self, items: list[Trajectory | ScoredTurn]) -> None:
         """Hand the learner everything waiting; it decides how to batch it (docs/learner.md)."""
@@ -94,6 +96,9 @@ class Trainer:
         spans, waits = self.recorder.window(rec.t_start, t_end, rec.trajs)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule.name, memory_mb(self.parts, rec))
         values.update(run_metrics(self.parts, rec, spans, t_end))
+        values[Metric.ROLLOUT_BUSY_SHARE] = busy_share(spans, rec.t_start, t_end, self.workers)
+        if self.cfg.rollout.speculation.enabled:
+            values.update(speculation_metrics(rec.trajs, spans, rec.t_start, t_end))
         self.sink.emit(StepMetrics(rec.step, values))
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:

@@ -20,11 +20,21 @@ class Rollouts:
         self.next_traj = 0
         self.next_group = 0
         self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
+        self.planned: dict[int, list[WorkItem]] = {}  # later dispatch batches already handed out as drafts
 
     def new_groups(self, n: int, step: int, version: int) -> list[int]:
         """Dispatch ``n`` groups of ``group_size`` trajectories on one prompt each, for dispatch
         batch ``step`` (-1: fully-async, assigned when a step takes the group)."""
-        G, items, groups = self.cfg.train.group_size, [], []
+        items = self.planned.pop(step, None) or self._items(n)
+        if step >= 0:
+            self.dispatch_versions[step] = version
+        self.fleet.dispatch(step, items)
+        return list(dict.fromkeys(item.group for item in items))
+
+    def _items(self, n: int) -> list[WorkItem]:
+        """The next ``n`` groups' items: ids and seeds in dispatch order, each prompt a function of
+        (run seed, group), so a later batch's items are known before it is dispatched."""
+        G, items = self.cfg.train.group_size, []
         for _ in range(n):
             g = self.next_group
             self.next_group += 1
@@ -32,11 +42,16 @@ class Rollouts:
             for _ in range(G):
                 items.append(WorkItem(self.next_traj, g, task, self.cfg.seed * 10_000_019 + self.next_traj))
                 self.next_traj += 1
-            groups.append(g)
-        if step >= 0:
-            self.dispatch_versions[step] = version
-        self.fleet.dispatch(step, items)
-        return groups
+        return items
+
+    def draft_ahead(self, step: int) -> None:
+        """``rollout.speculation``: batch ``step`` was dispatched; the next ``lookahead`` batches go to
+        the fleet as drafts (each once), with the items their dispatch will have (docs/speculation.md)."""
+        spec, t = self.cfg.rollout.speculation, self.cfg.train
+        for later in range(step + 1, min(step + 1 + spec.lookahead, t.steps) if spec.enabled else 0):
+            if later not in self.planned:
+                self.planned[later] = self._items(t.prompts_per_step)
+                self.fleet.draft(later, self.planned[later])
 
     def receive(self, timeout: float | None = None, on_idle=None) -> Trajectory | ScoredTurn:
         """Next trajectory or scored turn from the fleet; spans are emitted on the way.

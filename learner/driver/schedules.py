@@ -91,6 +91,7 @@ class BatchSchedule:
             if batch > 0 and self.off_policy:
                 run.rollouts.ensure_version(version)  # replicas are idle now: they take those weights
             self.batch_groups[batch] = run.rollouts.new_groups(self.prompts, batch, version)
+            run.rollouts.draft_ahead(batch)  # rollout.speculation: the next batches, drafted meanwhile
             run.checkpoints.dispatched(batch)
 
     def collect(self, run: Driver) -> list[Trajectory | ScoredTurn]:

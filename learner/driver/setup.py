@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from learner.config import RunConfig
+from learner.config import ConfigError, RunConfig
 from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.distributed.placed_fleet import PlacedFleet
@@ -24,6 +24,7 @@ from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
 from learner.rollout.env import Environment
+from learner.rollout.drafts import speculation_refused
 from learner.rollout.tasks import make_env
 from learner.rollout.fleet import Fleet
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
@@ -96,6 +97,8 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
             OptimizerStep(optimizer, cfg.train.grad_clip))
     try:
         env = make_env(cfg.task)
+        if cfg.rollout.speculation.enabled and (refused := speculation_refused(env)):
+            raise ConfigError(refused)
         evaluator = (Evaluator(cfg, env, model, tokenizer, turn_stop_ids(tokenizer, policy_dir))
                      if cfg.train.eval_every else None)
         store = WeightStore(publish_view(model), counters=booted.counters)

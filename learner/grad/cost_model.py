@@ -114,11 +114,15 @@ class EarlyWorkBudget:
 
     def pays(self, premium_s: float, waiting_s: float, now: float | None = None) -> bool:
         """Early work costing ``premium_s`` beyond sync's, while ``waiting_s`` of known-row work waits."""
-        if not self.costs.known:
-            return False  # nothing measured yet: the micro-batched way, which is never worse than sync
-        if self.spent_s + premium_s > self.allowance_s():
+        if not self.within(premium_s):
             return False
         return self.remaining_rollout_s(now) <= waiting_s
+
+    def within(self, premium_s: float) -> bool:
+        """Something measured, and ``premium_s`` more stays within the batch's allowance."""
+        if not self.costs.known:
+            return False  # nothing measured yet: the micro-batched way, which is never worse than sync
+        return self.spent_s + premium_s <= self.allowance_s()
 
     def spend(self, premium_s: float) -> None:
         self.spent_s += premium_s
@@ -158,11 +162,19 @@ class DrainPolicy:
         budget.spend(premium_s)
         return True
 
-    def partial_pays(self, budget: EarlyWorkBudget, slots: int, row_slots: int, waiting_slots: int) -> bool:
-        """A known micro-batch of ``slots`` padded slots (``row_slots`` of them real) before it is full:
-        its premium is one more backward's fixed cost and its padding."""
-        premium = self.costs.known_s(slots) - self.costs.known_s(row_slots) + self.costs.fixed_s
-        return self._decide(budget, premium, waiting_slots)
+    def partial_pays(self, budget: EarlyWorkBudget, slots: int) -> bool:
+        """Known rows of ``slots`` token slots that do not fill a micro-batch: learnt now, they cost
+        one more backward's fixed cost than in a full one, and nothing else (their rows would take
+        the same per-slot work later). That pays where it is at most ``share`` of their own work and
+        fits in the batch's allowance: groups close in waves, so rows left for a full micro-batch
+        would otherwise wait for the end of the rollout."""
+        if self.name != "cost-aware":
+            return self.eager
+        premium = self.costs.fixed_s
+        if not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
+            return False
+        budget.spend(premium)
+        return True
 
     def open_pays(self, budget: EarlyWorkBudget, slots: int, row_slots: int, waiting_slots: int) -> bool:
         """An open group's bucket: ``open_ratio`` times a known micro-batch of its size, beyond the

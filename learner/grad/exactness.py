@@ -22,7 +22,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
 from learner.grad.cost_model import DRAIN_POLICIES
@@ -30,28 +29,12 @@ from learner.grad.deterministic import on_policy_learner
 from learner.grad.learner_common import LEARNER_PATHS, LearnerOptions
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
 from learner.grad.reference import reference_gradient
-from learner.rollout.models import widen_norms
+from learner.grad.speculation_exactness import print_cases, speculation_cases
+from learner.grad.tiny_models import INIT_STD, VOCAB, tiny_llama  # noqa: F401  (the tests' models, re-exported)
 from learner.trajectory import ScoredTurn, Trajectory
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
-VOCAB = 32
-# Weight init std of the test models. HF's default 0.02 makes every next-token distribution
-# nearly uniform, where the entropy and KL gradients are mostly cancellation (log p + H ≈ 0) and
-# any two float32 evaluation orders differ by up to ~1e-6 (measured max 8.9e-7 in 180 cases);
-# 0.1 gives peaked distributions, like a trained LM's (max 3.9e-7 in 540 cases).
-INIT_STD = 0.1
 REWARD_KINDS = ("binary", "continuous", "offset", "equal")
-
-
-def tiny_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
-    """A random 2-layer Llama (vocab 32, hidden 16) in ``dtype``, truly float64 when asked, in eval mode."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, attn_implementation="sdpa",
-        initializer_range=INIT_STD,
-    )
-    return widen_norms(LlamaForCausalLM(config).to(dtype).eval())
 
 
 def random_rewards(rng: random.Random, size: int, kind: str) -> list[float]:
@@ -175,12 +158,13 @@ class CaseSpec:
     deterministic: bool = False  # learner.deterministic (the arrivals of ``learner``: adaptive's)
     # adaptive: early work always (the policy's decisions forced to "it pays"), never, or as measured
     drain: str = "finished-groups-first"
+    pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
-               ("" if self.drain == "finished-groups-first" else f"/{self.drain}")
+               ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -212,7 +196,7 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
                              max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator,
                              deterministic=spec.deterministic,
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
-                             drain_policy=spec.drain)
+                             drain_policy=spec.drain, pack_rows=spec.pack)
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
@@ -222,6 +206,7 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
+        "pack_rows": spec.pack,
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
         "micro_batches": stats["micro_batches"],
@@ -236,7 +221,8 @@ def case_specs() -> list[CaseSpec]:
     """Conventions × every learner path, and streaming's deterministic learner; K ∈ {0, 1, 2,
     unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
     the adaptive drain's early work forced never (closed-groups) and always (finished-groups-first,
-    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited};
+    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited}; rows
+    packed into micro-batch lines (micro-batched and adaptive, every convention);
     GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
     combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
@@ -250,6 +236,8 @@ def case_specs() -> list[CaseSpec]:
                   for learner in LEARNER_PATHS for aux in ("off", "on")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain=drain)
                   for drain in DRAIN_POLICIES[1:] + DRAIN_POLICIES[:1] for cap in (0, 2, None) for aux in ("off", "on")]
+        specs += [CaseSpec(o, m, s, dtype, learner, pack=True) for o, m, s in combos
+                  for learner in ("micro-batched", "adaptive")]
         specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, "device", aux, True, True)
                   for aux in ("off", "on")]
@@ -266,8 +254,9 @@ def main(json_out: bool = False) -> int:
     """Print the cases (JSON ``{"cases": [...]}`` or a table); 0 only if every case passes."""
     torch.set_num_threads(1)  # tiny models: more threads only contend (and on a shared box, badly)
     cases = run_cases()
+    drafts = speculation_cases()  # keyed verification vs direct sampling (docs/speculation.md)
     if json_out:
-        print(json.dumps({"cases": cases}))
+        print(json.dumps({"cases": cases, "speculation": drafts}))
     else:
         print(f"{'objective':9} {'loss_agg_mode':24} {'std':10} {'dtype':8} {'learner':14} {'K':>4} "
               f"{'acc':6} {'rel_error':>10} {'tol':>7}  ok")
@@ -283,7 +272,8 @@ def main(json_out: bool = False) -> int:
                 worst = max(c["rel_error"] for c in cases if c["dtype"] == dtype and c["objective"] == objective)
                 print(f"max rel_error {dtype} {objective}: {worst:.2e}")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
-    return 0 if all(c["passed"] for c in cases) else 1
+        print_cases(drafts)
+    return 0 if all(c["passed"] for c in cases + drafts) else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
 from learner.grad.accumulator import GradAccumulator
 from learner.grad.fixed_point import FixedPointSum
 from learner.grad.microbatch import Row
+from learner.grad.packing import Layout
 from learner.grad.objectives import advantages, check_algorithm
 from learner.timeline import Kind
 from learner.trajectory import Trajectory
@@ -41,6 +42,7 @@ class LearnerOptions:
     speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
     drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/cost_model.py)
     early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
+    pack_rows: bool = False  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -52,7 +54,7 @@ class LearnerOptions:
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
                    deterministic=cfg.deterministic_learner(),
                    speculate_zero_variance=cfg.speculate_zero_variance(), drain_policy=cfg.learner.drain_policy,
-                   early_work_share=cfg.learner.early_work_share)
+                   early_work_share=cfg.learner.early_work_share, pack_rows=cfg.learner.pack_rows)
 
     @property
     def min_stream_tokens(self) -> int:
@@ -171,14 +173,14 @@ class LogprobLedger:
         return taken
 
 
-def report_micro_batch(state, rows: list[Row], t0: float, t1: float, on_phase: PhaseCallback | None) -> None:
+def report_micro_batch(state, rows: list[Row], grid: Layout, t0: float, t1: float,
+                       on_phase: PhaseCallback | None) -> None:
     """Count a micro-batch (and its padded token slots) and report it as one equal share of its
     interval per row."""
     state.micro_batches += 1
     state.rows += len(rows)
-    width = max(len(r.ids) for r in rows)
-    state.token_slots += len(rows) * width  # right-padded to the longest row (learner/grad/microbatch.py)
-    state.padded_slots += sum(width - len(r.ids) for r in rows)
+    state.token_slots += grid.slots  # lines × longest row (learner/grad/packing.py)
+    state.padded_slots += grid.padded_slots
     state.backward_s += t1 - t0
     if on_phase:
         share = (t1 - t0) / len(rows)

@@ -34,6 +34,7 @@ from learner.grad.objectives import (
     pg_token_loss,
     token_logprobs,
 )
+from learner.grad.packing import Layout, layout
 from learner.trajectory import ScoredTurn, Trajectory
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -135,66 +136,100 @@ def opd_row(turns: Sequence[ScoredTurn]) -> Row:
 # ---------------------------------------------------------------- planning and padding
 
 
-def plan_micro_batches(rows: Sequence[Row], budget: int) -> list[list[Row]]:
-    """Longest first, each micro-batch as many rows as fit rows × longest ≤ ``budget`` (at least one)."""
-    batches: list[list[Row]] = []
-    for row in sorted(rows, key=lambda r: -len(r.ids)):
-        if batches and (len(batches[-1]) + 1) * len(batches[-1][0].ids) <= budget:
-            batches[-1].append(row)
+class MicroBatchRows(list):
+    """The rows of one planned micro-batch; packed: in line order, with the width of its lines."""
+
+    def __init__(self, rows: Sequence[Row] = (), line_width: int | None = None):
+        super().__init__(rows)
+        self.line_width = line_width
+
+
+def plan_micro_batches(rows: Sequence[Row], budget: int, pack: bool = False) -> list[MicroBatchRows]:
+    """Longest first, each micro-batch as many rows as fit rows × longest ≤ ``budget`` (at least
+    one). ``pack``: every row first-fit into lines as wide as the longest row of all (short rows
+    fill the room long ones leave), ⌊budget / width⌋ lines per micro-batch (at least one); the
+    padded plan where that has fewer token slots (a small budget, where padded micro-batches of
+    short rows are narrower)."""
+    ordered = sorted(rows, key=lambda r: -len(r.ids))
+    padded: list[MicroBatchRows] = []
+    for row in ordered:
+        if padded and (len(padded[-1]) + 1) * len(padded[-1][0].ids) <= budget:
+            padded[-1].append(row)
         else:
-            batches.append([row])
-    return batches
-
-
-def _padded(rows: Sequence[Row], values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    width = max(len(r.ids) for r in rows)
-    flat = []
-    for r, v in zip(rows, values):
-        flat += list(v) + [0] * (width - len(r.ids))
-    if dtype == torch.long:
-        return torch.frombuffer(array.array("q", flat), dtype=torch.long).view(len(rows), width).to(device)
-    return torch.tensor(flat, dtype=dtype, device=device).view(len(rows), width)
+            padded.append(MicroBatchRows([row]))
+    if not (pack and ordered):
+        return padded
+    width = len(ordered[0].ids)
+    grid = layout([len(r.ids) for r in ordered], width)
+    if grid.slots >= sum(len(part) * len(part[0].ids) for part in padded):
+        return padded
+    lines: list[list[Row]] = [[] for _ in range(grid.lines)]
+    for row, (line, _) in zip(ordered, grid.places):
+        lines[line].append(row)
+    per = max(1, budget // width)
+    return [MicroBatchRows([r for line in lines[k:k + per] for r in line], width) for k in range(0, len(lines), per)]
 
 
 @dataclass
 class Forward:
-    """A micro-batch's forward: log-probs with their graph and the per-token terms, all (B, T)."""
+    """A micro-batch's forward: log-probs with their graph and the per-token terms, all (B, T) on
+    the micro-batch's grid (``layout``: a row per line, right-padded, or rows packed into lines)."""
 
     rows: list[Row]
+    layout: Layout
     logp: torch.Tensor  # (B, T)
     aux: torch.Tensor | None  # (B, T) KL/entropy terms, or None when both are off
     mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
     w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
 
     def per_position(self, field: str) -> torch.Tensor:
-        return _padded(self.rows, [getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
+        return self.layout.place([getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
+
+    def per_row(self, field: str) -> torch.Tensor:
+        """A per-row value (GRPO's ``adv``) at each of its row's positions."""
+        values = [[getattr(r, field)] * len(r.ids) for r in self.rows]
+        return self.layout.place(values, self.logp.dtype, self.logp.device)
+
+    def row_logp(self, k: int) -> torch.Tensor:
+        """Row k's log-probs (T_k,), as a forward of that row alone gives them."""
+        return self.layout.row_values(self.logp, k)
 
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
-            rows: Sequence[Row]) -> Forward:
-    """One padded forward of ``rows`` (no attention mask for a single row: nothing is padded)."""
+            rows: Sequence[Row], line_width: int | None = None) -> Forward:
+    """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
+    is padded), or with a ``line_width`` packed into lines of that width, position ids restarting
+    per row (``learner.grad.packing``)."""
     device = next(model.parameters()).device
     rows = list(rows)
-    ids = _padded(rows, [r.ids for r in rows], torch.long, device)  # (B, T)
-    attn = None
-    if len(rows) > 1:
-        attn = _padded(rows, [[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
-    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn)
+    grid = layout([len(r.ids) for r in rows], line_width)
+    ids = grid.place([r.ids for r in rows], torch.long, device)  # (B, T)
+    attn = positions = None
+    if grid.shares_lines:
+        positions = grid.positions(device)  # (B, T)
+    elif len(rows) > 1:
+        attn = grid.place([[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
+    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn,
+                                   position_ids=positions)
     ref_logp = None
     if algo.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn)[0].to(logp.dtype)
+            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn, position_ids=positions)[0].to(logp.dtype)
     aux = aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-    mask = _padded(rows, [r.mask for r in rows], logp.dtype, device)  # (B, T)
-    return Forward(rows, logp, aux, mask, agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype))
+    mask = grid.place([r.mask for r in rows], logp.dtype, device)  # (B, T)
+    if grid.shares_lines and algo.loss_agg_mode == "seq-mean-token-mean":  # 1/|o_i| per row, not per line
+        scored = grid.place([[max(r.n_scored, 1)] * len(r.ids) for r in rows], logp.dtype, device)
+        w = mask / scored.clamp(min=1.0)
+    else:
+        w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
+    return Forward(rows, grid, logp, aux, mask, w)
 
 
 def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
     """Σ w·pg: GRPO −A_i ρ per row (A_i = ``row.adv``); OPD (stopgrad logp − logp^T) ρ."""
     if objective == "opd":
         return (fwd.w * opd_token_loss(fwd.logp, fwd.per_position("teacher"))).sum()
-    adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
-    return (fwd.w * pg_token_loss(fwd.logp, adv)).sum()
+    return (fwd.w * pg_token_loss(fwd.logp, fwd.per_row("adv"))).sum()
 
 
 def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Tensor, int]:
@@ -203,7 +238,7 @@ def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Te
     if objective == "opd":
         adv = fwd.per_position("teacher") - behavior  # (B, T) per-token A_t = log π_T − log π_b
     else:
-        adv = torch.tensor([r.adv for r in fwd.rows], dtype=fwd.logp.dtype, device=fwd.logp.device)[:, None]
+        adv = fwd.per_row("adv")
     terms = clipped_pg_token_loss(fwd.logp, behavior, adv, clip, fwd.mask)
     if fwd.aux is not None:
         terms = terms + fwd.aux

@@ -40,7 +40,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, with_entropy: bool = False,
-    attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logp[:, t] = log softmax(logits[:, t−1])[input_ids[:, t]], logp[:, 0] = 0.
 
@@ -49,11 +49,15 @@ def token_logprobs(
     ``attention_mask`` (B, T): 1 on real tokens, 0 on right padding. Rows are right-padded, so
     every real token keeps position t and, attention being causal, sees only real tokens; the
     values at padded positions are finite and meaningless (the caller masks them out).
+    ``position_ids`` (B, T) without a mask: rows packed into lines, positions restarting per row
+    (``learner.grad.packing``); the model's mask is then causal within each row.
     """
     if input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids: expected a (B, T) LongTensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
     extra = {}
-    if attention_mask is not None:
+    if position_ids is not None:
+        extra = {"position_ids": position_ids}
+    elif attention_mask is not None:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         extra = {"attention_mask": attention_mask, "position_ids": positions[None].expand_as(input_ids)}
     logits = model(input_ids=input_ids, use_cache=False, **extra).logits  # (B, T, V)

@@ -100,16 +100,17 @@ class OffPolicyLearner(InProcessLearner):
             rows.append(row)
         n_tokens, n_clipped = sum(t.n_scored for t in trajs), 0
         state = _Batch(group_sizes={}, planner=None)  # counters only
-        for part in plan_micro_batches(rows, self.options.budget):
+        for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             t0 = time.monotonic()
-            fwd = forward(self.model, self.ref_model, algo, part)
+            fwd = forward(self.model, self.ref_model, algo, part, part.line_width)
             for b, row in enumerate(part):
-                self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+                self.logprobs.keep(row.traj, fwd.row_logp(b))
             loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)
             self.acc.add_direct(grads_of(loss, self.acc.params))
             n_clipped += clipped
+            grid = fwd.layout
             del fwd, loss
-            report_micro_batch(state, part, t0, time.monotonic(), on_phase)
+            report_micro_batch(state, part, grid, t0, time.monotonic(), on_phase)
         normaliser = batch_normaliser(algo.loss_agg_mode, n_tokens, len(trajs), algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         return {

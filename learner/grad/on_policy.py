@@ -48,6 +48,7 @@ from learner.grad.learner_common import (
     trainable,
 )
 from learner.grad.microbatch import (
+    MicroBatchRows,
     Row,
     check_trajectory,
     check_turn,
@@ -60,6 +61,7 @@ from learner.grad.microbatch import (
     split_grads,
 )
 from learner.grad.objectives import batch_normaliser
+from learner.grad.packing import layout
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -308,7 +310,7 @@ class OnPolicyBackward:
                     state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
                 state.speculative += len(task.trajs) if task.speculative else 0
                 rows = [grpo_row(t, 1.0) for t in task.trajs]
-                for part in plan_micro_batches(rows, self.options.budget):
+                for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
                     self._micro_batch(state, part, task, on_phase)
 
     def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
@@ -324,7 +326,7 @@ class OnPolicyBackward:
                 return
             rows, state.ready = state.ready, []
         else:
-            *full, state.ready = plan_micro_batches(state.ready, self.options.budget)
+            *full, state.ready = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
             rows = [row for part in full for row in part]
         if rows:
             self.rows(state, rows, on_phase)
@@ -336,9 +338,9 @@ class OnPolicyBackward:
         """Idle, known rows waiting that do not fill a micro-batch: learn them now?"""
         if self.options.path != "adaptive" or self.policy.eager:
             return True
-        rows = state.ready
-        slots = len(rows) * max(len(r.ids) for r in rows)
-        return self.policy.partial_pays(state.budget, slots, sum(len(r.ids) for r in rows), self._waiting_slots(state))
+        parts = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
+        slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
+        return self.policy.partial_pays(state.budget, slots)
 
     def open_bucket_judge(self, state: _Batch):
         """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
@@ -353,16 +355,16 @@ class OnPolicyBackward:
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
         """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
-        for part in plan_micro_batches(rows, self.options.budget):
+        for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             self._micro_batch(state, part, None, on_phase)
 
-    def _micro_batch(self, state: _Batch, rows: list[Row], bucket: Bucket | None,
+    def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width)
         for b, row in enumerate(fwd.rows):
-            self.logprobs.keep(row.traj, fwd.logp[b, : len(row.ids)])
+            self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         if bucket is None:
@@ -372,11 +374,12 @@ class OnPolicyBackward:
             self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
             if aux_grads is not None:
                 self.acc.add_direct(aux_grads)
+        grid = fwd.layout
         del fwd, pg, aux
         t1 = time.monotonic()
-        self.policy.observe(len(rows) * max(len(r.ids) for r in rows), t1 - t0, open_group=bucket is not None)
+        self.policy.observe(grid.slots, t1 - t0, open_group=bucket is not None)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-        report_micro_batch(state, rows, t0, t1, on_phase)
+        report_micro_batch(state, rows, grid, t0, t1, on_phase)

@@ -128,7 +128,8 @@ class DatasetEnv(TagTurns):
                 raise RewardError(f"task.path: {where}: field {self.config.answer_field!r} (task.answer_field) is missing")
             # the built-in checkers compare the answer itself: the text in <answer> tags when there are some
             text = answer_text(answer) if self.config.reward in ("exact-match", "math-verify") else answer
-            return checked_score(self.reward_fn, self.config.reward, text, task.answer, task.meta["row"], where), None
+            return checked_score(self.reward_fn, self.config.reward, text, task.answer, task.meta["row"], where,
+                                 self.config.reward_timeout_s), None
         except RewardError as err:
             if self.config.on_bad_data == "error":
                 raise

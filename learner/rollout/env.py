@@ -118,13 +118,20 @@ def draw_tool_latency(latency: ToolLatency, rng: random.Random) -> float:
     """A labelled MODEL of real agent tool time (the calculator itself answers in µs).
 
     lognormal: median_s · exp(sigma · z), z ~ N(0, 1) (so median_s is the median);
-    constant: median_s; none: 0. Every draw is multiplied by ``scale``.
+    pareto: median_s · (2u)^(-1/alpha), u ~ U(0, 1] (median median_s; P(X > x) falls as
+    x^-alpha, the heavy tail of SWE-style tools: most calls quick, a few test runs or builds
+    orders of magnitude longer); constant: median_s; none: 0. A draw is cut to ``max_s`` if
+    set, then multiplied by ``scale`` (so R stays linear in the scale, docs/bench.md).
     """
     if latency.distribution == "none":
         return 0.0
     if latency.distribution == "constant":
-        return latency.median_s * latency.scale
-    return latency.median_s * math.exp(latency.sigma * rng.gauss(0.0, 1.0)) * latency.scale
+        raw = latency.median_s
+    elif latency.distribution == "pareto":
+        raw = latency.median_s * (2.0 * (1.0 - rng.random())) ** (-1.0 / latency.alpha)
+    else:
+        raw = latency.median_s * math.exp(latency.sigma * rng.gauss(0.0, 1.0))
+    return (raw if latency.max_s is None else min(raw, latency.max_s)) * latency.scale
 
 
 def _tokens(expression: str) -> list[str]:

@@ -15,7 +15,7 @@ from learner import stopping
 from learner.config import RunConfig
 from learner.rollout.boot import BootedWorkers, stop_workers
 from learner.rollout.in_flight import InFlight
-from learner.rollout.messages import Ack, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
+from learner.rollout.messages import Ack, Draft, Failed, Finished, Init, Load, Ready, Spans, Work, WorkItem
 from learner.rollout.weights import WeightStore
 from learner.timeline import Span
 from learner.trajectory import ScoredTurn, Trajectory
@@ -172,14 +172,13 @@ class Fleet:
     def dispatch(self, step: int, items: list[WorkItem], among: list[int] | None = None) -> None:
         """Spread the items over the workers, least-loaded first: ``among`` these, by default
         those that are up (a respawned one still booting only when none is)."""
-        per_worker: dict[int, list[WorkItem]] = {}
-        among = among or sorted(self._ready)
-        for item in items:
-            w = self.in_flight.least_loaded(among)
-            self.in_flight.add(w, step, item)
-            per_worker.setdefault(w, []).append(item)
-        for w, chunk in per_worker.items():
+        for w, chunk in self.in_flight.assign(step, items, among or sorted(self._ready)).items():
             self.booted.cmd_qs[w].put(Work(step, chunk))
+
+    def draft(self, step: int, items: list[WorkItem]) -> None:
+        """Later batch ``step``'s items to the workers that are up, as drafts (docs/speculation.md)."""
+        for w, chunk in self.in_flight.spread_drafts(items, sorted(self._ready)).items():
+            self.booted.cmd_qs[w].put(Draft(step, chunk))
 
     def load_all(self, version: int, on_other) -> list[tuple[int, float, float]]:
         """Every replica loads ``version``; returns (worker, t0, t1) per ack. Data messages

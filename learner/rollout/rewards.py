@@ -11,7 +11,9 @@
   ``function(completion, answer, row)`` (the answer text, the reference text, the data row
   as a dict) returning a number.
 
-A reward that raises or returns something that is not a finite number is a ``RewardError``
+A reward that raises, returns something that is not a finite number, or is still running
+after ``task.reward_timeout_s`` (a SIGALRM timer in the worker's main thread interrupts it;
+math-verify keeps its own timeouts, which use the same timer) is a ``RewardError``
 naming the reward, the row and the reason; ``score`` turns it into a score of 0 when the task
 says ``on_bad_data: score-zero`` (the caller counts it).
 """
@@ -22,8 +24,11 @@ import importlib
 import importlib.util
 import math
 import re
+import signal
 import sys
-from typing import Any, Callable
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from learner.rollout.task_data import resolve_path
 
@@ -104,10 +109,41 @@ def load_reward(spec: str, pattern: str | None = None) -> RewardFn:
     return _load_user_function(spec)
 
 
-def checked_score(fn: RewardFn, spec: str, completion: str, answer: str, row: dict, where: str) -> float:
-    """``fn``'s score as a finite float, or a ``RewardError`` naming ``where`` (the row)."""
+class RewardTimeout(BaseException):
+    """Raised into a reward function still running at its deadline (not an Exception: the
+    function's own ``except Exception`` cannot swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block with RewardTimeout after ``seconds`` (main thread only: elsewhere,
+    and for ``None``, the block runs unbounded)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RewardTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        value = fn(completion, answer, row)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def checked_score(fn: RewardFn, spec: str, completion: str, answer: str, row: dict, where: str,
+                  timeout_s: float | None = None) -> float:
+    """``fn``'s score as a finite float, or a ``RewardError`` naming ``where`` (the row);
+    ``timeout_s``: the reward's deadline (``task.reward_timeout_s``; math-verify has its own)."""
+    try:
+        with time_limit(None if spec == "math-verify" else timeout_s):
+            value = fn(completion, answer, row)
+    except RewardTimeout:
+        raise RewardError(f"task.reward: {spec} did not return within task.reward_timeout_s = {timeout_s:g}s "
+                          f"({where})") from None
     except Exception as err:
         raise RewardError(f"task.reward: {spec} raised {type(err).__name__}: {err} ({where})") from None
     try:

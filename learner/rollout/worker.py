@@ -281,8 +281,11 @@ class EngineCall:
         now = w.now()
         joining = self.first([lp for lp in w.loops.values()
                               if lp.ready_at <= now and lp.traj not in self.in_call and not lp.draft])
-        if not joining and all(lp.draft for lp in self.rows if lp.traj in self.in_call):
-            joining = drafts.pick(w, self.first, running=self.in_call)  # a call of drafts only takes more
+        if all(lp.draft for lp in self.rows if lp.traj in self.in_call):  # a call of drafts only
+            if joining and self.has_drafts:  # ... ends now (every draft cut): the current rows start their own
+                self.yield_drafts = True
+                return []
+            joining = joining or drafts.pick(w, self.first, running=self.in_call)
         return self.take(joining) if joining and len(joining) >= min_rows else []
 
 

@@ -10,8 +10,11 @@ import { METRIC } from "./conventions.js";
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
 const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
 
+const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+const LIVE_POLL_MS = 3000; // while a run trains, the page re-reads metrics and the summary
+
 const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
-  id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule,
+  id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule, status: li.dataset.status,
   apiBase: li.dataset.apiBase, colour: RUN_COLOURS[i % RUN_COLOURS.length],
   metrics: [], stepSpans: new Map(), // step -> spans
 }));
@@ -123,7 +126,7 @@ async function drawTimelines(step) {
 }
 
 /** The summary and the reward chart, redrawn when the level or the smoothing changes; the input
- * shows the level in use (the API's default until the user types one). */
+ * shows the level in use (the API's default until the user types one). Returns the redraw. */
 function watchSummary() {
   const input = $("reward-level"), smoothing = $("reward-smoothing");
   let chosen = null;
@@ -138,28 +141,63 @@ function watchSummary() {
     draw().catch(showError);
   });
   smoothing.addEventListener("change", () => draw().catch(showError));
-  return draw();
+  return draw;
 }
 
-async function main() {
-  await Promise.all(runs.map(async (r) => { r.metrics = (await getJSON(`${r.apiBase}metrics/`)).metrics; }));
-  await watchSummary();
-  new MetricPanel($("metric-panel")).update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
-  drawMetricCharts();
-  // Steps every run has finished: the aligned timelines compare like with like.
+async function load() {
+  await Promise.all(runs.map(async (r) => {
+    const [metrics, detail] = await Promise.all([getJSON(`${r.apiBase}metrics/`), getJSON(r.apiBase)]);
+    r.metrics = metrics.metrics;
+    r.status = detail.status;
+  }));
+}
+
+/** Steps every run has finished: the aligned timelines compare like with like. The newest is
+ * shown until the user picks one. */
+let pickedStep = null;
+async function drawCommonSteps() {
   const common = runs.map((r) => new Set(r.metrics.map((m) => m.step)))
     .reduce((a, b) => new Set([...a].filter((s) => b.has(s))));
   const steps = [...common].sort((a, b) => a - b);
-  stepSelect.replaceChildren(...steps.map((s) => new Option(`step ${s}`, String(s))));
-  if (steps.length) {
-    stepSelect.value = String(steps[steps.length - 1]);
-    await drawTimelines(steps[steps.length - 1]);
-  } else {
+  const shown = pickedStep ?? steps[steps.length - 1];
+  if (steps.length !== stepSelect.options.length) stepSelect.replaceChildren(...steps.map((s) => new Option(`step ${s}`, String(s))));
+  if (!steps.length) {
     $("timelines").innerHTML = '<p class="empty">These runs have no step in common yet.</p>';
+  } else if ($("timelines").dataset.step !== String(shown)) {
+    stepSelect.value = String(shown);
+    await drawTimelines(shown);
   }
-  stepSelect.addEventListener("change", () => drawTimelines(Number(stepSelect.value)));
-  await drawStaleness();
+}
+
+/** "live: 2 of 3 runs training" while any run has not finished; polls until they all have. */
+function liveNote() {
+  const open = runs.filter((r) => !FINISHED.has(r.status));
+  $("live-note").textContent = open.length
+    ? `live: ${open.map((r) => `${r.name} ${r.status}, ${r.metrics.length} steps`).join(" · ")}; refreshed every ${LIVE_POLL_MS / 1000} s`
+    : "";
+  document.getElementById("compare-app").dataset.live = open.length ? "1" : "0";
+  return open.length > 0;
+}
+
+async function main() {
+  await load();
+  const drawSummaryAndReward = watchSummary();
+  const panel = new MetricPanel($("metric-panel"));
+  const redraw = async () => {
+    await drawSummaryAndReward();
+    await panel.update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
+    drawMetricCharts();
+    await drawCommonSteps();
+    await drawStaleness();
+  };
+  await redraw();
+  stepSelect.addEventListener("change", () => { pickedStep = Number(stepSelect.value); drawTimelines(pickedStep); });
   document.getElementById("compare-app").dataset.ready = "1";
+  while (liveNote()) {
+    await new Promise((resolve) => setTimeout(resolve, LIVE_POLL_MS));
+    await load();
+    await redraw();
+  }
 }
 
 function showError(err) {

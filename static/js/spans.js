@@ -12,6 +12,9 @@ const KIND_COLOURS = new Map([
   [KIND.TOOL_WAIT, "#f7c98b"],
   [KIND.VERIFY, "#59a14f"],
   [KIND.TEACHER, "#b07aa1"],
+  // speculation (docs/speculation.md): a draft turn generated under older weights, then its verify forward
+  [KIND.DRAFT, "#a0cbe8"],
+  [KIND.DRAFT_VERIFY, "#7b4fa0"],
   [KIND.BACKWARD, "#e15759"],
   [KIND.GROUP_CLOSE, "#76b7b2"],
   [KIND.OPTIMIZER, "#222a38"],

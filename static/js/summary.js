@@ -20,7 +20,14 @@ const COLUMNS = [
   ["tail_s", "Tail", fixed(3, " s"), "median time from the last reward to the step's end"],
   ["final_reward", "Final reward", fixed(3), "reward/mean of the last step"],
   ["time_to_reward_s", "Time to reward", fixed(1, " s"), "from the first step's start (boot excluded)"],
+  // speculation (docs/speculation.md): shown only when a run drafted
+  ["kept_token_share", "Kept draft tokens", percent, "mean speculation/kept_token_share: of the drafted tokens, the share verification kept", true],
+  ["whole_draft_share", "Whole drafts kept", percent, "mean speculation/whole_draft_share: drafts kept token for token", true],
+  ["drafted_tokens", "Drafted tokens", (v) => v.toFixed(0), "total speculation/drafted_tokens", true],
 ];
+
+/** The columns to show: every column, less the optional ones no run has a value for. */
+const shownColumns = (runs) => COLUMNS.filter(([field, , , , optional]) => !optional || runs.some((r) => r[field] !== null && r[field] !== undefined));
 
 // [p10 field, p90 field] shown beside a median
 const SPREAD = { step_s: ["step_p10_s", "step_p90_s"], speedup_vs_sync: ["speedup_p10", "speedup_p90"] };
@@ -32,21 +39,21 @@ function cell(tag, text, attrs = {}) {
   return el;
 }
 
-function headerRow(level) {
+function headerRow(level, columns) {
   const row = document.createElement("tr");
   row.append(cell("th", "Run"), cell("th", "Schedule"));
-  for (const [field, header, , title] of COLUMNS) {
+  for (const [field, header, , title] of columns) {
     const text = field === "time_to_reward_s" && level !== null ? `${header} ≥ ${level.toFixed(3)}` : header;
     row.append(cell("th", text, { title, class: "num" }));
   }
   return row;
 }
 
-function runRow(run, reference) {
+function runRow(run, reference, columns) {
   const row = document.createElement("tr");
   row.dataset.runId = String(run.id);
   row.append(cell("td", run.name + (run.id === reference ? " (reference)" : "")), cell("td", run.schedule));
-  for (const [field, , format] of COLUMNS) {
+  for (const [field, , format] of columns) {
     const v = run[field];
     let text = v === null || v === undefined ? dash : format(v);
     if (field === "time_to_reward_s" && v !== null) text += ` (step ${run.reward_step})`;
@@ -80,8 +87,9 @@ export async function drawSummary(table, note, warnings, runIds, level = null, s
   const summary = await getJSON(`/api/compare/?${query}`);
   drawWarnings(warnings, summary.warnings);
   const head = document.createElement("thead"), body = document.createElement("tbody");
-  head.append(headerRow(summary.reward_level));
-  body.append(...summary.runs.map((r) => runRow(r, summary.reference)));
+  const columns = shownColumns(summary.runs);
+  head.append(headerRow(summary.reward_level, columns));
+  body.append(...summary.runs.map((r) => runRow(r, summary.reference, columns)));
   table.replaceChildren(head, body);
   note.textContent = describe(summary);
   table.dataset.rewardLevel = summary.reward_level === null ? "" : String(summary.reward_level);

@@ -98,6 +98,7 @@ export class TrajectorySelection {
       : spans.length ? summary(this.traj, spans, this.learnt)
         : `trajectory ${this.traj} is not in the drawn steps: choose "all steps", or the by-trajectory lanes of its step`;
     this.note.dataset.state = this.traj === null ? "" : spans.length ? trainedState(this.traj, spans, this.learnt) : "absent";
+    this.note.dataset.drafted = spans.some((s) => s.kind === KIND.DRAFT) ? "1" : "0";
   }
 }
 
@@ -122,6 +123,8 @@ function summary(traj, spans, learnt) {
   const rollout = spans.filter((s) => s.traj === traj && !isLearnerKind(s.kind));
   const backward = spans.find((s) => s.kind === KIND.BACKWARD);
   const parts = [`trajectory ${traj}`, `group ${spans[0].group ?? "–"}`, `${rollout.length} rollout spans`];
+  const drafts = rollout.filter((s) => s.kind === KIND.DRAFT).length;
+  if (drafts) parts.push(`drafted: ${drafts} draft turn${drafts === 1 ? "" : "s"} (rollout.draft) under older weights, verified by rollout.draft_verify`);
   if (backward && rollout.length) {
     const gap = backward.t0 - Math.max(...rollout.map((s) => s.t1));
     parts.push(`backward on ${backward.lane} ${(gap * 1000).toFixed(0)} ms after its last rollout span`);

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import Min
 from django.utils import timezone
 
 from controller.celery import app
@@ -298,6 +299,15 @@ def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, 
     os.kill(run.pids[0], signal.SIGKILL)
     run = wait_final(run_id, BOUND_S)
     assert run.status == "failed" and "killed by SIGKILL" in run.error
+    # The newest checkpoint's report, with its step's metrics and spans, never reached the
+    # database (a learner killed right after writing it): the resume must start from the
+    # newest one the database knows, or that step's metrics would be missing for good.
+    newest = Checkpoint.objects.filter(run_id=run_id).latest("step")
+    cut = Span.objects.filter(run_id=run_id, step__gte=newest.step).aggregate(seq=Min("seq"))["seq"]
+    Span.objects.filter(run_id=run_id, seq__gte=cut if cut is not None else 2**31).delete()
+    StepMetric.objects.filter(run_id=run_id, step__gte=newest.step).delete()
+    newest.delete()
+    (worker.log_path.parent / "runs" / f"run-{run_id}" / "output" / "checkpoints" / ".tmp-step-000009-1").mkdir()
     before = Span.objects.filter(run_id=run_id).count()
     page = alice_client.get(f"/runs/{run_id}/").content.decode()
     assert "killed by SIGKILL" in page and 'id="resume-form"' in page
@@ -311,5 +321,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_with_continuous_steps(worker, 
     spans = list(Span.objects.filter(run_id=run_id).order_by("seq").values("seq", "t0"))
     resumed = [s for s in spans if s["seq"] >= before]
     assert resumed and min(s["t0"] for s in resumed) >= max(s["t0"] for s in spans[:before]) - 1.0
-    assert (worker.log_path.parent / "runs" / f"run-{run_id}" / "output" / "model.safetensors").exists()
+    output = worker.log_path.parent / "runs" / f"run-{run_id}" / "output"
+    assert (output / "model.safetensors").exists()
+    assert not list((output / "checkpoints").glob(".tmp-*"))  # the half-written one was removed
+    assert b"was never recorded: removed, resuming from step" in worker.log_path.read_bytes()
     assert_nothing_left(run)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from controller import ownership
 from controller.models import Checkpoint, Run
-from controller.resuming import resume_arguments
+from controller.resuming import commit_point, resume_arguments
 from controller.supervisor import supervise
 
 from .conftest import make_run, store_spans
@@ -94,3 +94,27 @@ def test_the_reaper_resumes_a_supervisorless_run_that_has_a_checkpoint(alice_exp
     ownership.reap()
     run.refresh_from_db()
     assert run.status == "failed" and "not resumed again after 2 attempts" in run.error
+
+
+def write_checkpoint(run_dir, step: int):
+    path = run_dir / "output" / "checkpoints" / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    (path / "state.json").write_text("{}")
+    return path
+
+
+def test_the_resume_point_is_the_newest_checkpoint_the_database_acknowledged(alice_experiment, sync_preset, tmp_path):
+    run = with_checkpoint(with_checkpoint(make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED), 1), 3)
+    kept = [write_checkpoint(tmp_path, s) for s in (1, 3)]
+    unrecorded = write_checkpoint(tmp_path, 5)  # written after the learner's SIGTERM; its report never stored
+    half = tmp_path / "output" / "checkpoints" / ".tmp-step-000007-4242"
+    half.mkdir()
+    commit_point(run, tmp_path)
+    assert all(p.exists() for p in kept) and not unrecorded.exists() and not half.exists()
+
+
+def test_without_an_acknowledged_checkpoint_on_disk_the_disks_own_are_kept(alice_experiment, sync_preset, tmp_path):
+    run = with_checkpoint(make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED), 1)  # pruned since
+    newer = write_checkpoint(tmp_path, 5)
+    commit_point(run, tmp_path)
+    assert newer.exists()

@@ -8,10 +8,12 @@ import pytest
 from plotly.offline import get_plotlyjs_version
 
 from learner.bench.measure import Calibration, calibrate, compare, drain_steps, summarize
+from learner.bench.rows import speculation_available
 from learner.cli import main
 
 FIELDS = ("learner_s", "step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
-          "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s", "peak_rss_mb")
+          "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s", "peak_rss_mb", "engine_busy_s",
+          "learner_work_s", "step_mean_s")
 
 TINY = """\
 name: tiny-bench
@@ -31,7 +33,7 @@ train: {steps: 2, prompts_per_step: 2, group_size: 2}
 def tiny_bench(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     (d / "tiny.yaml").write_text(TINY)
-    rc = main(["bench", "--config", str(d / "tiny.yaml"), "--schedules", "streaming,async", "--steps", "2",
+    rc = main(["bench", "--config", str(d / "tiny.yaml"), "--schedules", "streaming,async,fully-async", "--steps", "2",
                "--scale", "1", "--json", str(d / "out.json"), "--html", str(d / "out.html"), "--events-dir", str(d / "ev")])
     assert rc == 0
     return json.loads((d / "out.json").read_text()), (d / "out.html").read_text(), d / "ev"
@@ -40,11 +42,13 @@ def tiny_bench(tmp_path_factory):
 @pytest.mark.slow
 def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     doc, _, _ = tiny_bench
-    assert list(doc["schedules"]) == ["sync", "sync-per-trajectory", "streaming", "async"]
+    spec = ["sync+spec", "streaming+spec"] if speculation_available() else []
+    assert list(doc["schedules"]) == ["sync", "sync-per-trajectory", "streaming", "async", "fully-async", *spec]
     # every schedule with its best learner; the earlier per-trajectory learner as a reference row
     assert {n: r["learner"] for n, r in doc["schedules"].items()} == {
         "sync": "micro-batched", "sync-per-trajectory": "per-trajectory", "streaming": "adaptive",
-        "async": "micro-batched"}
+        "async": "micro-batched", "fully-async": "micro-batched",
+        **{name: "micro-batched" if name == "sync+spec" else "adaptive" for name in spec}}
     sync, ref = doc["schedules"]["sync"], doc["schedules"]["sync-per-trajectory"]
     assert sync["learner_s"] == sync["learner_phase_s"] == doc["workload"]["learner_s"]
     assert ref["learner_s"] == ref["learner_phase_s"]  # held against its own learner's L
@@ -54,16 +58,20 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
             assert isinstance(r[field], (int, float)), (name, field)
         assert r["steps_measured"] == 2 and r["runs"] == 2  # one measured step in each of two rounds
         # definitions, not timings (one 4-trajectory step is all noise on a shared machine)
-        assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_s"])
-        # the median of per-step maxima is at least the max of the medians
-        assert r["bound_per_step_s"] >= r["bound_s"] - 1e-9
-        assert r["efficiency_per_step"] == pytest.approx(r["bound_per_step_s"] / r["step_s"])
+        assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_mean_s"])
+        # on these recorded runs, as on every one: the bound is work some row did, so no row beats it
+        assert 0 < r["efficiency"] <= 1.0
+        assert max(r["engine_busy_s"], r["learner_work_s"]) <= r["step_mean_s"] + 1e-9
         assert r["speedup_vs_sync"] == pytest.approx(doc["schedules"]["sync"]["step_s"] / r["step_s"])
         assert 0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollouter_idle_ratio"] <= 1.0
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
-        assert r["bound_s"] == max(r["rollout_s"], r["learner_s"]) > 0
+        assert r["bound_s"] == max(r["bound_engine_s"], r["bound_learner_s"]) > 0
         assert r["peak_rss_mb"] > 50
-        assert r["dropped_groups"] == 0  # only fully-async drops groups, and it does not run here
+    rows = [r for name, r in doc["schedules"].items() if name != "sync-per-trajectory"]  # that one: its own work
+    assert sync["bound_engine_s"] == min(r["engine_busy_s"] for r in rows)
+    assert sync["bound_learner_s"] == min(r["learner_work_s"] for r in rows)
+    assert doc["workload"]["trajectory_time"]["trajectories"] == 8  # the measured step of each of the two sync runs
+    assert doc["speculation"]["overlap_factor"] == pytest.approx(sync["step_s"] / doc["schedules"]["streaming"]["step_s"])
     assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
     # what the sync runs' arrival times leave the streaming learner (bench/arrival_bound.py's replay)
     streaming = doc["schedules"]["streaming"]
@@ -116,7 +124,7 @@ def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
     _, page, _ = tiny_bench
     assert "<script src" not in page and "<link" not in page  # plotly.js is inline, nothing fetched
     assert f"v{get_plotlyjs_version()}" in page and "Plotly.newPlot" in page and page.count("plotly-graph-div") >= 3
-    assert "streaming" in page and "bound max(R, L)" in page
+    assert "streaming" in page and "bound: least engine or learner work" in page
 
 
 @pytest.mark.slow
@@ -216,32 +224,59 @@ def test_rounds_pool_their_steps_and_weight_idle_by_window_length():
     assert s["trainer_idle_ratio"] == pytest.approx(1 - (1.0 + 6.0) / (2.0 + 6.0))
 
 
-def test_compare_holds_every_schedule_against_the_sync_runs_rollout_and_learner():
-    # sync: rewards until 2.5 s, then the learner alone until 6.0 s
-    sync = summarize([[_metrics(1, 0, 6.0, 3.0, 2.5)]], warmup=1)
-    streaming = summarize([[_metrics(1, 0, 3.8, 3.0, 3.1)]], warmup=1)
-    out = compare({"sync": sync, "streaming": streaming})
-    assert out["streaming"]["rollout_s"] == 2.5 and out["streaming"]["learner_s"] == 3.5
-    assert out["streaming"]["bound_s"] == 3.5
-    assert out["streaming"]["efficiency"] == pytest.approx(3.5 / 3.8)
+def _run(step_s, last_reward, engine, learner, wait=(), lanes=1):
+    """One measured step (step 1 from t = 0): ``engine`` / ``learner`` / ``wait``: the (t0, t1)
+    of generate, backward and modelled tool-wait spans; every engine span on each of ``lanes``
+    rollout workers, the k-th worker's spans shortened to 1/(k+1) of their length."""
+    events = [_metrics(0, -9.0, 9.0, 1.0, 8.0), _metrics(1, 0.0, step_s, 1.0, last_reward)]
+    for w in range(lanes):
+        events += [_span(1, 0, "rollout.generate", a, a + (b - a) / (w + 1), f"rollout/{w}/0") for a, b in engine]
+    events += [_span(1, 0, "rollout.tool_wait", a, b, "rollout/0/0") for a, b in wait]
+    events += [_span(1, None, "learner.backward", a, b, "learner/0") for a, b in learner]
+    return summarize([events], warmup=1)
+
+
+def test_the_bound_is_the_least_work_of_any_row_and_no_row_exceeds_efficiency_1():
+    # sync: generates 0-2.0, its last tool wait ends at 2.5, then learns 2.5-5.8; 6.0 s a step
+    sync = _run(6.0, 2.5, engine=[(0.0, 2.0)], wait=[(2.0, 2.5)], learner=[(2.5, 5.5), (5.5, 5.8)])
+    streaming = _run(3.8, 3.1, engine=[(0.0, 2.2)], learner=[(0.3, 3.7)])
+    # overlapping two batches' tool waits, a step shorter than sync's rollout makespan R: the
+    # makespan bound max(R, L) = 3.5 s would give it efficiency 1.75
+    overlapped = _run(2.0, 1.5, engine=[(0.0, 0.6), (0.8, 1.4)], wait=[(0.6, 2.0)], learner=[(0.05, 1.95)])
+    out = compare({"sync": sync, "streaming": streaming, "fully-async": overlapped})
+    assert sync["engine_busy_s"] == pytest.approx(2.0) and sync["learner_work_s"] == pytest.approx(3.3)
+    assert overlapped["engine_busy_s"] == pytest.approx(1.2)  # the modelled waits are no engine work
+    for r in out.values():
+        assert r["rollout_s"] == 2.5 and r["learner_s"] == 3.5  # R and L: the sync run's phases
+        assert r["bound_engine_s"] == pytest.approx(1.2) and r["bound_learner_s"] == pytest.approx(1.9)
+        assert r["bound_s"] == pytest.approx(1.9)
+    assert out["fully-async"]["efficiency"] == pytest.approx(1.9 / 2.0)
+    assert out["streaming"]["efficiency"] == pytest.approx(1.9 / 3.8)
+    assert out["sync"]["efficiency"] == pytest.approx(1.9 / 6.0)
     assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.8)
 
 
+def test_engine_work_is_the_mean_over_rollout_workers_of_each_ones_busy_time():
+    two = _run(4.0, 2.0, engine=[(0.0, 2.0)], learner=[(2.0, 3.0)], lanes=2)  # busy 2.0 s and 1.0 s
+    assert two["engine_busy_s"] == pytest.approx(1.5) and two["step_mean_s"] == pytest.approx(4.0)
+
+
 def test_the_per_trajectory_reference_row_is_held_against_its_own_learner():
-    sync = summarize([[_metrics(1, 0, 6.0, 3.0, 2.5)]], warmup=1)  # micro-batched: L = 3.5 s
-    slow = summarize([[_metrics(1, 0, 9.5, 6.0, 2.5)]], warmup=1)  # per-trajectory: L = 7.0 s
+    sync = _run(6.0, 2.5, engine=[(0.0, 2.5)], learner=[(2.5, 6.0)])  # micro-batched: L = 3.5 s
+    slow = _run(9.5, 2.5, engine=[(0.0, 2.5)], learner=[(2.5, 9.5)])  # per-trajectory: L = 7.0 s
     out = compare({"sync": sync, "sync-per-trajectory": slow}, alone={"sync-per-trajectory"})
     ref = out["sync-per-trajectory"]
-    assert ref["learner_s"] == 7.0 and ref["bound_s"] == 7.0 and ref["efficiency"] == pytest.approx(7.0 / 9.5)
+    assert ref["learner_s"] == 7.0 and ref["bound_s"] == pytest.approx(7.0) and ref["efficiency"] == pytest.approx(7.0 / 9.5)
     assert ref["speedup_vs_sync"] == pytest.approx(6.0 / 9.5) and out["sync"]["learner_s"] == 3.5
+    assert out["sync"]["bound_s"] == pytest.approx(3.5)  # the reference row's work is not the workload's
 
 
 def test_only_the_pipelined_schedules_have_drain_steps():
     assert [drain_steps(s, 2) for s in ("sync", "streaming", "async", "fully-async")] == [0, 0, 1, 2]
 
 
-def _span(step, traj, kind, t0, t1):
-    return {"type": "span", "step": step, "traj": traj, "kind": kind, "t0": t0, "t1": t1, "lane": "rollout/0/0"}
+def _span(step, traj, kind, t0, t1, lane="rollout/0/0"):
+    return {"type": "span", "step": step, "traj": traj, "kind": kind, "t0": t0, "t1": t1, "lane": lane}
 
 
 def test_calibration_scales_only_the_tool_latency_part_of_each_trajectory():

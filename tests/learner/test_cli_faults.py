@@ -121,6 +121,27 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_group_kill_leaves_no_semaphore_behind(tmp_path):
+    """kill -9 of the whole process group: nobody inside can clean up, the run's janitor
+    (its own session, learner/stopping.py) removes the semaphores once the group is gone."""
+    proc, events = start_run(tmp_path, steps=200)
+    try:
+        wait_for_metrics(proc, events)
+        assert tagged_semaphores(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_gone(proc.pid)
+        deadline = time.monotonic() + 10
+        while tagged_semaphores(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tagged_semaphores(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def test_an_unwritable_event_stream_is_one_line_not_a_traceback(tmp_path):
     r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "2", "--quiet",
                     "--events", "/dev/full")
@@ -201,3 +222,19 @@ def test_runs_killed_after_step_2_resume_to_the_same_weights(tmp_path):
             assert max(differing.values(), default=0.0) < 0.1 * load_config("configs/quickstart.yaml").train.lr, differing
         else:  # bit for bit; streaming because --checkpoint-every turns on its deterministic learner
             assert differing == {}, (s, differing)
+
+
+@pytest.mark.slow
+def test_a_hanging_reward_fails_the_run_at_its_timeout_with_one_line(tmp_path):
+    import yaml
+
+    (tmp_path / "hang.py").write_text("import time\n\ndef score(completion, answer, row):\n    time.sleep(3600)\n")
+    config = yaml.safe_load(Path("configs/jsonl-math.yaml").read_text())
+    config["task"].update(reward=f"{tmp_path / 'hang.py'}:score", reward_timeout_s=1.0)
+    config["train"] = {**config.get("train", {}), "steps": 2, "eval_every": 0}
+    (tmp_path / "hang.yaml").write_text(yaml.safe_dump(config))
+    started = time.monotonic()
+    r = thundersync("train", "--config", str(tmp_path / "hang.yaml"), "--quiet", timeout=240)
+    assert r.returncode == 1, r.stderr
+    assert "did not return within task.reward_timeout_s = 1s" in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - started < 200

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -69,7 +71,11 @@ def reward_file(tmp_path: Path) -> Path:
         "def boom(completion, answer, row):\n    return 1 / 0\n\n"
         "def nan(completion, answer, row):\n    return float('nan')\n\n"
         "def text(completion, answer, row):\n    return 'yes'\n\n"
-        "def by_row(completion, answer, row):\n    return 1 / 0 if row['n'] == 3 else float(completion == answer)\n"
+        "def by_row(completion, answer, row):\n    return 1 / 0 if row['n'] == 3 else float(completion == answer)\n\n"
+        "def hang(completion, answer, row):\n    import time\n    time.sleep(3600)\n\n"
+        "def spin(completion, answer, row):\n    while True:\n        pass\n\n"
+        "def swallow(completion, answer, row):\n    import time\n    try:\n        time.sleep(3600)\n"
+        "    except Exception:\n        return 1.0\n"
     )
     return path
 
@@ -87,6 +93,22 @@ def test_a_failing_reward_stops_with_the_row_named(tmp_path, function, reason):
     with pytest.raises(RewardError) as err:
         env.score(task, "2")
     assert str(err.value) == f"task.reward: {spec} {reason} (x.jsonl line 1)"
+
+
+@pytest.mark.parametrize("function", ["hang", "spin", "swallow"])
+def test_a_reward_that_hangs_fails_at_its_timeout(tmp_path, function):
+    data = write_jsonl(tmp_path / "x.jsonl", ROWS[:2])
+    spec = f"{reward_file(tmp_path)}:{function}"
+    env = DatasetEnv(dataset(data, reward=spec, shuffle=False, reward_timeout_s=0.3))
+    task = task_for_group(env, 0, seed=0)
+    started = time.monotonic()
+    with pytest.raises(RewardError) as err:
+        env.score(task, "2")
+    assert time.monotonic() - started < 3
+    assert str(err.value) == f"task.reward: {spec} did not return within task.reward_timeout_s = 0.3s (x.jsonl line 1)"
+    zero = DatasetEnv(dataset(data, reward=spec, shuffle=False, reward_timeout_s=0.3, on_bad_data="score-zero"))
+    assert zero.score(task_for_group(zero, 0, seed=0), "2") == (0.0, str(err.value))
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # disarmed after each call
 
 
 def test_score_zero_skips_bad_rows_and_scores_failing_rewards_zero_with_a_reason(tmp_path):

@@ -152,6 +152,21 @@ def test_tool_latency_model_follows_its_distribution():
     assert env.tool_latency_s(rng) == pytest.approx(0.01)
 
 
+def test_pareto_tool_latency_has_its_median_its_power_tail_and_its_cut():
+    rng = random.Random(0)
+    pareto = ToolLatency(distribution="pareto", median_s=0.02, alpha=1.2, scale=1.0)
+    draws = sorted(draw_tool_latency(pareto, rng) for _ in range(20000))
+    assert statistics.median(draws) == pytest.approx(0.02, rel=0.05)
+    # P(X > x) = 0.5 (x / median)^-alpha: 10x the median is passed by 0.5 * 10^-1.2 = 3.2% of draws
+    assert sum(d > 0.2 for d in draws) / len(draws) == pytest.approx(0.5 * 10 ** -1.2, rel=0.15)
+    assert min(draws) >= 0.02 * 2 ** (-1 / 1.2) - 1e-12  # the scale parameter: no draw below it
+    cut = ToolLatency(distribution="pareto", median_s=0.02, alpha=1.2, max_s=0.5, scale=3.0)
+    capped = [draw_tool_latency(cut, rng) for _ in range(5000)]
+    assert max(capped) == pytest.approx(1.5)  # cut to max_s, then scaled: linear in the scale
+    with pytest.raises(ValueError, match="alpha"):
+        ToolLatency(distribution="pareto", alpha=1.0)  # no finite mean
+
+
 class CountdownEnv(ArithToolEnv):
     name = "countdown"
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from learner.config import ConfigError, RunConfig, parse_config
+from learner.grad.speculation_exactness import speculation_cases
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.drafts import speculation_refused
 from learner.rollout.engine import TorchEngine
@@ -152,3 +153,10 @@ def test_a_stateful_environment_refuses_speculation() -> None:
     cfg = parse_config({"task": {"name": "python-sandbox"}})
     assert "rollout.speculation: task python-sandbox" in speculation_refused(PythonSandboxEnv(cfg.task))
     assert speculation_refused(ArithToolEnv(cfg.task)) is None
+
+
+def test_check_exactness_verifies_against_direct_sampling() -> None:
+    """The ``thundersync check-exactness`` case: random tiny models, several drifts and (T, top-p)."""
+    cases = speculation_cases(seed=1)
+    assert all(c["passed"] for c in cases), cases
+    assert min(c["kept_token_share"] for c in cases) < 1.0  # some drafts were rejected and sampled on
