@@ -1,5 +1,7 @@
 """Forms: the one validation path for pages and the JSON API (errors name field and reason)."""
 
+import re
+
 import yaml
 from django import forms
 from django.core.exceptions import ValidationError
@@ -159,3 +161,23 @@ class ComparisonForm(forms.Form):
         if len(chosen) > MAX_COMPARED:
             raise ValidationError(f"pick at most {MAX_COMPARED} schedules (the compare page shows up to {MAX_COMPARED})")
         return chosen
+
+
+TAG = re.compile(r"^[\w.:-]{1,40}$")
+MAX_TAGS = 10
+
+
+class NoteForm(forms.Form):
+    """Tags and a free-text note of a run or a comparison (views in controller/runs_views.py)."""
+
+    tags = forms.CharField(max_length=500, required=False, help_text="comma separated, e.g. baseline, lr-sweep")
+    note = forms.CharField(max_length=10_000, required=False, widget=forms.Textarea(attrs={"rows": 3}))
+
+    def clean_tags(self):
+        tags = list(dict.fromkeys(t.strip().lower() for t in self.cleaned_data["tags"].split(",") if t.strip()))
+        bad = [t for t in tags if not TAG.match(t)]
+        if bad:
+            raise ValidationError(f"{bad[0]!r}: a tag is 1-40 letters, digits, '.', ':', '-' or '_'")
+        if len(tags) > MAX_TAGS:
+            raise ValidationError(f"at most {MAX_TAGS} tags")
+        return tags

@@ -104,6 +104,17 @@ class Schedule(models.Model):
         return {**knobs, "train.schedule": self.kind}
 
 
+TAGS_HELP = "stored as ,tag,tag, so that one tag is found by a substring on every database"
+
+
+def split_tags(stored: str) -> list[str]:
+    return [t for t in stored.split(",") if t]
+
+
+def join_tags(tags: list[str]) -> str:
+    return f",{','.join(tags)}," if tags else ""
+
+
 class Comparison(models.Model):
     """Runs launched together to compare schedules: the experiment's config, one seed and one
     step count, one run per schedule preset (controller/launching.py, launch_comparison)."""
@@ -112,6 +123,7 @@ class Comparison(models.Model):
     name = models.CharField(max_length=200, blank=True)
     steps = models.PositiveIntegerField()
     note = models.TextField(blank=True, max_length=10_000)
+    tags = models.CharField(max_length=500, blank=True, help_text=TAGS_HELP)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -119,6 +131,9 @@ class Comparison(models.Model):
 
     def __str__(self):
         return self.name or f"comparison {self.pk}"
+
+    def tag_list(self) -> list[str]:
+        return split_tags(self.tags)
 
 
 class Run(models.Model):
@@ -161,12 +176,17 @@ class Run(models.Model):
     start_task_id = models.CharField(max_length=64, blank=True, db_index=True)
     # launched as one of a comparison's runs (same config, seed and steps; its own schedule)
     comparison = models.ForeignKey(Comparison, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    note = models.TextField(blank=True, max_length=10_000)
+    tags = models.CharField(max_length=500, blank=True, help_text=TAGS_HELP)
 
     class Meta:
         ordering = ["-created", "-id"]
 
     def __str__(self):
         return self.name or f"run {self.pk}"
+
+    def tag_list(self) -> list[str]:
+        return split_tags(self.tags)
 
 
 class StepMetric(models.Model):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from html import escape
 
 import kombu.exceptions
 import redis.exceptions
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse
 from django.templatetags.static import static
 from django.views.defaults import server_error as django_server_error
@@ -25,9 +26,12 @@ from .api_errors import json_error
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
+DB_RETRIES = 2
+DB_RETRY_PAUSE_S = 0.05  # times the attempt: a restarting database gets a moment
 # What a lost database or broker raises: Django wraps psycopg's errors (AdminShutdown is an
 # OperationalError); kombu's publish raises its OperationalError; Django's Redis cache raises
 # redis-py's own; a refused socket can surface as the builtin ConnectionError.
+DB_ERRORS = (OperationalError, InterfaceError)
 OUTAGE_ERRORS = (OperationalError, InterfaceError, kombu.exceptions.OperationalError,
                  redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError)
 PAGE = """<!doctype html>
@@ -40,13 +44,16 @@ lost: try again in a few seconds.</p></main></body></html>
 
 
 def what_is_down(err: BaseException) -> str:
-    return "database" if isinstance(err, (OperationalError, InterfaceError)) else "message broker"
+    return "database" if isinstance(err, DB_ERRORS) else "message broker"
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def outage_response(request, err: BaseException) -> HttpResponse:
     what = what_is_down(err)
-    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    log.warning("%s %s: the %s is unreachable (%s): answering 503", request.method, request.path, what, first_line)
+    log.warning("%s %s: the %s is unreachable (%s): answering 503", request.method, request.path, what, first_line(err))
     if request.path.startswith("/api/"):
         response = json_error(503, {"service": f"the {what} is unreachable; try again in {RETRY_AFTER_S}s"})
     else:
@@ -56,7 +63,10 @@ def outage_response(request, err: BaseException) -> HttpResponse:
 
 
 class OutageMiddleware:
-    """Answer an outage a view raised with 503 (see the module doc)."""
+    """Answer an outage a view raised with 503 (see the module doc). A GET or HEAD whose
+    database connection was cut (a restart, a terminated backend) is first run again on a
+    fresh connection, up to DB_RETRIES times: reading twice is harmless, and a flapping
+    database then mostly answers 200. Other methods are not repeated (they may have written)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -64,10 +74,25 @@ class OutageMiddleware:
     def __call__(self, request):
         return self.get_response(request)
 
-    def process_exception(self, request, exception):
-        if isinstance(exception, OUTAGE_ERRORS):
-            return outage_response(request, exception)
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        request.outage_view = (view_func, view_args, view_kwargs)
         return None
+
+    def process_exception(self, request, exception):
+        if not isinstance(exception, OUTAGE_ERRORS):
+            return None
+        view = getattr(request, "outage_view", None)
+        if view is not None and request.method in ("GET", "HEAD") and isinstance(exception, DB_ERRORS):
+            for attempt in range(1, DB_RETRIES + 1):
+                connection.close()  # the broken one; the next query opens a new one
+                log.warning("%s %s: the database connection was lost (%s); trying again (%d/%d)", request.method,
+                            request.path, first_line(exception), attempt, DB_RETRIES)
+                time.sleep(DB_RETRY_PAUSE_S * attempt)
+                try:
+                    return view[0](request, *view[1], **view[2])
+                except DB_ERRORS as err:
+                    exception = err
+        return outage_response(request, exception)
 
 
 def server_error(request):

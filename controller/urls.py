@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic.base import RedirectView
 
-from . import api, manage_views, views
+from . import api, manage_views, runs_views, views
 from .login_throttle import ThrottledLoginView, admin_login
 
 handler404 = "controller.api_errors.not_found"
@@ -44,7 +44,11 @@ urlpatterns = [
     path("schedules/<int:schedule_id>/delete/", manage_views.schedule_delete, name="schedule-delete"),
     # browsers ask for /favicon.ico on pages without a <link rel="icon"> (JSON, admin)
     path("favicon.ico", RedirectView.as_view(url=f"{settings.STATIC_URL}favicon.svg", permanent=True)),
+    path("runs/", runs_views.runs_list, name="runs"),
     path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/<int:run_id>/annotate/", runs_views.run_annotate, name="run-annotate"),
+    path("runs/<int:run_id>/delete/", runs_views.run_delete, name="run-delete"),
+    path("comparisons/<int:comparison_id>/annotate/", runs_views.comparison_annotate, name="comparison-annotate"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
     path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),

@@ -133,6 +133,8 @@ if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to 
 
     THUNDERSYNC_NODE_ADDR = socket.gethostbyname(socket.gethostname())
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
+# Request bodies are refused with 413 past this many bytes while they arrive (controller/body_limit.py).
+THUNDERSYNC_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # The web process (controller/asgi.py) reaps too, so a run whose worker died is resumed or
 # failed even while no worker is up. Production turns it on; the embedded demo has its own.
 THUNDERSYNC_WEB_REAPER = os.environ.get("THUNDERSYNC_WEB_REAPER", "0") == "1"

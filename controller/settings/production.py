@@ -53,7 +53,10 @@ CSRF_TRUSTED_ORIGINS = [
 ]
 
 DATABASES = {
-    "default": {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 60, **_database_from_env()}
+    # a persistent connection is checked before each request reuses it (a restarted or
+    # terminated backend is replaced instead of failing the request)
+    "default": {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True,
+                **_database_from_env()}
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -138,10 +138,11 @@ class DrainPolicy:
     ``closed-groups`` (never: only full known micro-batches until the last arrival, as
     ``max_open_groups: 0``). Every choice is exact; only the learner's work and its timing differ."""
 
-    def __init__(self, name: str, share: float):
+    def __init__(self, name: str, share: float, micro_batch_tokens: int = 4096):
         if name not in DRAIN_POLICIES:
             raise ValueError(f"learner.drain_policy: {name!r} is not one of {', '.join(DRAIN_POLICIES)}")
         self.name, self.share = name, share
+        self.min_partial_slots = micro_batch_tokens // 2
         self.costs = BackwardCosts()  # kept across batches: the model and the machine stay the same
 
     @property
@@ -167,11 +168,13 @@ class DrainPolicy:
         one more backward's fixed cost than in a full one, and nothing else (their rows would take
         the same per-slot work later). That pays where it is at most ``share`` of their own work and
         fits in the batch's allowance: groups close in waves, so rows left for a full micro-batch
-        would otherwise wait for the end of the rollout."""
+        would otherwise wait for the end of the rollout. And at least ``min_partial_slots`` (half a
+        micro-batch): on a loaded machine the fit's fixed cost is hard to tell from noise, and that
+        bounds the extra backwards to one per half micro-batch whatever it says."""
         if self.name != "cost-aware":
             return self.eager
         premium = self.costs.fixed_s
-        if not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
+        if slots < self.min_partial_slots or not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
             return False
         budget.spend(premium)
         return True

@@ -159,7 +159,8 @@ class StreamingLearner(InProcessLearner):
         self.acc = self.options.accumulator(trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
-        self.policy = DrainPolicy(self.options.drain_policy, self.options.early_work_share)
+        self.policy = DrainPolicy(self.options.drain_policy, self.options.early_work_share,
+                                  self.options.micro_batch_tokens)
         self.backward = OnPolicyBackward(self)
 
     @property

@@ -43,7 +43,7 @@ export function trajectoryView(store, step, stepDone = false) {
     hi = Math.max(hi, s.t1);
   }
   const lanes = [...orderLanes(learnerLanes), ...[...trajs.keys()].sort((a, b) => a - b).map((t) => trajLane(t, trajs.get(t)))];
-  return { bars, lanes, range: bars.length ? [lo, Math.max(hi, lo + 1e-3)] : [0, 1] };
+  return { bars, lanes, trajs: [...trajs.keys()], spans, range: bars.length ? [lo, Math.max(hi, lo + 1e-3)] : [0, 1] };
 }
 
 /** The step select of the by-trajectory mode: follows the newest step until the user picks one. */

@@ -9,6 +9,7 @@ import { trajectoryView, StepPicker } from "./bytraj.js";
 import { KIND, METRIC } from "./conventions.js";
 import { readableLog } from "./logview.js";
 import { foldLanes, unfoldedRange } from "./lanefold.js";
+import { TrajectoryTable, trajectoryRows } from "./trajtable.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -38,6 +39,7 @@ const gantt = new GanttChart(el.gantt);
 new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
   learnt: (step) => learntIn(step) });
 const trajSteps = new StepPicker($("traj-step"));
+const trajTable = new TrajectoryTable($("traj-table"));
 gantt.describe = (span) => (span.kind === KIND.OPTIMIZER ? optimizerNote(span) : "");
 const metrics = new Map(); // step -> values
 // Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
@@ -91,10 +93,12 @@ function ganttView() {
     const view = trajectoryView(store, step, metrics.has(step));
     const barriers = storeBarriers(store).filter((b) => b.step === step);
     lanesShown = null;
+    trajTable.show(trajectoryRows(view.spans, view.trajs, metrics.has(step)));
     return { ...view, barriers, lo: view.range[0], hi: view.range[1], key: `traj-${step}` };
   }
   const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
+  trajTable.show([]);
   const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx);
   const view = el.foldLanes.checked ? foldLanes(built, lanes) : { bars: built, lanes, bands: null };
   el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked;
@@ -282,6 +286,7 @@ function setStatus(next, error, frame = {}) {
   el.badge.className = `badge status-${next}`;
   root.dataset.status = next;
   el.cancel.hidden = TERMINAL.has(next);
+  $("delete-link").hidden = !TERMINAL.has(next); // a run is deleted once it has ended
   if (TERMINAL.has(next)) {
     el.conn.textContent = `run ${next}`;
     el.conn.className = "conn done";

@@ -54,8 +54,8 @@ def test_a_flapping_database_answers_503_never_500(web, alice, alice_experiment,
     paths = [f"/api/runs/{run.pk}/", "/api/runs/", f"/runs/{run.pk}/", "/"]
     statuses: dict[int, int] = {}
     with BackendTerminator(0.05) as terminator:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and statuses.get(503, 0) < 8:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             for path in paths:
                 response = session.get(web.url + path, timeout=30, allow_redirects=False)
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
@@ -65,8 +65,11 @@ def test_a_flapping_database_answers_503_never_500(web, alice, alice_experiment,
                         assert "database" in response.json()["errors"]["service"]
                     else:
                         assert "Temporarily unavailable" in response.text
-    assert terminator.terminated > 0 and statuses.get(503, 0) > 0, statuses
+    log = web.log_path.read_text()
+    # the fault hit: reads were run again on a fresh connection (or, twice cut, answered 503)
+    assert terminator.terminated > 0 and "the database connection was lost" in log, statuses
     assert set(statuses) <= {200, 503}, statuses
+    print(f"statuses under a flapping database: {statuses}")
     assert session.get(web.url + f"/api/runs/{run.pk}/", timeout=30).json()["id"] == run.pk  # back at once
 
 

@@ -93,3 +93,14 @@ def test_each_decision_gives_the_batch_gradient(drain):
 def test_cost_aware_with_nothing_measured_learns_like_closed_groups():
     stats, rel = _learn("cost-aware", None)
     assert rel < 1e-12 and stats["peak_buffers"] == 1
+
+
+def test_unfilled_known_rows_run_early_only_from_half_a_micro_batch_and_within_the_share():
+    policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
+    policy.costs = fitted(0.01, 1e-4)  # one more backward: 10 ms
+    budget = policy.begin(expected_rows=1000)
+    budget.arrivals(100, 4000, now=0.0)  # allowance 0.05 · (0.01 + 1e-4 · 40000) s
+    assert not policy.partial_pays(budget, 1000)  # under half a micro-batch
+    assert policy.partial_pays(budget, 2048)  # 10 ms ≤ 5% of its 0.21 s
+    assert budget.spent_s == pytest.approx(0.01)
+    assert not DrainPolicy("closed-groups", 0.05).partial_pays(budget, 4000)
