@@ -98,8 +98,12 @@ def assert_same(a: list[Trajectory], b: list[Trajectory]) -> None:
         assert max(abs(p - q) for p, q in zip(x.behavior_logprobs, y.behavior_logprobs)) < LOGPROB_ATOL
 
 
-@pytest.mark.parametrize("scale,cut_every,budget", [(0.0, 0, 65_536), (0.05, 0, 65_536), (0.05, 3, 65_536),
-                                                    (0.05, 0, 200)])
+@pytest.mark.parametrize("scale,cut_every,budget", [
+    (0.05, 3, 65_536),  # drafts cut mid-turn every few decode steps, some rejected
+    pytest.param(0.0, 0, 65_536, marks=pytest.mark.slow),
+    pytest.param(0.05, 0, 65_536, marks=pytest.mark.slow),
+    pytest.param(0.05, 0, 200, marks=pytest.mark.slow),
+])
 def test_verified_drafts_equal_direct_sampling(scale: float, cut_every: int, budget: int) -> None:
     cfg = config(budget)
     worker, _ = make_worker(cfg)
@@ -119,6 +123,7 @@ def test_verified_drafts_equal_direct_sampling(scale: float, cut_every: int, bud
         assert len(drafted) < N  # the budget held some drafts back: they started afresh
 
 
+@pytest.mark.slow
 def test_opd_kept_turns_keep_their_teacher_scores() -> None:
     cfg = config()
     teacher = load_model(resolve_model_dir("builtin:teacher"))
