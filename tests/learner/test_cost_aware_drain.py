@@ -18,7 +18,7 @@ from learner.grad.reference import reference_gradient
 def fitted(a: float, b: float) -> BackwardCosts:
     costs = BackwardCosts()
     for slots in (100, 400, 1000, 4000, 250):
-        costs.observe(slots, a + b * slots, open_group=False)
+        costs.observe(slots, slots // 50, a + b * slots, open_group=False)
     return costs
 
 
@@ -26,13 +26,13 @@ def test_the_known_fit_recovers_the_fixed_and_per_slot_cost_and_the_open_ratio()
     costs = fitted(0.01, 1e-4)
     assert costs.fixed_s == pytest.approx(0.01)
     assert costs.known_s(2000) == pytest.approx(0.21)
-    costs.observe(1000, 2.5 * costs.known_s(1000), open_group=True)
+    costs.observe(120, 1, 2.5 * costs.known_row_s, open_group=True)  # one open row, 2.5 known rows' time
     assert costs.open_ratio == pytest.approx(2.5)
 
 
 def test_one_size_seen_puts_every_second_on_the_slots():
     costs = BackwardCosts()
-    costs.observe(1000, 0.5, open_group=False)
+    costs.observe(1000, 20, 0.5, open_group=False)
     assert costs.fixed_s == 0.0 and costs.known_s(2000) == pytest.approx(1.0)
 
 
