@@ -176,12 +176,14 @@ def supervise(run: Run) -> Run:
     _, remote = nodes.placement(config)
     # ranks on other nodes: their tasks go out now and connect once the driver listens
     env = nodes.start_remote_ranks(run, remote) if remote else None
-    try:
-        child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log,
-                               env=env)
-    except OSError as err:
-        return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
+    # ours from the claim on: the warm runner may still be importing (THUNDERSYNC_WARM_WAIT_S), and
+    # the reaper must not take this run for one whose supervisor stopped meanwhile
     with ownership.supervising(run.pk):
+        try:
+            child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log,
+                                   env=env)
+        except OSError as err:
+            return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
         Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=me(), heartbeat=timezone.now())
         watch = RunWatch(child, ingestor, run.pk, spans_nodes=bool(remote))
         try:

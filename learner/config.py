@@ -290,9 +290,9 @@ class LearnerConfig(Strict):
         0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
                                            "share of the batch's estimated micro-batched learner work")
     pack_rows: bool = Field(
-        False, description="pack several rows into each line of a learner micro-batch (position ids restarting "
-                           "per row, attention causal within a row) instead of right-padding every row to the "
-                           "longest (docs/learner.md)")
+        True, description="pack several rows into each line of a learner micro-batch (position ids restarting "
+                          "per row, attention causal within a row) instead of right-padding every row to the "
+                          "longest (docs/learner.md); false: one right-padded row per line")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")

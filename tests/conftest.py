@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from learner.rollout.cores import set_process_affinity
+
 
 @pytest.fixture(autouse=True)
 def _process_cores_and_threads_restored():
@@ -16,6 +18,6 @@ def _process_cores_and_threads_restored():
     threads = torch.get_num_threads()
     yield
     if cores is not None and os.sched_getaffinity(0) != cores:
-        os.sched_setaffinity(0, cores)
+        set_process_affinity(cores)  # every thread: pinning moved them all
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)

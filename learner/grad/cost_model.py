@@ -32,25 +32,36 @@ DECAY = 0.9  # weight of the older observations at each new one (the machine's s
 
 @dataclass
 class BackwardCosts:
-    """Decayed least squares of seconds ≈ a + b·slots over known micro-batches, and the decayed
-    mean of an open micro-batch's seconds over the known fit at its size."""
+    """Decayed least squares of seconds ≈ a + b·slots over known micro-batches, and decayed
+    seconds per row of known and of open micro-batches (their ratio is ``learner/open_row_cost``:
+    per row, because an open bucket's small micro-batch pays its fixed cost over few rows)."""
 
     n: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
-    open_ratio: float = PRIOR_OPEN_RATIO
-    open_seen: bool = False
+    known_rows: float = 0.0
+    known_rows_s: float = 0.0
+    open_rows: float = 0.0
+    open_rows_s: float = 0.0
 
-    def observe(self, slots: int, seconds: float, open_group: bool) -> None:
+    @property
+    def known_row_s(self) -> float:
+        return self.known_rows_s / self.known_rows if self.known_rows else 0.0
+
+    @property
+    def open_ratio(self) -> float:
+        """Seconds per open row over seconds per known row (``PRIOR_OPEN_RATIO`` until both ran)."""
+        if not (self.open_rows and self.known_rows_s > 0):
+            return PRIOR_OPEN_RATIO
+        return (self.open_rows_s / self.open_rows) / self.known_row_s
+
+    def observe(self, slots: int, rows: int, seconds: float, open_group: bool) -> None:
         if open_group:
-            known = self.known_s(slots)
-            if known > 0:
-                ratio = seconds / known
-                self.open_ratio = ratio if not self.open_seen else DECAY * self.open_ratio + (1 - DECAY) * ratio
-                self.open_seen = True
+            self.open_rows, self.open_rows_s = DECAY * self.open_rows + rows, DECAY * self.open_rows_s + seconds
             return
+        self.known_rows, self.known_rows_s = DECAY * self.known_rows + rows, DECAY * self.known_rows_s + seconds
         self.n, self.sx, self.sy = DECAY * self.n + 1, DECAY * self.sx + slots, DECAY * self.sy + seconds
         self.sxx, self.sxy = DECAY * self.sxx + slots * slots, DECAY * self.sxy + slots * seconds
 
@@ -138,10 +149,11 @@ class DrainPolicy:
     ``closed-groups`` (never: only full known micro-batches until the last arrival, as
     ``max_open_groups: 0``). Every choice is exact; only the learner's work and its timing differ."""
 
-    def __init__(self, name: str, share: float):
+    def __init__(self, name: str, share: float, micro_batch_tokens: int = 4096):
         if name not in DRAIN_POLICIES:
             raise ValueError(f"learner.drain_policy: {name!r} is not one of {', '.join(DRAIN_POLICIES)}")
         self.name, self.share = name, share
+        self.min_partial_slots = micro_batch_tokens // 2
         self.costs = BackwardCosts()  # kept across batches: the model and the machine stay the same
 
     @property
@@ -151,8 +163,8 @@ class DrainPolicy:
     def begin(self, expected_rows: int) -> EarlyWorkBudget:
         return EarlyWorkBudget(self.costs, expected_rows, self.share)
 
-    def observe(self, slots: int, seconds: float, open_group: bool) -> None:
-        self.costs.observe(slots, seconds, open_group)
+    def observe(self, slots: int, rows: int, seconds: float, open_group: bool) -> None:
+        self.costs.observe(slots, rows, seconds, open_group)
 
     def _decide(self, budget: EarlyWorkBudget, premium_s: float, waiting_slots: int) -> bool:
         if self.name != "cost-aware":
@@ -167,18 +179,19 @@ class DrainPolicy:
         one more backward's fixed cost than in a full one, and nothing else (their rows would take
         the same per-slot work later). That pays where it is at most ``share`` of their own work and
         fits in the batch's allowance: groups close in waves, so rows left for a full micro-batch
-        would otherwise wait for the end of the rollout."""
+        would otherwise wait for the end of the rollout. And at least ``min_partial_slots`` (half a
+        micro-batch): on a loaded machine the fit's fixed cost is hard to tell from noise, and that
+        bounds the extra backwards to one per half micro-batch whatever it says."""
         if self.name != "cost-aware":
             return self.eager
         premium = self.costs.fixed_s
-        if not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
+        if slots < self.min_partial_slots or not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
             return False
         budget.spend(premium)
         return True
 
-    def open_pays(self, budget: EarlyWorkBudget, slots: int, row_slots: int, waiting_slots: int) -> bool:
-        """An open group's bucket: ``open_ratio`` times a known micro-batch of its size, beyond the
-        same rows in full known micro-batches."""
-        premium = self.costs.open_ratio * self.costs.known_s(slots) - (self.costs.known_s(row_slots)
-                                                                       - self.costs.fixed_s)
+    def open_pays(self, budget: EarlyWorkBudget, rows: int, waiting_slots: int) -> bool:
+        """An open group's bucket of ``rows`` rows: (``open_ratio`` − 1) known rows' seconds each, beyond
+        the same rows in known micro-batches."""
+        premium = max(self.costs.open_ratio - 1.0, 0.0) * self.costs.known_row_s * rows
         return self._decide(budget, premium, waiting_slots)

@@ -42,7 +42,7 @@ class LearnerOptions:
     speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
     drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/cost_model.py)
     early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
-    pack_rows: bool = False  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
+    pack_rows: bool = True  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:

@@ -159,7 +159,8 @@ class StreamingLearner(InProcessLearner):
         self.acc = self.options.accumulator(trainable(model))
         self._batch: _Batch | None = None
         self.logprobs = LogprobLedger()
-        self.policy = DrainPolicy(self.options.drain_policy, self.options.early_work_share)
+        self.policy = DrainPolicy(self.options.drain_policy, self.options.early_work_share,
+                                  self.options.micro_batch_tokens)
         self.backward = OnPolicyBackward(self)
 
     @property
@@ -348,9 +349,7 @@ class OnPolicyBackward:
             return None
 
         def accept(bucket: Bucket) -> bool:
-            lengths = [len(t.input_ids) for t in bucket.trajs]
-            return self.policy.open_pays(state.budget, len(lengths) * max(lengths), sum(lengths),
-                                         self._waiting_slots(state))
+            return self.policy.open_pays(state.budget, len(bucket.trajs), self._waiting_slots(state))
         return accept
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
@@ -377,7 +376,7 @@ class OnPolicyBackward:
         grid = fwd.layout
         del fwd, pg, aux
         t1 = time.monotonic()
-        self.policy.observe(grid.slots, t1 - t0, open_group=bucket is not None)
+        self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:

@@ -2,9 +2,10 @@
 sampling token for token (docs/speculation.md), a case of ``thundersync check-exactness``.
 
 Per case: a random tiny Llama θ_k and θ_{k+1} = θ_k moved by a random relative step; rows of
-random prompts are drafted under θ_k with the keyed sampler, verified against θ_{k+1}, and
-continued from the first differing position with the same streams; the result must equal
-what θ_{k+1} samples directly from the same prompts and seeds, in every token.
+random prompts (``GROUP`` rows each, so verification shares their prefix) are drafted under θ_k
+with the keyed sampler, verified against θ_{k+1}, and continued from the first differing
+position with the same streams; the result must equal what θ_{k+1} samples directly from the
+same prompts and seeds, in every token.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from learner.rollout.engine import TorchEngine
 from learner.rollout.sampling import SamplingParams, Stream
 from learner.rollout.speculation import Sampled, verify
 
-ROWS, NEW_TOKENS = 8, 24
+ROWS, NEW_TOKENS, GROUP = 8, 24, 2  # GROUP rows share a prompt, as a GRPO group's drafts do
 SETTINGS = ((1.0, 1.0, 0.02), (1.0, 1.0, 0.2), (0.8, 0.9, 0.05), (1.3, 1.0, 0.5))  # (T, top-p, drift)
 
 
@@ -32,7 +33,8 @@ def run_case(seed: int, temperature: float, top_p: float, drift: float) -> dict:
     model = tiny_llama(torch.float32, seed)
     engine = TorchEngine(model, pad_id=0)
     params = SamplingParams(NEW_TOKENS, [], temperature, top_p)
-    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 9))] for _ in range(ROWS)]
+    distinct = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 9))] for _ in range(ROWS // GROUP)]
+    prompts = [p for p in distinct for _ in range(GROUP)]
     seeds = [rng.randrange(2**40) for _ in range(ROWS)]
     drafts = engine.generate(prompts, params, seeds=seeds)
     engine.load_weights(drifted(model, drift, seed + 1), version=1)

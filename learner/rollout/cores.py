@@ -22,9 +22,27 @@ def core_plan(n_workers: int, pin: bool) -> tuple[int | None, list[int | None]]:
     return cores[0], [cores[1 + w % (len(cores) - 1)] for w in range(n_workers)]
 
 
+def set_process_affinity(cores: set[int]) -> None:
+    """Every thread of this process on ``cores``. ``sched_setaffinity(0)`` moves only the calling
+    thread (Linux keeps one mask per thread): a thread started before a pin (the events flusher
+    of ``thundersync train --events``, a worker's outbox feeder) would keep the whole machine,
+    wake on the other side's busy core and hold up this process's main thread at each hand-off
+    of the interpreter lock. Threads started later inherit the caller's mask."""
+    os.sched_setaffinity(0, cores)
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return  # no /proc: only the calling thread is moved
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass  # the thread ended meanwhile
+
+
 def pin_process(core: int | None) -> None:
     if core is not None and hasattr(os, "sched_setaffinity"):
         try:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
+            set_process_affinity({core % os.cpu_count()})
         except OSError:
             pass  # containers may forbid it; the run still works, only less isolated

@@ -21,6 +21,8 @@ from learner.rollout.sampling import Completion, Stream
 from learner.rollout.speculation import Sampled, Verdict, verify
 from learner.timeline import Kind
 
+VERIFY_CHUNK = 32  # drafts per verification forward (a GRPO group or a few)
+
 
 def _room(worker: LoopHost) -> int:
     budget = worker.cfg.rollout.speculation.draft_token_budget
@@ -67,24 +69,27 @@ def sampled(lp: LoopState) -> Sampled:
 
 
 def adopt(worker: LoopHost, step: int, trajs: list[int]) -> set[int]:
-    """``Work`` for batch ``step`` arrived: verify its drafts against the weights loaded now (one
-    batched forward) and turn them into that batch's loops. Returns the trajectories adopted;
-    the others start afresh (a draft of another step, or weights other than ``step``'s, is dropped)."""
+    """``Work`` for batch ``step`` arrived: verify its drafts against the weights loaded now and
+    turn them into that batch's loops, in batched forwards of ``VERIFY_CHUNK`` drafts, finished
+    drafts first: a chunk's fully kept trajectories go to the learner before the next chunk is
+    verified (streaming starts learning meanwhile). Returns the trajectories adopted; the others
+    start afresh (a draft of another step, or weights other than ``step``'s, is dropped)."""
     mine = [worker.loops[t] for t in trajs if t in worker.loops and worker.loops[t].draft]
     for lp in [lp for lp in mine if lp.step != step or worker.engine.version != step]:
         worker.tools.forget(lp.traj)
         worker.release(lp)
         mine.remove(lp)
-    if not mine:
-        return set()
-    views = [sampled(lp) for lp in mine]
+    mine.sort(key=lambda lp: lp.parked is None)
     ro = worker.cfg.rollout
-    t0 = worker.now()
-    verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id)
-    t1 = worker.now()
-    for lp, view, verdict in zip(mine, views, verdicts):
-        worker.span(Kind.DRAFT_VERIFY, t0, t1, lp, tokens=len(view.positions))
-        _continue(worker, lp, view, verdict)
+    for first in range(0, len(mine), VERIFY_CHUNK):
+        chunk = mine[first:first + VERIFY_CHUNK]
+        views = [sampled(lp) for lp in chunk]
+        t0 = worker.now()
+        verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id)
+        t1 = worker.now()
+        for lp, view, verdict in zip(chunk, views, verdicts):
+            worker.span(Kind.DRAFT_VERIFY, t0, t1, lp, tokens=len(view.positions))
+            _continue(worker, lp, view, verdict)
     return {lp.traj for lp in mine}
 
 

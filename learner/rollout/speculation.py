@@ -37,9 +37,10 @@ class Verdict:
 
 @torch.no_grad()
 def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, top_p: float,
-           pad_id: int) -> list[Verdict]:
+           pad_id: int, share_prefix: bool = True) -> list[Verdict]:
     """The verdict of each draft under ``model``, in batched forwards (longest first, bounded
-    by ``LOGIT_ELEMENTS_PER_FORWARD``)."""
+    by ``LOGIT_ELEMENTS_PER_FORWARD``). ``share_prefix`` off only to measure what sharing
+    saves (``bench/verify_cost.py``)."""
     verdicts: list[Verdict | None] = [None] * len(drafts)
     order = sorted(range(len(drafts)), key=lambda i: -len(drafts[i].ids))
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -47,14 +48,24 @@ def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, to
     while start < len(order):
         width = len(drafts[order[start]].ids)
         rows = max(1, LOGIT_ELEMENTS_PER_FORWARD // max(1, width * vocab))
-        chunk = order[start:start + rows]
-        for i, v in zip(chunk, _verify_chunk(model, [drafts[i] for i in chunk], temperature, top_p, pad_id)):
+        chunk = [drafts[i] for i in order[start:start + rows]]
+        shared = share_prefix and all(_prefix_length(d) > 0 for d in chunk)
+        at = (_shared_prefix_logits if shared else _whole_logits)(model, chunk, pad_id)
+        for i, v in zip(order[start:start + rows], _verdicts(chunk, at, temperature, top_p)):
             verdicts[i] = v
         start += rows
     return verdicts  # type: ignore[return-value]
 
 
-def _verify_chunk(model, drafts: list[Sampled], temperature: float, top_p: float, pad_id: int) -> list[Verdict]:
+def _prefix_length(d: Sampled) -> int:
+    """Tokens before the one whose logits draw the first sampled token: the first prompt but
+    its last token, the same for every draft of a GRPO group."""
+    return (d.positions[0] if d.positions else len(d.ids)) - 1
+
+
+def _whole_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Tensor:
+    """(N, V): the logits each sampled token was drawn from, from one right-padded forward
+    over every draft's whole context."""
     dev = next(model.parameters()).device
     width = max(len(d.ids) for d in drafts)
     ids = torch.full((len(drafts), width), pad_id, dtype=torch.long, device=dev)
@@ -65,7 +76,46 @@ def _verify_chunk(model, drafts: list[Sampled], temperature: float, top_p: float
     logits = model(input_ids=ids, attention_mask=attn).logits.float()  # (B, W, V)
     rows = torch.tensor([b for b, d in enumerate(drafts) for _ in d.positions], dtype=torch.long, device=dev)
     cols = torch.tensor([j - 1 for d in drafts for j in d.positions], dtype=torch.long, device=dev)
-    at = logits[rows, cols]  # (N, V): the logits each sampled token was drawn from
+    return logits[rows, cols]
+
+
+def _shared_prefix_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Tensor:
+    """(N, V) as ``_whole_logits``, with each distinct prefix (``_prefix_length``) forwarded
+    once and its keys/values given to every draft that shares it (as the engine's prefill
+    shares a group's prompt), then each draft's remainder forwarded on that cache; the output
+    embedding is applied only at the positions whose logits draw a sampled token."""
+    dev = next(model.parameters()).device
+    cuts = [_prefix_length(d) for d in drafts]
+    first: dict[tuple[int, ...], int] = {}
+    select = torch.tensor([first.setdefault(tuple(d.ids[:c]), len(first)) for d, c in zip(drafts, cuts)], device=dev)
+    lead = max(len(p) for p in first)
+    pre_ids = torch.full((len(first), lead), pad_id, dtype=torch.long, device=dev)
+    pre_attn = torch.zeros((len(first), lead), dtype=torch.long, device=dev)
+    for u, p in enumerate(first):  # left padding: every prefix ends at the last column
+        pre_ids[u, lead - len(p):] = torch.tensor(p)
+        pre_attn[u, lead - len(p):] = 1
+    decoder = model.get_decoder()
+    cache = decoder(input_ids=pre_ids, attention_mask=pre_attn, position_ids=(pre_attn.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True).past_key_values
+    cache.batch_select_indices(select)
+    width = max(len(d.ids) - c for d, c in zip(drafts, cuts))
+    ids = torch.full((len(drafts), width), pad_id, dtype=torch.long, device=dev)
+    attn = torch.zeros((len(drafts), width), dtype=torch.long, device=dev)
+    for b, (d, c) in enumerate(zip(drafts, cuts)):  # right padding after the prefix
+        ids[b, :len(d.ids) - c] = torch.tensor(d.ids[c:])
+        attn[b, :len(d.ids) - c] = 1
+    pos = torch.tensor(cuts, device=dev)[:, None] + torch.arange(width, device=dev)
+    hidden = decoder(input_ids=ids, attention_mask=torch.cat([pre_attn[select], attn], 1), position_ids=pos,
+                     past_key_values=cache, use_cache=True).last_hidden_state  # (B, W, H)
+    rows = torch.tensor([b for b, d in enumerate(drafts) for _ in d.positions], dtype=torch.long, device=dev)
+    cols = torch.tensor([j - 1 - c for d, c in zip(drafts, cuts) for j in d.positions], dtype=torch.long, device=dev)
+    return model.get_output_embeddings()(hidden[rows, cols]).float()
+
+
+def _verdicts(drafts: list[Sampled], at: torch.Tensor, temperature: float, top_p: float) -> list[Verdict]:
+    """Redraw every sampled token from ``at`` (its logits, in order) with its own key; each
+    draft is kept up to its first redrawn token that differs."""
+    dev = at.device
     streams = [s for d in drafts for s in d.streams]
     drawn = keyed_sample(at, temperature, top_p, row_keys(streams, [0] * len(streams), dev)).tolist()
     logp = torch.log_softmax(at, -1).gather(-1, torch.tensor(drawn, device=dev)[:, None]).squeeze(-1).tolist()

@@ -41,7 +41,7 @@ def warnings(page) -> list[str]:
 
 
 def test_compare_latest_picks_comparable_finished_runs_and_a_blind_pick_is_warned(live_url, browser_page, alice, runs):
-    """Defect 1: the four newest runs were taken blindly (a 1-step run, a cancelled reference)."""
+    """Before the fix: the four newest runs were taken blindly (a 1-step run, a cancelled reference)."""
     page, errors = browser_page
     log_in(page, live_url, "alice", "alice-password")
     page.goto(f"{live_url}/experiments/{runs['sync'].experiment_id}/")
@@ -90,7 +90,7 @@ def test_mismatched_seeds_and_configs_are_warned(live_url, browser_page, alice, 
 
 
 def test_time_to_reward_reads_smoothed_reward_at_a_visible_level(live_url, browser_page, alice, runs):
-    """Defect 14: the level was the raw reward's, invisible, and the chart had no smoothing."""
+    """Before the fix: the level was the raw reward's, invisible, and the chart had no smoothing."""
     page, errors = browser_page
     sync, streaming = runs["sync"], runs["streaming"]
     log_in(page, live_url, "alice", "alice-password")
@@ -119,7 +119,7 @@ def test_time_to_reward_reads_smoothed_reward_at_a_visible_level(live_url, brows
 
 
 def test_the_staleness_histogram_counts_every_step(live_url, browser_page, alice, runs):
-    """Defect 6: only the last 5 steps were counted, while the summary's mean counts them all."""
+    """Before the fix: only the last 5 steps were counted, while the summary's mean counts them all."""
     page, errors = browser_page
     sync, streaming = runs["sync"], runs["streaming"]
     for m in StepMetric.objects.filter(run=streaming):  # step 0's turns trained one version late
@@ -134,7 +134,7 @@ def test_the_staleness_histogram_counts_every_step(live_url, browser_page, alice
 
 
 def test_unknown_run_ids_get_a_styled_error_that_keeps_the_ticks(live_url, browser_page, alice, runs):
-    """Defect 7: a bare "Not Found" naming no id; one run's error unticked it."""
+    """Before the fix: a bare "Not Found" naming no id; one run's error unticked it."""
     page, errors = browser_page
     sync, streaming = runs["sync"], runs["streaming"]
     log_in(page, live_url, "alice", "alice-password")

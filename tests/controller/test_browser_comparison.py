@@ -5,7 +5,7 @@ follows the runs live until they finish; in a real browser against the real app.
 import pytest
 from tests.harness.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 
-from controller.models import Comparison, Run, Schedule
+from controller.models import Comparison, Run, Schedule, Span
 
 from .conftest import wait_for_status
 from .test_browser_insight import store_workload
@@ -69,9 +69,15 @@ def test_a_comparison_needs_two_schedules_and_enough_steps(live_url, browser_pag
     assert errors == []
 
 
+@pytest.fixture
+def shared_run_dir(monkeypatch, tmp_path):
+    """The daphne process reads run logs where the worker (conftest.celery_worker) writes them."""
+    monkeypatch.setenv("THUNDERSYNC_RUN_DIR", str(tmp_path / "runs"))
+
+
 @pytest.mark.slow
 def test_a_one_click_comparison_of_three_schedules_finishes_fair(
-        live_url, browser_page, celery_worker, alice, alice_experiment, presets):
+        shared_run_dir, live_url, browser_page, celery_worker, alice, alice_experiment, presets):
     """sync, async and streaming of configs/quickstart.yaml, 3 steps each, trained for real: the
     compare page shows ratios with their spread and no warning."""
     page, errors = browser_page
@@ -86,4 +92,28 @@ def test_a_one_click_comparison_of_three_schedules_finishes_fair(
     cells = page.evaluate("[...document.querySelectorAll('#compare-summary td[data-field=speedup_vs_sync]')].map((td) => td.textContent)")
     assert len(cells) == 3 and all("×" in c and "–" in c for c in cells), cells  # a ratio and its p10-p90
     screenshot(page, "comparison")
+    show_the_streaming_run(page, live_url, comparison)
+    Run.objects.filter(comparison=comparison, schedule__kind="sync").update(tags=",baseline,", note="the 1.00x reference")
+    page.goto(f"{live_url}/runs/?experiment={alice_experiment.pk}")
+    assert len(page.locator("#runs-list tbody tr").all()) == 3
+    screenshot(page, "runs-list")
     assert errors == []
+
+
+def show_the_streaming_run(page, live_url, comparison) -> None:
+    """The streaming run's page with all steps, one trajectory followed, then by trajectory (the
+    pictures in docs/screenshots)."""
+    run = comparison.runs.get(schedule__kind="streaming")
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.select_option("#window-steps", "0")
+    total = Span.objects.filter(run=run).count()
+    page.wait_for_function(f"document.getElementById('gantt').dataset.drawnSpans === '{total}'", timeout=60_000)
+    last = Span.objects.filter(run=run).order_by("-step").first().step
+    target = max(Span.objects.filter(run=run, step=last, kind="rollout.generate"), key=lambda s: s.t1 - s.t0)
+    page.fill("#traj-search", str(target.traj))
+    page.dispatch_event("#traj-search", "change")
+    page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{target.traj}'")
+    screenshot(page, "run-followed")
+    page.select_option("#lane-mode", "traj")
+    page.wait_for_selector("#traj-table tbody tr")
+    screenshot(page, "run-by-trajectory-table")

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.browser
 
 
 def test_the_demo_experiment_says_what_a_run_is_and_shows_its_whole_config(live_url, browser_page, alice):
-    """Defect 11: "a run takes about a minute on CPU" for a 1-step run of 3.7 s; the config
+    """Before the fix: "a run takes about a minute on CPU" for a 1-step run of 3.7 s; the config
     panel's first line cut off."""
     page, errors = browser_page
     ensure_presets()

@@ -37,7 +37,7 @@ def modebar_button(chart: str, title: str) -> str:
 
 
 def test_the_gantt_downloads_png_and_svg_with_its_bars(live_url, browser_page, alice, run):
-    """Defect 4: the camera button saved axes and legend but no bars."""
+    """Before the fix: the camera button saved axes and legend but no bars."""
     page, errors = browser_page
     open_run_page(page, live_url, run)
     page.hover("#gantt")
@@ -80,7 +80,7 @@ def wide_run(alice_experiment, streaming_preset):
 
 
 def test_the_learner_lane_stays_labelled_and_readable_at_128_rollout_lanes(live_url, browser_page, alice, wide_run):
-    """Defect 5: at 128 lanes each was ~3 px, learner/0 lost its label and became a 1-px line."""
+    """Before the fix: at 128 lanes each was ~3 px, learner/0 lost its label and became a 1-px line."""
     page, errors = browser_page
     open_run_page(page, live_url, wide_run)
     assert Span.objects.filter(run=wide_run).values("lane").distinct().count() == 129

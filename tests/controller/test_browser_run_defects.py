@@ -48,12 +48,13 @@ def open_finished(page, live_url, run):
 
 
 def test_a_skipped_trajectory_says_why_it_has_no_backward(live_url, browser_page, alice, run):
-    """Defect 2: a zero-variance trajectory said "not trained yet" on a finished run."""
+    """Before the fix: a zero-variance trajectory said "not trained yet" on a finished run."""
     page, errors = browser_page
     open_finished(page, live_url, run)
     traj = skipped_trajs(run)[0]
-    verify = Span.objects.get(run=run, traj=traj, kind="rollout.verify")
-    click_span(page, verify)
+    # its longest generate span: a bar wide enough to hit under load
+    generate = max(Span.objects.filter(run=run, traj=traj, kind="rollout.generate"), key=lambda s: s.t1 - s.t0)
+    click_span(page, generate)
     page.wait_for_function(f"document.getElementById('traj-detail').dataset.traj === '{traj}'")
     note = page.inner_text("#traj-note")
     assert "not trained yet" not in note
@@ -69,7 +70,7 @@ def test_a_skipped_trajectory_says_why_it_has_no_backward(live_url, browser_page
 
 
 def test_by_trajectory_keeps_skipped_rows_and_the_chart_is_honest(live_url, browser_page, alice, run):
-    """Defect 3: skipped trajectories hidden, a dimmed chart with nothing highlighted, a stale
+    """Before the fix: skipped trajectories hidden, a dimmed chart with nothing highlighted, a stale
     tooltip, a blank band below the chart."""
     page, errors = browser_page
     open_finished(page, live_url, run)
@@ -104,7 +105,7 @@ def test_by_trajectory_keeps_skipped_rows_and_the_chart_is_honest(live_url, brow
 
 
 def test_a_trace_range_the_server_would_refuse_is_said_on_the_page(live_url, browser_page, alice, run):
-    """Defect 8: 9-2 showed nothing (the 400 went into a cancelled download); past the last step
+    """Before the fix: 9-2 showed nothing (the 400 went into a cancelled download); past the last step
     gave an empty trace."""
     page, errors = browser_page
     open_finished(page, live_url, run)
@@ -128,7 +129,7 @@ def test_a_trace_range_the_server_would_refuse_is_said_on_the_page(live_url, bro
 
 
 def test_cancel_asks_first(live_url, browser_page, alice, alice_experiment, streaming_preset):
-    """Defect 9: one click killed a 200-step run."""
+    """Before the fix: one click killed a 200-step run."""
     page, errors = browser_page
     running = make_run(alice_experiment, streaming_preset, steps=200, status=Run.Status.RUNNING, name="long run",
                        supervisor="worker-elsewhere:1:1", heartbeat=timezone.now())
@@ -151,7 +152,7 @@ def test_cancel_asks_first(live_url, browser_page, alice, alice_experiment, stre
 
 
 def test_idle_tiles_agree_and_steps_count_from_zero(live_url, browser_page, alice, run):
-    """Defect 10: the two idle tiles disagreed for the same final step; "step 1 / 20" vs step 0."""
+    """Before the fix: the two idle tiles disagreed for the same final step; "step 1 / 20" vs step 0."""
     page, errors = browser_page
     open_finished(page, live_url, run)
     last = StepMetric.objects.get(run=run, step=3).values["trainer/idle_ratio"]
@@ -170,7 +171,7 @@ def run_dir(monkeypatch, tmp_path):
 
 
 def test_the_log_panel_drops_progress_bar_redraws(run_dir, live_url, browser_page, alice, run):
-    """Defect 10: tqdm's bar repeated around every line; a warning glued to the last bar."""
+    """Before the fix: tqdm's bar repeated around every line; a warning glued to the last bar."""
     page, errors = browser_page
     bar = "sync:  50%|█████     | 4/8 [00:05<00:05,  1.26s/it]"
     lines = ["boot: first generate", bar.replace("50%", "38%"), bar, " " * 51,
@@ -191,7 +192,7 @@ def test_the_log_panel_drops_progress_bar_redraws(run_dir, live_url, browser_pag
 
 
 def test_metric_panel_searches_overlays_smoothing_and_shows_ratios_in_percent(live_url, browser_page, alice, run):
-    """Defect 12: smoothing replaced the raw line; a ctrl-click list, no search, cut names; idle 0-1."""
+    """Before the fix: smoothing replaced the raw line; a ctrl-click list, no search, cut names; idle 0-1."""
     page, errors = browser_page
     open_finished(page, live_url, run)
     page.fill("#metric-search", "idle")
@@ -214,7 +215,7 @@ def test_metric_panel_searches_overlays_smoothing_and_shows_ratios_in_percent(li
 
 
 def test_a_long_optimizer_span_is_explained(live_url, browser_page, alice, run):
-    """Defect 13: a last-step optimizer bar 44x the median with no explanation."""
+    """Before the fix: a last-step optimizer bar 44x the median with no explanation."""
     page, errors = browser_page
     optimizer = Span.objects.get(run=run, step=3, kind="learner.optimizer")
     optimizer.t1 = optimizer.t0 + 0.153

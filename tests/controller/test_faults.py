@@ -142,6 +142,24 @@ def test_a_run_whose_only_worker_died_is_ended_by_the_web_process(worker, alice_
         redis.stop()
 
 
+def test_a_hung_supervisor_is_reaped_and_its_learner_group_killed(worker, alice_experiment, streaming_preset):
+    """SIGSTOP of the pool process: its supervisor is alive but stops stamping and touching its
+    run directory; the worker's reaper ends the run and kills the learner's whole group (it
+    would block on its full stdout pipe forever), then checks it is gone."""
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 20)
+    pool = worker.pool_child()
+    os.kill(pool, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        run = wait_final(run_id, BOUND_S)
+        assert run.status == "failed" and "last reported" in run.error, run.error
+        assert time.monotonic() - t0 < BOUND_S
+        assert_nothing_left(run)
+    finally:
+        os.kill(pool, signal.SIGCONT)
+
+
 def test_cancel_ends_a_run_whose_worker_is_gone(worker, alice_client, alice_experiment, streaming_preset):
     run_id = launch(alice_experiment, streaming_preset, 200)
     run = wait_running_with_spans(run_id, 20)

@@ -3,14 +3,17 @@ default are forked from it, and every way a run ends leaves nothing behind, as a
 
 import os
 import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from controller import warm
+from controller import ownership, warm
 from controller.embedded_worker import EmbeddedWorker
 from controller.models import Run
+from controller.tasks import run_training
 from learner.warm.client import WarmProcess
 
 from .conftest import make_run
@@ -73,3 +76,30 @@ def test_runs_on_the_embedded_default_fork_from_the_warm_runner_and_end_cleanly(
         worker.stop(timeout=60)
     # the worker's shutdown stops its runner and removes the socket
     assert runner.poll() is not None and not socket.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_run_waiting_for_a_runner_that_still_imports_stays_its_supervisors(
+    settings, tmp_path, alice_experiment, streaming_preset, monkeypatch
+):
+    """The first run after a worker starts waits for its runner (THUNDERSYNC_WARM_WAIT_S); a
+    reaper pass meanwhile must not take it for a run whose supervisor stopped."""
+    settings.THUNDERSYNC_RUN_DIR = tmp_path
+    settings.THUNDERSYNC_WARM_RUNNER = True
+    settings.THUNDERSYNC_WARM_WAIT_S = 5.0
+    importing = subprocess.Popen(["sleep", "120"])  # alive, and its socket never appears
+    monkeypatch.setitem(warm._runner, "proc", importing)
+    run = make_run(alice_experiment, streaming_preset, status=Run.Status.QUEUED, steps=1)
+    task = threading.Thread(target=lambda: run_training.apply(args=[run.pk]))
+    task.start()
+    try:
+        wait_until(lambda: Run.objects.get(pk=run.pk).status == Run.Status.STARTING, 30, "the run is claimed")
+        ownership.reap()  # while the supervisor waits for the runner
+        assert Run.objects.get(pk=run.pk).status == Run.Status.STARTING, Run.objects.get(pk=run.pk).error
+        task.join(300)
+    finally:
+        importing.kill()
+        importing.wait()
+    done = wait_final(run.pk)
+    assert done.status == "succeeded", done.error  # started cold once the wait ran out

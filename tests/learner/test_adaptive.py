@@ -264,6 +264,8 @@ def test_learner_path_auto_picks_the_best_learner_per_schedule_and_rejects_misfi
 @pytest.mark.parametrize("schedule,learner", [
     ("sync", {}), ("sync", {"path": "per-trajectory"}), ("async", {}),
     ("streaming", {"max_open_groups": 2, "accumulator_device": "host"}),
+    ("streaming", {}), ("streaming", {"drain_policy": "finished-groups-first", "pack_rows": False}),
+    ("streaming", {"drain_policy": "closed-groups"}), ("sync", {"pack_rows": False}),
 ])
 def test_a_dumped_step_of_each_learner_path_passes_the_audit(tmp_path, schedule, learner):
     import yaml

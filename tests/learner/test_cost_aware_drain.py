@@ -18,7 +18,7 @@ from learner.grad.reference import reference_gradient
 def fitted(a: float, b: float) -> BackwardCosts:
     costs = BackwardCosts()
     for slots in (100, 400, 1000, 4000, 250):
-        costs.observe(slots, a + b * slots, open_group=False)
+        costs.observe(slots, slots // 50, a + b * slots, open_group=False)
     return costs
 
 
@@ -26,13 +26,13 @@ def test_the_known_fit_recovers_the_fixed_and_per_slot_cost_and_the_open_ratio()
     costs = fitted(0.01, 1e-4)
     assert costs.fixed_s == pytest.approx(0.01)
     assert costs.known_s(2000) == pytest.approx(0.21)
-    costs.observe(1000, 2.5 * costs.known_s(1000), open_group=True)
+    costs.observe(120, 1, 2.5 * costs.known_row_s, open_group=True)  # one open row, 2.5 known rows' time
     assert costs.open_ratio == pytest.approx(2.5)
 
 
 def test_one_size_seen_puts_every_second_on_the_slots():
     costs = BackwardCosts()
-    costs.observe(1000, 0.5, open_group=False)
+    costs.observe(1000, 20, 0.5, open_group=False)
     assert costs.fixed_s == 0.0 and costs.known_s(2000) == pytest.approx(1.0)
 
 
@@ -93,3 +93,14 @@ def test_each_decision_gives_the_batch_gradient(drain):
 def test_cost_aware_with_nothing_measured_learns_like_closed_groups():
     stats, rel = _learn("cost-aware", None)
     assert rel < 1e-12 and stats["peak_buffers"] == 1
+
+
+def test_unfilled_known_rows_run_early_only_from_half_a_micro_batch_and_within_the_share():
+    policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
+    policy.costs = fitted(0.01, 1e-4)  # one more backward: 10 ms
+    budget = policy.begin(expected_rows=1000)
+    budget.arrivals(100, 4000, now=0.0)  # allowance 0.05 · (0.01 + 1e-4 · 40000) s
+    assert not policy.partial_pays(budget, 1000)  # under half a micro-batch
+    assert policy.partial_pays(budget, 2048)  # 10 ms ≤ 5% of its 0.21 s
+    assert budget.spent_s == pytest.approx(0.01)
+    assert not DrainPolicy("closed-groups", 0.05).partial_pays(budget, 4000)

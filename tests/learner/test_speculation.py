@@ -15,13 +15,16 @@ import torch
 
 from learner.config import ConfigError, RunConfig, parse_config
 from learner.grad.speculation_exactness import speculation_cases
+from learner.grad.tiny_models import VOCAB, tiny_llama
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.drafts import speculation_refused
 from learner.rollout.engine import TorchEngine
 from learner.rollout.env import ArithToolEnv
 from learner.rollout.messages import Draft, Finished, Work, WorkItem
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.sampling import Stream
 from learner.rollout.sandbox_task import PythonSandboxEnv
+from learner.rollout.speculation import Sampled, verify
 from learner.rollout.worker import AgentWorker
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
@@ -98,8 +101,12 @@ def assert_same(a: list[Trajectory], b: list[Trajectory]) -> None:
         assert max(abs(p - q) for p, q in zip(x.behavior_logprobs, y.behavior_logprobs)) < LOGPROB_ATOL
 
 
-@pytest.mark.parametrize("scale,cut_every,budget", [(0.0, 0, 65_536), (0.05, 0, 65_536), (0.05, 3, 65_536),
-                                                    (0.05, 0, 200)])
+@pytest.mark.parametrize("scale,cut_every,budget", [
+    (0.05, 3, 65_536),  # drafts cut mid-turn every few decode steps, some rejected
+    pytest.param(0.0, 0, 65_536, marks=pytest.mark.slow),
+    pytest.param(0.05, 0, 65_536, marks=pytest.mark.slow),
+    pytest.param(0.05, 0, 200, marks=pytest.mark.slow),
+])
 def test_verified_drafts_equal_direct_sampling(scale: float, cut_every: int, budget: int) -> None:
     cfg = config(budget)
     worker, _ = make_worker(cfg)
@@ -119,6 +126,7 @@ def test_verified_drafts_equal_direct_sampling(scale: float, cut_every: int, bud
         assert len(drafted) < N  # the budget held some drafts back: they started afresh
 
 
+@pytest.mark.slow
 def test_opd_kept_turns_keep_their_teacher_scores() -> None:
     cfg = config()
     teacher = load_model(resolve_model_dir("builtin:teacher"))
@@ -160,3 +168,21 @@ def test_check_exactness_verifies_against_direct_sampling() -> None:
     cases = speculation_cases(seed=1)
     assert all(c["passed"] for c in cases), cases
     assert min(c["kept_token_share"] for c in cases) < 1.0  # some drafts were rejected and sampled on
+
+
+def test_shared_prefix_verification_matches_the_whole_context_forward() -> None:
+    """A group's drafts share their prompt: forwarding it once and each remainder on its keys/values
+    gives the verdicts (and, to round-off, the log-probs) of one forward per whole draft."""
+    model = tiny_llama(torch.float32, 5)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(3)]
+    drafts = []
+    for g, p in enumerate(prompts):
+        for r in range(4):  # a group of 4, drafts of different lengths (two turns for some)
+            tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 20))]
+            positions = list(range(len(p), len(p) + len(tail)))
+            drafts.append(Sampled(p + tail, positions, [Stream(1000 * g + r, n) for n in range(len(tail))]))
+    whole = verify(model, drafts, 1.0, 1.0, pad_id=0, share_prefix=False)
+    shared = verify(model, drafts, 1.0, 1.0, pad_id=0)
+    assert [(v.kept, v.token) for v in shared] == [(v.kept, v.token) for v in whole]
+    assert max(abs(a - b) for v, w in zip(shared, whole) for a, b in zip(v.logprobs, w.logprobs)) < LOGPROB_ATOL
