@@ -2,7 +2,7 @@
 one forward over each draft's whole context vs each group's shared prompt forwarded once, the
 remainders on its keys/values and the output embedding at sampled positions only.
 
-    .venv/bin/python -m bench.verify_cost [--prompts 32] [--group-size 8] [--turns 2] [--repeats 7]
+    .venv/bin/python -m bench.verify_cost [--prompts 32] [--group-size 8] [--turns 2] [--repeats 7] [--preamble 0]
 
 The drafts are a fixed set: arith-tool prompts (chat template) x G rows, each of ``--turns`` turns sampled by the
 built-in policy (a calculator observation between turns); they are verified against that policy
@@ -51,14 +51,17 @@ def timed_verify(model, views: list[Sampled], pad_id: int, share_prefix: bool) -
     return time.perf_counter() - t0, [(v.kept, v.token) for v in verdicts]
 
 
-def fixed_drafts(prompts_n: int, group_size: int, turns: int):
-    """The built-in policy, its tokenizer and the drafts it samples (seeded: the same every run)."""
+def fixed_drafts(prompts_n: int, group_size: int, turns: int, preamble: int = 0):
+    """The built-in policy, its tokenizer and the drafts it samples (seeded: the same every run).
+    ``preamble``: tokens put before every prompt, standing in for the system prompt and tool
+    schemas a chat model's template writes there (the built-in tokenizer has no template)."""
     cfg = RunConfig()
     model_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
     model, tok = load_model(model_dir, torch.float32), load_tokenizer(model_dir)
     env, rng = make_env(cfg.task), random.Random(0)
     chat = ChatFormat(tok, env)  # the policy's chat template, as the worker renders prompts
-    prompts = [ids for _ in range(prompts_n)
+    system = (tok.encode("Use the calculator tool for every operation. " * preamble, add_special_tokens=False))[:preamble]
+    prompts = [system + ids for _ in range(prompts_n)
                for ids in [tok.encode(chat.prompt_text(env.sample_task(rng)), add_special_tokens=False)] * group_size]
     params = SamplingParams(cfg.rollout.max_new_tokens, stop_token_ids(tok))
     views = drafts(TorchEngine(model, tok.pad_token_id), prompts, chat.observation_ids([], "42"), turns, params)
@@ -67,11 +70,11 @@ def fixed_drafts(prompts_n: int, group_size: int, turns: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("--prompts", 32), ("--group-size", 8), ("--turns", 2), ("--repeats", 7)):
+    for name, default in (("--prompts", 32), ("--group-size", 8), ("--turns", 2), ("--repeats", 7), ("--preamble", 0)):
         parser.add_argument(name, type=int, default=default)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tok, views = fixed_drafts(args.prompts, args.group_size, args.turns)
+    model, tok, views = fixed_drafts(args.prompts, args.group_size, args.turns, args.preamble)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # the next step's weights: a small random step away
         for p in model.parameters():

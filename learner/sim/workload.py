@@ -35,6 +35,10 @@ from typing import Any, Iterable
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS
 
 ROLLOUT_DISTS = ("lognormal", "uniform", "constant")
+# A trajectory's rollout time in the step that trains it: a draft (``rollout.draft``,
+# docs/speculation.md) was sampled during the step before, so it is not; its verification,
+# under the trained step's weights and on its critical path, is.
+TRAJ_ROLLOUT_KINDS = tuple(k for k in ROLLOUT_KINDS if k != Kind.DRAFT)
 
 
 class SimInputError(ValueError):
@@ -291,7 +295,7 @@ def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
     group_of: dict[int, int] = {}
     closes: dict[int, list[dict]] = {}
     for s in spans:
-        if s["kind"] in ROLLOUT_KINDS and s.get("traj") is not None:
+        if s["kind"] in TRAJ_ROLLOUT_KINDS and s.get("traj") is not None:
             rollout.setdefault(s["traj"], []).append(s)
         elif s["kind"] == Kind.BACKWARD:
             if s.get("traj") is None or s.get("group") is None:
@@ -354,7 +358,7 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
     # before the trajectory is assigned to a batch), so rollout spans are matched by traj id.
     rollout_by_traj: dict[int, list[dict]] = {}
     for s in spans:
-        if s["kind"] in ROLLOUT_KINDS and s.get("traj") is not None:
+        if s["kind"] in TRAJ_ROLLOUT_KINDS and s.get("traj") is not None:
             rollout_by_traj.setdefault(s["traj"], []).append(s)
     batches = []
     for step in trained_steps:

@@ -83,12 +83,17 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     screenshot(page, "run-trajectory")
     page.fill("#traj-search", "")
     page.dispatch_event("#traj-search", "change")
-    # One step by trajectory: a row per trajectory the step trained.
+    # One step by trajectory: a row per trajectory the step trained, and one per trajectory of the
+    # step it skipped (zero-variance groups: no backward), named so.
     page.select_option("#lane-mode", "traj")
     page.select_option("#traj-step", "4")
     trained = sorted(Span.objects.filter(run_id=run_id, step=4, kind="learner.backward").values_list("traj", flat=True))
+    rolled = set(Span.objects.filter(run_id=run_id, step=4, kind="rollout.verify").values_list("traj", flat=True))
     page.wait_for_function("(n) => document.getElementById('gantt').layout.yaxis.categoryarray"
-                           ".filter((l) => l.startsWith('traj')).length === n", arg=len(trained), timeout=30_000)
+                           ".filter((l) => l.startsWith('traj') && !l.includes('·')).length === n", arg=len(trained),
+                           timeout=30_000)
+    skipped = page.evaluate("document.getElementById('gantt').layout.yaxis.categoryarray.filter((l) => l.endsWith('· skipped'))")
+    assert skipped == [f"traj {t} · skipped" for t in sorted(rolled - set(trained))]
     screenshot(page, "run-by-trajectory")
 
     # Compare the two runs.

@@ -8,7 +8,6 @@ import pytest
 from plotly.offline import get_plotlyjs_version
 
 from learner.bench.measure import Calibration, calibrate, compare, drain_steps, summarize
-from learner.bench.rows import speculation_available
 from learner.cli import main
 
 FIELDS = ("learner_s", "step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
@@ -34,7 +33,8 @@ def tiny_bench(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     (d / "tiny.yaml").write_text(TINY)
     rc = main(["bench", "--config", str(d / "tiny.yaml"), "--schedules", "streaming,async,fully-async", "--steps", "2",
-               "--scale", "1", "--json", str(d / "out.json"), "--html", str(d / "out.html"), "--events-dir", str(d / "ev")])
+               "--scale", "1", "--no-speculation", "--json", str(d / "out.json"), "--html", str(d / "out.html"),
+               "--events-dir", str(d / "ev")])
     assert rc == 0
     return json.loads((d / "out.json").read_text()), (d / "out.html").read_text(), d / "ev"
 
@@ -42,13 +42,11 @@ def tiny_bench(tmp_path_factory):
 @pytest.mark.slow
 def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     doc, _, _ = tiny_bench
-    spec = ["sync+spec", "streaming+spec"] if speculation_available() else []
-    assert list(doc["schedules"]) == ["sync", "sync-per-trajectory", "streaming", "async", "fully-async", *spec]
+    assert list(doc["schedules"]) == ["sync", "sync-per-trajectory", "streaming", "async", "fully-async"]
     # every schedule with its best learner; the earlier per-trajectory learner as a reference row
     assert {n: r["learner"] for n, r in doc["schedules"].items()} == {
         "sync": "micro-batched", "sync-per-trajectory": "per-trajectory", "streaming": "adaptive",
-        "async": "micro-batched", "fully-async": "micro-batched",
-        **{name: "micro-batched" if name == "sync+spec" else "adaptive" for name in spec}}
+        "async": "micro-batched", "fully-async": "micro-batched"}
     sync, ref = doc["schedules"]["sync"], doc["schedules"]["sync-per-trajectory"]
     assert sync["learner_s"] == sync["learner_phase_s"] == doc["workload"]["learner_s"]
     assert ref["learner_s"] == ref["learner_phase_s"]  # held against its own learner's L

@@ -269,3 +269,14 @@ def test_without_tool_waits_a_slower_machine_stretches_every_schedule_alike():
     for name in base:
         assert slow[name].step_s == pytest.approx(1.5 * base[name].step_s, rel=1e-9)
         assert slow[name].speedup_vs_sync == pytest.approx(base[name].speedup_vs_sync, rel=1e-9)
+
+
+def test_a_draft_sampled_in_the_step_before_is_not_rollout_time_of_the_step_it_trains():
+    events = hand_made_sync_run()
+    draft = {"type": "span", "seq": 10_000, "tokens": 12, "step": 1, "kind": "rollout.draft", "t0": 1.0, "t1": 2.5,
+             "lane": "rollout/0/0", "traj": 4, "group": 2, "turn": 0, "policy_version": 0}
+    workload = workload_from_spans(events + [draft])
+    assert [t.rollout_s for t in workload.batches[1].trajs] == [3.0, 5.0, 4.0, 6.0]
+    assert "rollout.draft" not in {seg.kind for t in workload.batches[1].trajs for seg in t.segments}
+    assert simulate_spans(events + [draft], ["sync"], steps=4, warmup=1)["schedules"]["sync"]["step_s"] == \
+        pytest.approx(11.0)
