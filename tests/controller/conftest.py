@@ -164,4 +164,5 @@ def memory_broker_app(settings):
     app.config_from_object("django.conf:settings", namespace="CELERY")
     app.conf.broker_url = "memory://"
     app.conf.broker_transport_options = {}
+    app.autodiscover_tasks(["controller"])  # as controller/celery.py: the worker imports controller/tasks.py
     return app

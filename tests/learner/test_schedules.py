@@ -9,9 +9,10 @@ from learner.timeline import MemorySink
 pytestmark = pytest.mark.slow
 
 
-def run(schedule: str, steps: int = 3, **train_overrides):
+def run(schedule: str, steps: int = 3, overrides: dict | None = None, **train_overrides):
     cfg = load_config("configs/quickstart.yaml", {"train.schedule": schedule, "train.steps": steps,
-                                                   **{f"train.{k}": v for k, v in train_overrides.items()}})
+                                                   **{f"train.{k}": v for k, v in train_overrides.items()},
+                                                   **(overrides or {})})
     sink = MemorySink()
     trainer, summary = train(cfg, sink)
     return trainer, sink
@@ -24,7 +25,10 @@ def sync_run():
 
 @pytest.fixture(scope="module")
 def streaming_run():
-    return run("streaming")
+    # the drain policy that learns open groups whenever the learner would idle: quickstart's learner
+    # work is too small for the default cost-aware policy to start before the last reward
+    # (tests/learner/test_cost_aware_drain.py), and these tests are about the streaming mechanism
+    return run("streaming", overrides={"learner.drain_policy": "finished-groups-first"})
 
 
 def test_sync_and_streaming_reach_the_same_weights(sync_run, streaming_run):
