@@ -129,7 +129,7 @@ def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
 def test_balance_is_calibrated_in_two_sync_runs_and_the_measured_ratio_is_reported(tmp_path):
     (tmp_path / "tiny.yaml").write_text(TINY)
     rc = main(["bench", "--config", str(tmp_path / "tiny.yaml"), "--schedules", "streaming", "--steps", "2",
-               "--rounds", "1", "--balance", "20", "--json", str(tmp_path / "out.json"), "--events-dir", str(tmp_path / "ev")])
+               "--rounds", "1", "--balance", "20", "--no-speculation", "--json", str(tmp_path / "out.json"), "--events-dir", str(tmp_path / "ev")])
     assert rc == 0
     w = json.loads((tmp_path / "out.json").read_text())["workload"]
     runs = sorted(p.name for p in (tmp_path / "ev").glob("*.jsonl"))
