@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from learner.config import RolloutConfig, RunConfig
+from learner.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -31,20 +31,15 @@ SPECULATION_ROWS = {"sync+spec": Row("sync", speculation=True), "streaming+spec"
 SPECULATION_METRICS = ("speculation/kept_token_share", "speculation/whole_draft_share", "rollouter/busy_share")
 
 
-def speculation_available() -> bool:
-    """Whether this trainer has cross-iteration speculation (``rollout.speculation``)."""
-    return "speculation" in RolloutConfig.model_fields
-
-
 def row_of(name: str) -> Row:
     return REFERENCE_ROWS.get(name) or SPECULATION_ROWS.get(name) or Row(name)
 
 
 def bench_rows(schedules: list[str], reference: bool, speculation: bool) -> list[str]:
     """The rows a comparison runs, in order: sync first, the reference row, the schedules, then
-    the speculation rows of the schedules run (``speculation``: and the trainer has it)."""
+    the speculation rows of the schedules run (``speculation``)."""
     rows = ["sync", *(REFERENCE_ROWS if reference else []), *schedules]
-    if speculation and speculation_available():
+    if speculation:
         rows += [name for name, row in SPECULATION_ROWS.items() if row.schedule in rows]
     return list(dict.fromkeys(rows))
 
@@ -55,14 +50,13 @@ def row_config(base: RunConfig, name: str) -> RunConfig:
     cfg = base.model_copy(deep=True)
     cfg.train.schedule = row.schedule
     cfg.learner.path = row.learner_path
-    if speculation_available():
-        cfg.rollout.speculation.enabled = row.speculation
+    cfg.rollout.speculation.enabled = row.speculation
     return cfg
 
 
 def speculation_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
     """Medians over a row's measured steps of the speculation metrics its runs recorded (every
-    row records ``rollouter/busy_share`` once the trainer has speculation; drafting rows the rest)."""
+    row records ``rollouter/busy_share``; drafting rows the rest)."""
     return {name.split("/")[1]: statistics.median(v[name] for v in steps)
             for name in SPECULATION_METRICS if steps and all(name in v for v in steps)}
 

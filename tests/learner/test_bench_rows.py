@@ -13,14 +13,11 @@ from learner.bench.workload import WORKLOADS, tail_summary, trajectory_seconds
 from learner.config import load_config
 
 
-def test_speculation_rows_follow_their_schedule_and_only_when_the_trainer_has_it(monkeypatch):
-    monkeypatch.setattr(rows, "speculation_available", lambda: True)
+def test_speculation_rows_follow_their_schedule_and_only_when_asked():
     assert rows.bench_rows(["async", "streaming"], reference=True, speculation=True) == [
         "sync", "sync-per-trajectory", "async", "streaming", "sync+spec", "streaming+spec"]
     assert rows.bench_rows(["async"], reference=False, speculation=True) == ["sync", "async", "sync+spec"]
     assert rows.bench_rows(["streaming"], reference=False, speculation=False) == ["sync", "streaming"]
-    monkeypatch.setattr(rows, "speculation_available", lambda: False)
-    assert rows.bench_rows(["streaming"], reference=True, speculation=True) == ["sync", "sync-per-trajectory", "streaming"]
 
 
 def test_a_row_config_is_the_workload_with_the_rows_schedule_learner_and_speculation():
@@ -30,8 +27,7 @@ def test_a_row_config_is_the_workload_with_the_rows_schedule_learner_and_specula
     spec = rows.row_config(base, "streaming+spec")
     assert (spec.train.schedule, spec.learner.path) == ("streaming", "auto")
     assert rows.row_of("streaming+spec").speculation and not rows.row_of("streaming").speculation
-    if rows.speculation_available():
-        assert spec.rollout.speculation.enabled and not rows.row_config(base, "streaming").rollout.speculation.enabled
+    assert spec.rollout.speculation.enabled and not rows.row_config(base, "streaming").rollout.speculation.enabled
     assert base.train.schedule == "sync" and base.learner.path == "auto"  # the workload itself is untouched
 
 
