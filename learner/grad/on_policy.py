@@ -35,6 +35,7 @@ from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
 from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
+from learner.grad.loss_tally import LossTally
 from learner.grad.learner_common import (
     LearnerOptions,
     InProcessLearner,
@@ -95,6 +96,7 @@ class _Batch:
     open_s: float = 0.0
     known_rows: int = 0
     known_s: float = 0.0
+    tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
 
     def open_row_cost(self) -> float | None:
         """Seconds per open-group row over seconds per known row; None unless both ran."""
@@ -275,6 +277,7 @@ class StreamingLearner(InProcessLearner):
                 **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
+                **state.tally.stats(normaliser),
                 **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
@@ -326,6 +329,7 @@ class OnPolicyBackward:
             if isinstance(task, Close):
                 t0 = time.monotonic()
                 self.acc.close_group(task.group, task.mu, task.denom)
+                state.tally.close(task.group, task.mu, task.denom)
                 if self.prompts is not None:
                     self.prompts.closed(task.group, task.mu, task.denom)
                 state.opened.discard(task.group)
@@ -405,10 +409,11 @@ class OnPolicyBackward:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
         past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
-        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, past)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True, past=past)
         for b, row in enumerate(fwd.rows):
             self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
+        state.tally.add(fwd, pg, *((bucket.group, bucket.reward) if bucket is not None else ()))
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         gradients_into(self.acc, self.prompts, pg, aux, bucket, groups, self.one_pass)
         if self.prompts is not None:
