@@ -30,6 +30,7 @@ from learner.grad.objectives import (
     agg_weights,
     aux_token_loss,
     clipped_pg_token_loss,
+    k3_kl,
     opd_token_loss,
     pg_token_loss,
     token_logprobs,
@@ -181,6 +182,9 @@ class Forward:
     aux: torch.Tensor | None  # (B, T) KL/entropy terms, or None when both are off
     mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
     w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
+    # detached, for the step's metrics (``stats``): entropy at the scored tokens, k3 KL to the reference
+    entropy: torch.Tensor | None = None  # (B, T)
+    kl: torch.Tensor | None = None  # (B, T), only with a reference (algorithm.kl_coef > 0)
 
     def per_position(self, field: str) -> torch.Tensor:
         return self.layout.place([getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
@@ -196,10 +200,11 @@ class Forward:
 
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
-            rows: Sequence[Row], line_width: int | None = None) -> Forward:
+            rows: Sequence[Row], line_width: int | None = None, stats: bool = False) -> Forward:
     """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
     is padded), or with a ``line_width`` packed into lines of that width, position ids restarting
-    per row (``learner.grad.packing``)."""
+    per row (``learner.grad.packing``). ``stats``: also the detached entropy and KL the step's
+    metrics read (``learner.grad.loss_tally``), from this forward's own log-softmax."""
     device = next(model.parameters()).device
     rows = list(rows)
     grid = layout([len(r.ids) for r in rows], line_width)
@@ -209,20 +214,26 @@ def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: Alg
         positions = grid.positions(device)  # (B, T)
     elif len(rows) > 1:
         attn = grid.place([[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
-    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn,
-                                   position_ids=positions)
+    mask = grid.place([r.mask for r in rows], torch.long, device)  # (B, T)
+    with_entropy = algo.entropy_coef > 0
+    logp, entropy = token_logprobs(model, ids, with_entropy=with_entropy, attention_mask=attn,
+                                   position_ids=positions, entropy_at=mask if stats and not with_entropy else None)
     ref_logp = None
     if algo.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
             ref_logp = token_logprobs(ref_model, ids, attention_mask=attn, position_ids=positions)[0].to(logp.dtype)
-    aux = aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-    mask = grid.place([r.mask for r in rows], logp.dtype, device)  # (B, T)
+    aux = aux_token_loss(logp, entropy if with_entropy else None, ref_logp, algo.kl_coef, algo.entropy_coef)
+    mask = mask.to(logp.dtype)
     if grid.shares_lines and algo.loss_agg_mode == "seq-mean-token-mean":  # 1/|o_i| per row, not per line
         scored = grid.place([[max(r.n_scored, 1)] * len(r.ids) for r in rows], logp.dtype, device)
         w = mask / scored.clamp(min=1.0)
     else:
         w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
-    return Forward(rows, grid, logp, aux, mask, w)
+    fwd = Forward(rows, grid, logp, aux, mask, w)
+    if stats:
+        fwd.entropy = None if entropy is None else entropy.detach()
+        fwd.kl = None if ref_logp is None else k3_kl(logp.detach(), ref_logp)
+    return fwd
 
 
 def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:

@@ -41,6 +41,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, with_entropy: bool = False,
     attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+    entropy_at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logp[:, t] = log softmax(logits[:, t−1])[input_ids[:, t]], logp[:, 0] = 0.
 
@@ -51,6 +52,8 @@ def token_logprobs(
     values at padded positions are finite and meaningless (the caller masks them out).
     ``position_ids`` (B, T) without a mask: rows packed into lines, positions restarting per row
     (``learner.grad.packing``); the model's mask is then causal within each row.
+    ``entropy_at`` (B, T) 0/1, without ``with_entropy``: H detached (no graph), computed only
+    where it is 1 (0 elsewhere): the entropy metric from the log-softmax this forward has anyway.
     """
     if input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids: expected a (B, T) LongTensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
@@ -66,9 +69,21 @@ def token_logprobs(
     logp = logprobs_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
     logp = F.pad(logp, (1, 0))  # (B, T): token 0 has no predecessor
     if not with_entropy:
-        return logp, None
+        return logp, (None if entropy_at is None else detached_entropy(logprobs_all, entropy_at))
     entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)  # (B, T-1)
     return logp, F.pad(entropy, (1, 0))  # (B, T)
+
+
+def detached_entropy(logprobs_all: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """H[:, t] of the next-token distributions ``logprobs_all`` (B, T-1, V) at the positions where
+    ``at`` (B, T) is set, 0 elsewhere; (B, T), no graph. Only those rows of the vocabulary are
+    exponentiated, so the prompt's positions cost nothing."""
+    with torch.no_grad():
+        where = at[:, 1:].bool()
+        picked = logprobs_all.detach()[where]  # (n, V)
+        h = torch.zeros(where.shape, dtype=logprobs_all.dtype, device=logprobs_all.device)
+        h[where] = -(picked.exp() * picked).sum(-1)
+        return F.pad(h, (1, 0))
 
 
 def agg_weights(loss_mask: torch.Tensor, mode: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -35,6 +35,7 @@ from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
 from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
+from learner.grad.loss_tally import LossTally
 from learner.grad.learner_common import (
     LearnerOptions,
     InProcessLearner,
@@ -94,6 +95,7 @@ class _Batch:
     open_s: float = 0.0
     known_rows: int = 0
     known_s: float = 0.0
+    tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
 
     def open_row_cost(self) -> float | None:
         """Seconds per open-group row over seconds per known row; None unless both ran."""
@@ -269,6 +271,7 @@ class StreamingLearner(InProcessLearner):
                 **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
+                **state.tally.stats(normaliser),
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -290,6 +293,7 @@ class OnPolicyBackward:
             if isinstance(task, Close):
                 t0 = time.monotonic()
                 self.acc.close_group(task.group, task.mu, task.denom)
+                state.tally.close(task.group, task.mu, task.denom)
                 state.opened.discard(task.group)
                 state.closes += 1
                 if on_phase:
@@ -361,10 +365,11 @@ class OnPolicyBackward:
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True)
         for b, row in enumerate(fwd.rows):
             self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
+        state.tally.add(fwd, pg, *((bucket.group, bucket.reward) if bucket is not None else ()))
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
         if bucket is None:
             self.acc.add_direct(grads_of(pg if aux is None else pg + aux, self.acc.params))
