@@ -41,6 +41,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, with_entropy: bool = False,
     attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+    past_key_values=None,
     entropy_at: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logp[:, t] = log softmax(logits[:, t−1])[input_ids[:, t]], logp[:, 0] = 0.
@@ -52,18 +53,22 @@ def token_logprobs(
     values at padded positions are finite and meaningless (the caller masks them out).
     ``position_ids`` (B, T) without a mask: rows packed into lines, positions restarting per row
     (``learner.grad.packing``); the model's mask is then causal within each row.
+    ``past_key_values`` with ``attention_mask`` (B, L + T) and ``position_ids`` (B, T): the rows
+    continue after keys/values already computed (``learner.grad.shared_prompt``).
     ``entropy_at`` (B, T) 0/1, without ``with_entropy``: H detached at (some of) those positions,
     NaN elsewhere (``detached_entropy``): the entropy metric from the log-softmax this forward has anyway.
     """
     if input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError(f"input_ids: expected a (B, T) LongTensor, got {tuple(input_ids.shape)} {input_ids.dtype}")
     extra = {}
-    if position_ids is not None:
+    if past_key_values is not None:
+        extra = {"past_key_values": past_key_values, "attention_mask": attention_mask, "position_ids": position_ids}
+    elif position_ids is not None:
         extra = {"position_ids": position_ids}
     elif attention_mask is not None:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         extra = {"attention_mask": attention_mask, "position_ids": positions[None].expand_as(input_ids)}
-    logits = model(input_ids=input_ids, use_cache=False, **extra).logits  # (B, T, V)
+    logits = model(input_ids=input_ids, use_cache=past_key_values is not None, **extra).logits  # (B, T, V)
     logits = logits[:, :-1].to(compute_dtype(logits.dtype))  # (B, T-1, V) predicts tokens 1..T-1
     logprobs_all = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
     logp = logprobs_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
