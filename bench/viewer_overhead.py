@@ -9,8 +9,14 @@ API client's session, on ``/runs/<id>/`` from before the run starts until it end
 replay, live spans, the Gantt's redraws and the charts, as a researcher keeps it open. Its page
 must have drawn spans (``#spans-drawn``) or the run does not count.
 
+Arms: ``none``; ``viewer``; ``viewer_nice``, the same chromium at nice 19, so that where the run
+shares its cores with the browser (here: 2 cores), the browser's own rendering yields to the
+learner, as it would on the researcher's own machine. Per run the CPU seconds of chromium (its
+whole process tree) and of daphne are recorded beside the step median, to say where a slowdown
+comes from: the browser's work or the app's serving of it.
+
 A run's figure is its median ``timing_s/step`` over steps 1.. (step 0 is a warm-up); an arm's is
-the median of its runs; ratio = viewer / none. Config: configs/bench.yaml with train.steps 8,
+the median of its runs; ratio = arm / none. Config: configs/bench.yaml with train.steps 8,
 train.prompts_per_step 8, task.tool_latency.scale 0.3.
 
     .venv/bin/python -m bench.viewer_overhead [--rounds 3] [--json FILE]
@@ -29,6 +35,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import psutil
 import yaml
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -36,7 +43,7 @@ from bench.app_vs_cli import RUN_TIMEOUT_S, production_app, step_median
 from bench.load_report import finish
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("none", "viewer")
+ARMS = ("none", "viewer", "viewer_nice")
 SCHEDULE = "streaming"
 PAGE_TIMEOUT_MS = 60_000
 
@@ -49,18 +56,38 @@ def small_config() -> dict:
 
 
 @contextmanager
-def chromium():
-    """One headless chromium for every viewer run (closed on every exit path)."""
+def chromium(tmp: Path, nice: int = 0):
+    """One headless chromium for every viewer run of an arm (closed on every exit path); at
+    ``nice`` through a wrapper, so its renderers, forked from it, inherit the niceness."""
     from playwright.sync_api import sync_playwright
 
-    from tests.harness.web_harness import launch_chromium
+    from tests.harness.web_harness import CHROMIUM, CHROMIUM_ARGS
 
+    executable = CHROMIUM
+    if nice:
+        executable = tmp / f"chromium-nice-{nice}"
+        executable.write_text(f'#!/bin/sh\nexec nice -n {nice} {CHROMIUM} "$@"\n')
+        executable.chmod(0o755)
     with sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
+        browser = playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS)
         try:
             yield browser
         finally:
             browser.close()
+
+
+def cpu_seconds(match: str) -> float:
+    """User + system CPU seconds of this process's descendants whose command line has ``match``
+    (their children that exited and were reaped counted in too)."""
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if match in " ".join(proc.cmdline()):
+                t = proc.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return total
 
 
 def wait_run(app, run_id: int) -> dict:
@@ -77,11 +104,11 @@ def wait_run(app, run_id: int) -> dict:
     return run
 
 
-def one_run(app, schedule_id: int, browser=None) -> tuple[list[float], int | None]:
-    """Launch a run (with a page open on it when ``browser``) and wait for it: (its step times,
-    the spans the page drew, None without a viewer)."""
+def one_run(app, schedule_id: int, browser=None) -> dict:
+    """Launch a run (with a page open on it when ``browser``) and wait for it: its step median,
+    the spans the page drew (None without a viewer) and the CPU seconds chromium and daphne used."""
     run = app.call("POST", "/api/runs/", experiment=app.experiment, schedule=schedule_id)
-    drawn = None
+    drawn, cpu0 = None, {name: cpu_seconds(name) for name in ("chromium", "daphne")}
     with ExitStack() as stack:
         if browser is not None:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -94,6 +121,7 @@ def one_run(app, schedule_id: int, browser=None) -> tuple[list[float], int | Non
             page.goto(f"{app.base}/runs/{run['id']}/", timeout=PAGE_TIMEOUT_MS)
             page.wait_for_selector("#gantt", timeout=PAGE_TIMEOUT_MS)
         wait_run(app, run["id"])
+        cpu = {f"{name}_cpu_s": cpu_seconds(name) - cpu0[name] for name in cpu0}  # the run's own, not the tail
         if browser is not None:
             try:  # the last frames and the throttled redraw land after the run ends
                 page.wait_for_function("Number(document.getElementById('gantt').dataset.drawnSpans || 0) > 0",
@@ -104,27 +132,28 @@ def one_run(app, schedule_id: int, browser=None) -> tuple[list[float], int | Non
     metrics = app.call("GET", f"/api/runs/{run['id']}/metrics/")["metrics"]
     if len(metrics) < 3:
         raise SystemExit(f"run {run['id']}: {len(metrics)} steps stored")
-    return [m["values"]["timing_s/step"] for m in metrics], drawn
+    steps = [m["values"]["timing_s/step"] for m in metrics]
+    return {"step_median_s": step_median(steps), "steps": len(steps), "spans_drawn": drawn, **cpu}
 
 
 def measure(rounds: int, tmp: Path) -> dict:
-    out: dict = {"step_medians_s": {arm: [] for arm in ARMS}, "loads": {arm: [] for arm in ARMS}, "spans_drawn": []}
+    """Every arm once per round, the order rotating each round (none first, then last, ...)."""
+    out: dict = {"runs": {arm: [] for arm in ARMS}}
     with ExitStack() as stack:
         app = production_app(stack, tmp)
         app.experiment = app.call("POST", "/api/experiments/", name="viewer overhead", config=small_config())["id"]
         schedule = app.call("POST", "/api/schedules/", name=f"viewer-overhead {SCHEDULE}", kind=SCHEDULE)["id"]
-        browser = stack.enter_context(chromium())
+        browsers = {"none": None, "viewer": stack.enter_context(chromium(tmp)),
+                    "viewer_nice": stack.enter_context(chromium(tmp, nice=19))}
         one_run(app, schedule)  # untimed: model cache, warm runner ready
         for n in range(rounds):
-            for arm in (ARMS if n % 2 == 0 else ARMS[::-1]):
-                steps, drawn = one_run(app, schedule, browser if arm == "viewer" else None)
-                load = os.getloadavg()[0]
-                out["step_medians_s"][arm].append(step_median(steps))
-                out["loads"][arm].append(load)
-                if drawn is not None:
-                    out["spans_drawn"].append(drawn)
-                print(f"round {n + 1} {arm:6s} step median {out['step_medians_s'][arm][-1]:.3f} s over "
-                      f"{len(steps) - 1} steps (load {load:.1f}{f', {drawn} spans drawn' if drawn else ''})", flush=True)
+            shift = n % len(ARMS)
+            for arm in ARMS[shift:] + ARMS[:shift]:
+                row = {**one_run(app, schedule, browsers[arm]), "load": os.getloadavg()[0]}
+                out["runs"][arm].append(row)
+                drawn = f"; {row['spans_drawn']} spans drawn" if row["spans_drawn"] else ""
+                print(f"round {n + 1} {arm:11s} step median {row['step_median_s']:.3f} s (load {row['load']:.1f}; "
+                      f"cpu s chromium {row['chromium_cpu_s']:.1f}, daphne {row['daphne_cpu_s']:.1f}{drawn})", flush=True)
     return out
 
 
@@ -139,14 +168,18 @@ def main() -> int:
            "rounds": args.rounds, "cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         out.update(measure(args.rounds, Path(tmp)))
-    medians = {arm: statistics.median(out["step_medians_s"][arm]) for arm in ARMS}
-    out["ratio_viewer_over_none"] = medians["viewer"] / medians["none"]
+    medians = {arm: statistics.median(r["step_median_s"] for r in out["runs"][arm]) for arm in ARMS}
+    out["step_median_s"] = medians
+    out["ratio_over_none"] = {arm: medians[arm] / medians["none"] for arm in ARMS[1:]}
     # the run-to-run spread of the arm without a viewer: a ratio inside it is noise
-    none = out["step_medians_s"]["none"]
+    none = [r["step_median_s"] for r in out["runs"]["none"]]
     out["none_spread"] = (max(none) - min(none)) / medians["none"] if len(none) > 1 else None
-    spread = "n/a" if out["none_spread"] is None else f"{100 * out['none_spread']:.0f}%"
-    print(f"step median: viewer {medians['viewer']:.3f} s / none {medians['none']:.3f} s = "
-          f"{out['ratio_viewer_over_none']:.3f} (runs without a viewer spread {spread})")
+    for arm in ARMS[1:]:
+        cpu = statistics.median(r["chromium_cpu_s"] for r in out["runs"][arm])
+        print(f"{arm:11s} {medians[arm]:.3f} s / none {medians['none']:.3f} s = {out['ratio_over_none'][arm]:.3f} "
+              f"(chromium {cpu:.1f} cpu s a run)")
+    if out["none_spread"] is not None:
+        print(f"runs without a viewer spread {100 * out['none_spread']:.0f}% around their median")
     return finish(out, args.json)
 
 
