@@ -9,8 +9,9 @@ import torch
 from learner.config import AlgorithmConfig, load_config
 from learner.driver.curves import percentile, trajectory_curves
 from learner.driver.loop import train
-from learner.grad.exactness import random_batch, tiny_llama
+from learner.grad.exactness import VOCAB, random_batch, tiny_llama
 from learner.grad.learner_common import LearnerOptions, batch_advantages
+from learner.grad import objectives
 from learner.grad.objectives import k3_kl, token_logprobs
 from learner.grad.off_policy import OffPolicyLearner
 from learner.grad.on_policy import StreamingLearner
@@ -119,3 +120,20 @@ def test_a_tiny_run_emits_every_curve_and_the_processes_cpu_and_memory():
             assert values[f"system/{proc}/rss_mb"] > 10
             assert values[f"system/{proc}/cpu_percent"] >= 0
     assert sum(v["system/driver/cpu_percent"] for v in steps) > 0  # the learner did work in its steps
+
+
+def test_entropy_past_its_cap_is_taken_at_evenly_strided_scored_positions(monkeypatch):
+    model = tiny_llama(torch.float32, seed=0)
+    ids = torch.tensor([[(7 * k) % VOCAB for k in range(40)]] * 2)
+    at = torch.zeros(2, 40, dtype=torch.long)
+    at[:, 10:] = 1  # 60 scored positions
+    with torch.no_grad():
+        full = token_logprobs(model, ids, with_entropy=True)[1]
+        exact = token_logprobs(model, ids, entropy_at=at)[1]
+        monkeypatch.setattr(objectives, "ENTROPY_POSITIONS", 8)
+        strided = token_logprobs(model, ids, entropy_at=at)[1]
+    taken = ~exact.isnan()
+    assert torch.equal(taken, at.bool()) and torch.allclose(exact[taken], full[taken], rtol=1e-5)
+    some = ~strided.isnan()
+    assert 6 <= int(some.sum()) <= 8 and bool((at.bool() | ~some).all())  # only scored positions
+    assert torch.allclose(strided[some], full[some], rtol=1e-5)
