@@ -125,6 +125,9 @@ class Comparison(models.Model):
     note = models.TextField(blank=True, max_length=10_000)
     tags = models.CharField(max_length=500, blank=True, help_text=TAGS_HELP)
     created = models.DateTimeField(auto_now_add=True)
+    # a sweep: one config field over a few values, one run per value and schedule
+    sweep_field = models.CharField(max_length=200, blank=True)
+    sweep_values = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -153,8 +156,10 @@ class Run(models.Model):
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
     name = models.CharField(max_length=200, blank=True)
     steps = models.PositiveIntegerField()
-    # The full merged config the learner was given (experiment + schedule + steps).
+    # The full merged config the learner was given (experiment + schedule + overrides + steps).
     config = models.JSONField(default=dict)
+    # dotted config fields set at launch beyond the schedule ({"train.lr": 0.0003}; a sweep's value too)
+    overrides = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     celery_task_id = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -24,6 +24,7 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
     path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
     path("api/compare/", api.compare, name="api-compare"),
+    path("api/comparisons/", api.comparisons, name="api-comparisons"),
 ]
 
 urlpatterns = [
