@@ -270,7 +270,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
                                                    "the run's config go here (train.output_dir)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run of --output DIR from its latest checkpoint")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run of --output DIR from its newest committed checkpoint")
     p.add_argument("--seq-from", type=int, default=0, metavar="N",
                    help="number spans from at least N (the controller resumes a run whose spans it has stored)")
     p.add_argument("--clock-from", type=float, default=0.0, metavar="S",
