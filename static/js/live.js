@@ -8,7 +8,7 @@ import { TrajectorySelection } from "./trajectory.js";
 import { trajectoryView, StepPicker } from "./bytraj.js";
 import { KIND, METRIC } from "./conventions.js";
 import { readableLog } from "./logview.js";
-import { foldLanes, unfoldedRange } from "./lanefold.js";
+import { foldLanes, zoomedLanes } from "./lanefold.js";
 import { TrajectoryTable, trajectoryRows } from "./trajtable.js";
 import { TrajectoryRecords, renderTrajectoryText } from "./trajrecords.js";
 
@@ -134,23 +134,25 @@ function ganttView() {
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
   trajTable.show([]);
   const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx);
-  const view = el.foldLanes.checked ? foldLanes(built, lanes) : { bars: built, lanes, bands: null };
-  el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked;
-  lanesShown = { ...view, all: lanes };
-  return { ...view, yRange: unfoldTo, barriers: storeBarriers(store), lo, hi, key: view.bands ? "folded" : "slots" };
+  const view = foldLanes(built, lanes, { fold: el.foldLanes.checked, window: laneWindow?.lanes ?? null });
+  el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked && !laneWindow;
+  lanesShown = view;
+  const key = laneWindow ? `lanes-${laneWindow.id}` : view.bands ? "folded" : "slots";
+  return { ...view, barriers: storeBarriers(store), lo, hi, key };
 }
-// the folded view on screen, and the lane range a zoom into it unfolded to (once)
-let lanesShown = null, unfoldTo = null;
+// the lanes on screen, and the rollout lanes a zoom chose ({id, lanes, folded: whether it
+// unfolded bands}); the pinned lanes are shown above them either way (static/js/lanefold.js)
+let lanesShown = null, laneWindow = null, laneWindows = 0;
 
 async function drawGantt() {
   if (!store.size) return;
   const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
-  const { bars: allBars, lanes, barriers, lo, hi, key, yRange } = ganttView();
+  const { bars: allBars, lanes, barriers, lo, hi, key } = ganttView();
   const follow = el.follow.checked;
   const builtMs = epochMs();
   await gantt.draw({
-    bars: allBars, lanes, barriers, yRange,
-    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}-${key}`,
+    bars: allBars, lanes, barriers,
+    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : laneWindow?.xRange ?? null, uirevision: `gantt-${followEpoch}-${key}`,
   });
   draws++;
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
@@ -187,17 +189,27 @@ for (const input of [el.laneMode, $("traj-step")]) {
   });
 }
 
-el.foldLanes.addEventListener("change", () => { unfoldTo = null; followEpoch++; requestGantt({ now: true }); });
+el.foldLanes.addEventListener("change", () => { laneWindow = null; followEpoch++; requestGantt({ now: true }); });
 
 function watchUserZoom() {
   // A user zoom or pan stops following the live edge until "follow live" is ticked again.
   gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
-    // a zoom into folded lanes shows the lanes of the bands zoomed into
+    // a zoom into the lane axis shows the rollout lanes it covers (a folded band's lanes
+    // unfolded) in full rows below the pinned learner and replica lanes; autorange zooms out
     const [y0, y1] = ev["yaxis.range"] ?? [ev["yaxis.range[0]"], ev["yaxis.range[1]"]]; // a call, or a box zoom
-    if (lanesShown?.bands && y0 !== undefined && y1 !== undefined) {
-      unfoldTo = unfoldedRange(lanesShown.lanes, lanesShown.bands, [y0, y1], lanesShown.all);
-      el.foldLanes.checked = false;
+    if (lanesShown && y0 !== undefined && y1 !== undefined) {
+      const chosen = zoomedLanes(lanesShown.lanes, lanesShown.bands, [y0, y1]);
+      if (chosen) {
+        const [x0, x1] = ev["xaxis.range"] ?? [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+        laneWindow = { id: ++laneWindows, lanes: chosen, folded: laneWindow?.folded ?? el.foldLanes.checked,
+          xRange: x0 !== undefined && x1 !== undefined ? [x0, x1] : null };
+        el.foldLanes.checked = false;
+        requestGantt({ now: true });
+      }
+    } else if (ev["yaxis.autorange"] && laneWindow) {
+      el.foldLanes.checked = laneWindow.folded;
+      laneWindow = null;
       requestGantt({ now: true });
     }
   });
