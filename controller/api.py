@@ -14,19 +14,23 @@ from .api_errors import ApiError, form_errors
 from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing
 from .decorators import api_view, int_param, read_json
 from .exports import download, metrics_csv_chunks, trace_chunks
-from .forms import ExperimentForm, RunCreateForm, ScheduleForm
-from .launching import launch_run, request_cancel
+from .forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
+from .launch_input import launch_error, sweep_of
+from .launching import launch_comparison, launch_run, request_cancel
 from .limits import INT32_MAX
 from .models import Experiment, Run, Schedule, Span
 from .resuming import ResumeRefused, request_resume
 from .openapi import schema
-from .quotas import LAUNCH_FIELDS, QuotaExceeded
-from .serializers import experiment_json, metrics_json, run_json, schedule_json, spans_json
+from .quotas import QuotaExceeded
+from .serializers import comparison_json, experiment_json, metrics_json, run_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
 EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}
 SCHEDULE_FIELDS = {"name": (str,), "kind": (str,), "knobs": (dict,)}
-RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,)}
+RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,), "overrides": (dict, str)}
+COMPARISON_FIELDS = {"experiment": (int,), "schedules": (list,), "steps": (int,), "name": (str,),
+                     "overrides": (dict, str), "sweep": (dict,)}
+SWEEP_FIELDS = {"field": (str,), "values": (list, str)}
 
 
 def owned_run(user, run_id: int) -> Run:
@@ -77,12 +81,52 @@ def runs(request):
     validated(form)
     data = form.cleaned_data
     try:
-        run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"])
-    except ConfigError as err:
-        raise ApiError(400, {"schedule": f"does not fit the experiment's config: {err}"}) from None
-    except QuotaExceeded as err:
-        raise ApiError(err.status, {LAUNCH_FIELDS.get(err.field, err.field): err.message}) from None
+        run = launch_run(data["experiment"], data["schedule"], data["steps"], data["name"], overrides=data["overrides"])
+    except (ConfigError, QuotaExceeded) as err:
+        field, status, reason = launch_error(err, "schedule", data)
+        raise ApiError(status, {field: reason}) from None
     return JsonResponse(run_json(run), status=201)
+
+
+def comparison_input(request) -> dict:
+    """The body as ComparisonForm's fields: ``sweep`` {field, values} becomes sweep_field/values."""
+    body = read_json(request, COMPARISON_FIELDS)
+    sweep = body.pop("sweep", None)
+    if sweep is not None:
+        unknown = sorted(set(sweep) - set(SWEEP_FIELDS))
+        if unknown:
+            raise ApiError(400, {"sweep": f"unknown field {unknown[0]!r} (expected field, values)"})
+        for key, types in SWEEP_FIELDS.items():
+            if key not in sweep or not isinstance(sweep[key], types):
+                raise ApiError(400, {"sweep": f"{key}: required, {' or '.join(t.__name__ for t in types)}"})
+        body["sweep_field"], body["sweep_values"] = sweep["field"], sweep["values"]
+    return body
+
+
+@api_view("POST")
+def comparisons(request):
+    """Launch a comparison (the experiment under 2-4 schedules) or a small sweep (one field over
+    2-4 values x the schedules, 4 runs at most): all runs queued, or none."""
+    body = comparison_input(request)
+    if "experiment" not in body:
+        raise ApiError(400, {"experiment": "required: one of your experiments' ids"})
+    if not isinstance(body.get("schedules"), list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in body["schedules"]):
+        raise ApiError(400, {"schedules": "required: a list of schedule ids"})
+    if not 1 <= body["experiment"] <= INT32_MAX or not all(1 <= i <= INT32_MAX for i in body["schedules"]):
+        raise ApiError(404, {"experiment": "no such experiment or schedule"})
+    experiment = get_object_or_404(Experiment, pk=body["experiment"], owner=request.user)
+    form = ComparisonForm(body, user=request.user, experiment=experiment)
+    if form.has_error("schedules", "invalid_choice"):
+        raise ApiError(404, {"schedules": "no such schedule"})
+    data = validated(form).cleaned_data
+    try:
+        comparison = launch_comparison(experiment, data["schedules"], data["steps"], data["name"], data["overrides"],
+                                       sweep_of(data))
+    except (ConfigError, QuotaExceeded) as err:
+        field, status, reason = launch_error(err, "schedules", data)
+        raise ApiError(status, {field: reason}) from None
+    return JsonResponse(comparison_json(comparison), status=201)
 
 
 @api_view("GET")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from learner.bench.efficiency import efficiency_bound, work_per_step
 from learner.timeline import Metric, window_metrics
 
 from .fairness import warnings
@@ -22,6 +23,7 @@ MAX_ID = 2**31 - 1
 # Time to reward reads an exponential moving average of reward/mean: per-step rewards of a few
 # groups swing widely, so the first step whose raw reward passes a level is mostly luck.
 DEFAULT_SMOOTHING = 0.8
+WORK_FIELDS = ("engine_busy_s", "learner_work_s", "step_mean_s")  # per step, learner.bench.efficiency
 
 
 class CompareError(ValueError):
@@ -161,6 +163,27 @@ def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, floa
     return {"learner_idle": idle[Metric.TRAINER_IDLE], "rollout_idle": idle[Metric.ROLLOUT_IDLE]}
 
 
+def run_work(run_id: int, rows: list[dict]) -> dict[str, float] | None:
+    """engine_busy_s, learner_work_s and step_mean_s of a run over its stored steps, by the bench's
+    own measure (learner.bench.efficiency.work_per_step, docs/bench.md "Efficiency"); None for a
+    run without timed steps or without a stored span of work (its work is unknown, not zero)."""
+    timed = [r for r in rows if number(r, Metric.T_START) is not None and number(r, Metric.T_END) is not None]
+    if training_window(timed) is None:
+        return None
+    lo, hi = number(timed[0], Metric.T_START), number(timed[-1], Metric.T_END)
+    spans = Span.objects.filter(run_id=run_id, t1__gt=lo, t0__lt=hi).values("lane", "kind", "t0", "t1")
+    work = work_per_step([({**s, "type": "span"} for s in spans.iterator(chunk_size=5000))], [timed])
+    return work if work["engine_busy_s"] or work["learner_work_s"] else None
+
+
+def efficiencies(works: dict[int, dict | None]) -> dict:
+    """The work bound over the compared runs that have work (efficiency_bound: max(least engine
+    work, least learner work) per step) and each run's bound_s / step_mean_s, at most 1."""
+    measured = {rid: w for rid, w in works.items() if w is not None}
+    bounds = efficiency_bound(measured, alone=set()) if measured else {}
+    return {"bound": next(iter(bounds.values()), None), "efficiency": {rid: b["efficiency"] for rid, b in bounds.items()}}
+
+
 def time_to_reward(rows: list[dict], level: float | None, start: float | None,
                    weight: float) -> tuple[float | None, int | None]:
     """Seconds from the first step's start to the end of the first step whose smoothed
@@ -219,13 +242,18 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
     figures = [run_figures(r, rows[r.pk], level, weight) for r in runs]
     reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
     rollout_s, learner_s = phase_medians(rows[reference["id"]]) if reference else (None, None)
-    bound = max(rollout_s, learner_s) if rollout_s is not None and learner_s is not None else None
+    works = {r.pk: run_work(r.pk, rows[r.pk]) for r in runs}
+    bound = efficiencies(works)
     for f in figures:
+        work = works[f["id"]] or {}
+        f.update({key: work.get(key) for key in WORK_FIELDS})
+        f["efficiency"] = bound["efficiency"].get(f["id"])
         f["speedup_vs_sync"] = reference["step_s"] / f["step_s"] if reference and f["step_s"] else None
-        f["efficiency"] = bound / f["step_s"] if bound is not None and f["step_s"] else None
         # the speedup's spread: the reference's median over this run's p90 and p10 step
         f["speedup_p10"] = reference["step_s"] / f["step_p90_s"] if reference and f["step_p90_s"] else None
         f["speedup_p90"] = reference["step_s"] / f["step_p10_s"] if reference and f["step_p10_s"] else None
-    return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s,
-            "learner_s": learner_s, "bound_s": bound, "reward_level": level, "reward_smoothing": weight,
+    least = bound["bound"] or {}
+    return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s, "learner_s": learner_s,
+            "bound_s": least.get("bound_s"), "bound_engine_s": least.get("bound_engine_s"),
+            "bound_learner_s": least.get("bound_learner_s"), "reward_level": level, "reward_smoothing": weight,
             "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

@@ -1,20 +1,40 @@
-"""Build the config a run trains with: experiment config + schedule preset + run overrides."""
+"""Build the config a run trains with: experiment config + schedule preset + launch overrides."""
 
 from typing import Any
 
-from learner.config import apply_overrides, parse_config
+from learner.config import ConfigError, apply_overrides, parse_config
 
 from .server_paths import check_server_paths
 
 
-def run_config(experiment_config: dict, schedule_overrides: dict[str, Any], steps: int, name: str) -> dict:
-    """The full, validated config (every default filled in) as JSON; raises ConfigError."""
+class LaunchOverrideError(ConfigError):
+    """A launch's own override does not fit the experiment's config (the launch's ``overrides``
+    field is at fault, not the schedule)."""
+
+
+def run_config(experiment_config: dict, schedule_overrides: dict[str, Any], steps: int, name: str,
+               launch_overrides: dict[str, Any] | None = None) -> dict:
+    """The full, validated config (every default filled in) as JSON; raises ConfigError.
+
+    ``launch_overrides`` (controller/overrides.py) come after the schedule's, so that a sweep over
+    a schedule's knob sets it under every schedule. When the config without them is valid and
+    with them is not, the error is the overrides' own: LaunchOverrideError."""
     overrides = {**schedule_overrides, "train.steps": steps}
     if name:
         overrides["name"] = name
-    config = parse_config(apply_overrides(experiment_config, overrides))
-    check_server_paths(config)
+    config = validated(apply_overrides(experiment_config, overrides))
+    if launch_overrides:
+        try:
+            config = validated(apply_overrides(experiment_config, {**overrides, **launch_overrides}))
+        except ConfigError as err:
+            raise LaunchOverrideError(str(err)) from None
     return config.model_dump(mode="json")
+
+
+def validated(data: dict):
+    config = parse_config(data)
+    check_server_paths(config)
+    return config
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:

@@ -13,6 +13,7 @@ from .compare import MAX_COMPARED
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .limits import MAX_JSON_DEPTH, nesting_depth
 from .models import Experiment, Schedule
+from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES, OverrideError, check_path, parse_overrides, parse_sweep_values
 from .quotas import QuotaExceeded, check_config
 from .server_paths import check_server_paths
 
@@ -103,6 +104,27 @@ class ScheduleForm(forms.ModelForm):
         return name
 
 
+OVERRIDES_HELP = f"one field=value a line, e.g. train.lr=3e-4 (at most {MAX_OVERRIDES}); validated like the config"
+
+
+class OverridesField(forms.Field):
+    """Dotted config fields for one launch: ``field=value`` lines (the page) or a JSON object (the
+    API); the values' fit is checked against the experiment's config at launch."""
+
+    widget = forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "placeholder": "train.lr=3e-4"})
+
+    def to_python(self, value):
+        try:
+            return parse_overrides(value)
+        except OverrideError as err:
+            raise ValidationError(str(err)) from None
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return "\n".join(f"{k}={v}" for k, v in value.items())
+        return value
+
+
 class LaunchForm(forms.Form):
     schedule = forms.ModelChoiceField(
         queryset=Schedule.objects.none(), error_messages={"invalid_choice": "no such schedule"}
@@ -111,6 +133,7 @@ class LaunchForm(forms.Form):
         min_value=1, max_value=MAX_STEPS, required=False, help_text="default: the experiment's train.steps"
     )
     name = forms.CharField(max_length=200, required=False)
+    overrides = OverridesField(required=False, help_text=OVERRIDES_HELP)
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -135,15 +158,22 @@ class RunCreateForm(LaunchForm):
 
 
 class ComparisonForm(forms.Form):
-    """Launch the experiment under several schedules at once (views.launch_comparison)."""
+    """Launch the experiment under several schedules at once (views.launch_comparison), or a
+    small sweep: one field over a few values under the chosen schedules."""
 
     schedules = forms.ModelMultipleChoiceField(
         queryset=Schedule.objects.none(), widget=forms.CheckboxSelectMultiple,
-        error_messages={"invalid_choice": "no such schedule", "required": "pick at least two schedules"},
+        error_messages={"invalid_choice": "no such schedule", "required": "pick at least one schedule"},
     )
     steps = forms.IntegerField(min_value=MIN_COMPARED_STEPS, max_value=MAX_STEPS,
                                help_text=f"the same for every run; at least {MIN_COMPARED_STEPS} for a median")
     name = forms.CharField(max_length=200, required=False)
+    overrides = OverridesField(required=False, help_text=OVERRIDES_HELP + "; the same for every run")
+    sweep_field = forms.CharField(max_length=200, required=False, label="Sweep field",
+                                  help_text="optional: one config field, e.g. train.lr")
+    sweep_values = forms.CharField(max_length=1000, required=False, label="Sweep values",
+                                   help_text=f"2-{MAX_SWEEP_VALUES} comma-separated values, e.g. 1e-4, 3e-4; "
+                                             f"one run per value and schedule, at most {MAX_COMPARED} in all")
 
     def __init__(self, *args, user, experiment=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -155,12 +185,43 @@ class ComparisonForm(forms.Form):
 
     def clean_schedules(self):
         # in schedule order: sync first, the compare page's 1.00x reference
-        chosen = sorted(self.cleaned_data["schedules"], key=lambda s: (SCHEDULES.index(s.kind), s.name))
-        if len(chosen) < 2:
-            raise ValidationError("pick at least two schedules")
-        if len(chosen) > MAX_COMPARED:
-            raise ValidationError(f"pick at most {MAX_COMPARED} schedules (the compare page shows up to {MAX_COMPARED})")
-        return chosen
+        return sorted(self.cleaned_data["schedules"], key=lambda s: (SCHEDULES.index(s.kind), s.name))
+
+    def clean_sweep_field(self):
+        field = self.cleaned_data["sweep_field"].strip()
+        try:
+            return check_path(field) if field else ""
+        except OverrideError as err:
+            raise ValidationError(str(err)) from None
+
+    def clean(self):
+        data = super().clean()
+        field, raw = data.get("sweep_field"), self.data.get("sweep_values")
+        if field and raw in (None, "", []):
+            self.add_error("sweep_values", f"{field}: give 2-{MAX_SWEEP_VALUES} values to sweep")
+        elif raw not in (None, "", []) and not field and "sweep_field" not in self.errors:
+            self.add_error("sweep_field", "name the config field the values are for")
+        elif field:
+            try:
+                data["sweep_values"] = parse_sweep_values(field, raw)
+            except OverrideError as err:
+                self.add_error("sweep_values", str(err))
+            if field in (data.get("overrides") or {}):
+                self.add_error("sweep_field", f"{field}: both swept and overridden; keep one")
+        self.check_run_count(data)
+        return data
+
+    def check_run_count(self, data):
+        schedules, values = data.get("schedules"), data.get("sweep_values")
+        if not schedules or self.errors:
+            return
+        runs = len(schedules) * (len(values) if isinstance(values, list) and values else 1)
+        if not isinstance(values, list) or not values:
+            if len(schedules) < 2:
+                self.add_error("schedules", "pick at least two schedules (or sweep a field over one)")
+        if runs > MAX_COMPARED:
+            self.add_error("schedules", f"{runs} runs: pick at most {MAX_COMPARED} in all, schedules × sweep values "
+                                        f"(the compare page shows up to {MAX_COMPARED})")
 
 
 TAG = re.compile(r"^[\w.:-]{1,40}$")

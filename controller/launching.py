@@ -1,7 +1,9 @@
 """Create and launch runs, and cancel them: the one path used by pages and API alike."""
 
 import uuid
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -10,41 +12,61 @@ from . import live, ownership
 from .config_merge import run_config
 from .broker import enqueue_or_withdraw
 from .models import Comparison, Experiment, Run, Schedule
+from .overrides import format_override
 from .quotas import check_config, check_queue
 from .frames import status_frame
 
 
 def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "",
-               comparison: Comparison | None = None) -> Run:
+               comparison: Comparison | None = None, overrides: dict[str, Any] | None = None) -> Run:
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
-    ``steps`` defaults to the experiment's train.steps. Raises learner.config.ConfigError
-    when the schedule's values do not fit the experiment's config, and
-    quotas.QuotaExceeded when the run is over the owner's quota.
+    ``steps`` defaults to the experiment's train.steps; ``overrides`` are dotted config fields
+    set for this launch (controller/overrides.py). Raises learner.config.ConfigError when the
+    schedule's values do not fit the experiment's config (config_merge.LaunchOverrideError when
+    the overrides do not), and quotas.QuotaExceeded when the run is over the owner's quota.
     """
     if steps is None:
         steps = experiment.run_config().train.steps
-    config = run_config(experiment.config, schedule.overrides(), steps, name)
+    overrides = overrides or {}
+    config = run_config(experiment.config, schedule.overrides(), steps, name, overrides)
     check_config(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id,
-            comparison=comparison,
+            comparison=comparison, overrides=overrides,
         )
         transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
 
 
-def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "") -> Comparison:
-    """One run per schedule of the experiment's config, all with ``steps`` and the config's seed,
-    as one comparison; all or none are queued (ConfigError / QuotaExceeded as launch_run)."""
+@dataclass(frozen=True)
+class Sweep:
+    """One config field over a few values (controller/overrides.py checks both)."""
+
+    field: str
+    values: list[Any]
+
+
+def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "",
+                      overrides: dict[str, Any] | None = None, sweep: Sweep | None = None) -> Comparison:
+    """One run per schedule of the experiment's config (per sweep value and schedule with a
+    ``sweep``), all with ``steps``, the config's seed and ``overrides``, as one comparison. All or
+    none are queued: a ConfigError or QuotaExceeded (as launch_run) of any run rolls every row
+    back, and the owner's row lock (quotas.check_queue) is held until the last one is counted."""
+    values = [(None, {})] if sweep is None else [(v, {sweep.field: v}) for v in sweep.values]
     with transaction.atomic():
-        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps)
-        label = name or f"comparison {comparison.pk}"
-        for schedule in schedules:
-            launch_run(experiment, schedule, steps, f"{label} · {schedule.name}", comparison=comparison)
+        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps,
+                                               sweep_field=sweep.field if sweep else "",
+                                               sweep_values=sweep.values if sweep else [])
+        label = name or f"{'sweep' if sweep else 'comparison'} {comparison.pk}"
+        for value, swept in values:
+            for schedule in schedules:
+                run_name = f"{label} · {schedule.name}" + (f" · {format_override(sweep.field, value)}" if sweep else "")
+                launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
+                           overrides={**(overrides or {}), **swept})
     return comparison
 
 

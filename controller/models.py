@@ -125,6 +125,9 @@ class Comparison(models.Model):
     note = models.TextField(blank=True, max_length=10_000)
     tags = models.CharField(max_length=500, blank=True, help_text=TAGS_HELP)
     created = models.DateTimeField(auto_now_add=True)
+    # a sweep: one config field over a few values, one run per value and schedule
+    sweep_field = models.CharField(max_length=200, blank=True)
+    sweep_values = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -153,8 +156,10 @@ class Run(models.Model):
     schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="runs")
     name = models.CharField(max_length=200, blank=True)
     steps = models.PositiveIntegerField()
-    # The full merged config the learner was given (experiment + schedule + steps).
+    # The full merged config the learner was given (experiment + schedule + overrides + steps).
     config = models.JSONField(default=dict)
+    # dotted config fields set at launch beyond the schedule ({"train.lr": 0.0003}; a sweep's value too)
+    overrides = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     celery_task_id = models.CharField(max_length=64, blank=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -284,3 +289,30 @@ class RunNode(models.Model):
 
     def __str__(self):
         return f"{self.run} rank {self.rank} on {self.node}"
+
+
+class TrajectoryRecord(models.Model):
+    """One trajectory as the learner recorded it after its step (learner/driver/trajectory_records.py):
+    its reward, advantage and decoded text (bounded; cuts marked in the text)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    step = models.IntegerField()
+    traj = models.IntegerField()
+    group = models.IntegerField()
+    reward = models.FloatField()
+    advantage = models.FloatField(null=True, blank=True)  # GRPO's A_i; null for OPD
+    zero_gradient = models.BooleanField(default=False)  # A = 0 and no KL/entropy term: nothing to learn
+    turns = models.IntegerField(default=0)
+    tokens = models.IntegerField(default=0)  # generated (scored) tokens
+    drafted = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    versions = models.JSONField(default=list)  # policy version per turn
+    segments = models.JSONField(default=list)  # [{"role": prompt|turn|observation, "text", ...}]
+
+    class Meta:
+        ordering = ["step", "traj"]
+        constraints = [models.UniqueConstraint(fields=["run", "traj"], name="unique_trajectory_record")]
+        indexes = [models.Index(fields=["run", "step"], name="trajectory_run_step")]
+
+    def __str__(self):
+        return f"{self.run} trajectory {self.traj}"

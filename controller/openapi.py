@@ -7,9 +7,11 @@ nothing else is, so the two cannot drift apart.
 import copy
 
 from .compare import MAX_COMPARED, MIN_COMPARED
+from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .forms import MAX_CONFIG_CHARS, MAX_STEPS
 from .limits import INT32_MAX
 from .models import Run, Schedule
+from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES
 from .quotas import RESOURCE_LIMITS, quota_for
 
 # Text fields: Django refuses NUL characters everywhere and, for required names, text that
@@ -55,6 +57,16 @@ STEP_RANGE = [
 ]
 
 NULLABLE_INT = {"type": ["integer", "null"]}
+OVERRIDES = {
+    "description": (f"dotted config fields set for this launch (at most {MAX_OVERRIDES}), after the schedule's: "
+                    "{\"train.lr\": 3e-4} or text with one field=value a line; validated like the config "
+                    "(unknown field, type, range, rules across fields, quota: a 400 naming the field); "
+                    "not train.schedule, train.steps or name"),
+    "oneOf": [{"type": "object", "maxProperties": MAX_OVERRIDES,
+               "propertyNames": {"pattern": "^[a-z_][a-z0-9_]*(\\.[a-z_][a-z0-9_]*)+$"},
+               "additionalProperties": {"not": {"type": "object"}}},
+              {"type": "string", "maxLength": 10_000}],
+}
 NULLABLE_NUMBER = {"type": ["number", "null"]}
 SCHEMAS = {
     "Errors": {
@@ -117,6 +129,43 @@ SCHEMAS = {
             "steps": {"type": "integer", "minimum": 1, "maximum": MAX_STEPS,
                       "description": "default: the experiment's train.steps; at most your steps quota"},
             "name": text(200),
+            "overrides": OVERRIDES,
+        },
+    },
+    "ComparisonInput": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["experiment", "schedules", "steps"],
+        "properties": {
+            "experiment": {"type": "integer", "minimum": 1, "maximum": INT32_MAX, "description": "one of your experiments"},
+            "schedules": {"type": "array", "minItems": 1, "maxItems": MAX_COMPARED, "uniqueItems": True,
+                          "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
+                          "description": "global presets or yours; at least two without a sweep"},
+            "steps": {"type": "integer", "minimum": MIN_COMPARED_STEPS, "maximum": MAX_STEPS,
+                      "description": "the same for every run (the seed is the config's)"},
+            "name": text(200),
+            "overrides": OVERRIDES,
+            "sweep": {
+                "type": "object", "additionalProperties": False, "required": ["field", "values"],
+                "description": (f"one config field over 2-{MAX_SWEEP_VALUES} values: one run per value and schedule, "
+                                f"at most {MAX_COMPARED} runs in all; each value validated like an override"),
+                "properties": {
+                    "field": {"type": "string", "maxLength": 200, "description": "a dotted config field, e.g. train.lr"},
+                    "values": {"oneOf": [{"type": "array", "minItems": 2, "maxItems": MAX_SWEEP_VALUES,
+                                          "items": {"not": {"type": "object"}}},
+                                         {"type": "string", "maxLength": 1000,
+                                          "description": "comma-separated"}]},
+                },
+            },
+        },
+    },
+    "Comparison": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"}, "name": {"type": "string"}, "experiment": {"type": "integer"},
+            "steps": {"type": "integer"}, "url": {"type": "string", "description": "its compare page"},
+            "sweep": {"type": ["object", "null"], "properties": {"field": {"type": "string"}, "values": {"type": "array"}}},
+            "runs": {"type": "array", "items": ref("Run")},
         },
     },
     "Run": {
@@ -139,6 +188,8 @@ SCHEMAS = {
             "attempt": {"type": "integer", "description": "times the run was resumed from a checkpoint"},
             "checkpoints": {"type": "array", "items": {"type": "integer"},
                             "description": "steps after which the learner wrote a checkpoint"},
+            "overrides": {"type": "object", "description": "config fields set at launch (a sweep's value included)"},
+            "comparison": NULLABLE_INT | {"description": "the comparison or sweep it was launched in"},
         },
     },
     "Metric": {
@@ -155,6 +206,26 @@ SCHEMAS = {
             "policy_version": NULLABLE_INT, "tokens": {"type": "integer"},
         },
     },
+    "Trajectory": {
+        "type": "object",
+        "description": "the learner's record of one trajectory after its step (docs/spans.md, Trajectory records)",
+        "properties": {
+            "step": {"type": "integer"}, "traj": {"type": "integer"}, "group": {"type": "integer"},
+            "reward": {"type": "number"}, "advantage": {"type": ["number", "null"], "description": "GRPO's A_i"},
+            "zero_gradient": {"type": "boolean", "description": "A = 0 and no KL/entropy term: no backward"},
+            "turns": {"type": "integer"}, "tokens": {"type": "integer", "description": "generated tokens"},
+            "drafted": {"type": "boolean"}, "error": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "integer"}},
+        },
+    },
+    "TrajectoryText": {
+        "allOf": [{"$ref": "#/components/schemas/Trajectory"}, {"type": "object", "properties": {"segments": {
+            "type": "array", "description": "prompt, turns and observations in order; texts cut past ~4,000 characters",
+            "items": {"type": "object", "properties": {
+                "role": {"type": "string", "enum": ["prompt", "turn", "observation"]}, "text": {"type": "string"},
+                "tokens": {"type": "integer"}, "cut": {"type": "boolean"}, "turn": {"type": "integer"},
+                "version": NULLABLE_INT, "tool_call": {"type": "boolean"}}}}}}],
+    },
     "CompareRun": {
         "type": "object",
         "description": "one run's figures; null where the stored metrics do not give it",
@@ -168,7 +239,13 @@ SCHEMAS = {
             "speedup_p10": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p90_s"},
             "speedup_p90": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p10_s"},
             "speedup_vs_sync": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_s"},
-            "efficiency": NULLABLE_NUMBER | {"description": "max(R, L) / step_s (R, L from the sync run)"},
+            "efficiency": NULLABLE_NUMBER | {"description": "bound_s / step_mean_s, at most 1 (docs/bench.md, Efficiency); "
+                                                           "null for a run without stored spans of work"},
+            "engine_busy_s": NULLABLE_NUMBER | {"description": "per step: union of the engine's rollout spans but "
+                                                              "the modelled tool wait, per worker, averaged over workers"},
+            "learner_work_s": NULLABLE_NUMBER | {"description": "per step: union of the learner spans per rank, "
+                                                               "averaged over ranks"},
+            "step_mean_s": NULLABLE_NUMBER | {"description": "training window length / steps"},
             "learner_idle": NULLABLE_NUMBER | {"description": "share of the training window with no learner span"},
             "rollout_idle": NULLABLE_NUMBER | {"description": "share of the training window with no rollout span"},
             "training_s": NULLABLE_NUMBER | {"description": "first step start to last step end"},
@@ -189,7 +266,9 @@ SCHEMAS = {
             "reference": NULLABLE_INT | {"description": "id of the sync run (1.00x), null without one"},
             "rollout_s": NULLABLE_NUMBER | {"description": "R: the sync run's median last reward - step start"},
             "learner_s": NULLABLE_NUMBER | {"description": "L: the sync run's median step end - first backward"},
-            "bound_s": NULLABLE_NUMBER | {"description": "max(R, L)"},
+            "bound_s": NULLABLE_NUMBER | {"description": "max(bound_engine_s, bound_learner_s): the work bound"},
+            "bound_engine_s": NULLABLE_NUMBER | {"description": "the least engine_busy_s of these runs"},
+            "bound_learner_s": NULLABLE_NUMBER | {"description": "the least learner_work_s of these runs"},
             "reward_level": NULLABLE_NUMBER,
             "reward_smoothing": {"type": "number", "description": "EMA weight applied to reward/mean"},
             "warnings": {"type": "array", "items": {"type": "string"},
@@ -239,6 +318,12 @@ PATHS = {
                           body=ref("RunInput"), ok_status="201", more_responses={
                               "429": json_body(ref("Errors"), "your queued-runs quota is full")}),
     },
+    "/api/comparisons/": {
+        "post": operation("Launch a comparison (2-4 schedules) or a small sweep (one field x values x schedules) "
+                          "as one comparison: every run queued, or none (config or quota refusal)",
+                          json_body(ref("Comparison"), "queued"), body=ref("ComparisonInput"), ok_status="201",
+                          more_responses={"429": json_body(ref("Errors"), "your queued-runs quota cannot take them all")}),
+    },
     "/api/runs/{run_id}/": {"get": operation("One run", json_body(ref("Run"), "run"), [RUN_ID])},
     "/api/runs/{run_id}/cancel/": {
         "post": operation("Cancel: SIGTERM, then SIGKILL after a grace period; ends 'cancelled'",
@@ -261,6 +346,19 @@ PATHS = {
             [RUN_ID, int_query("after", "only spans with seq > after (default -1)"), *STEP_RANGE,
              int_query("limit", "page size (default 2000)", minimum=1, maximum=10_000)],
         ),
+    },
+    "/api/runs/{run_id}/trajectories/": {
+        "get": operation("A step's trajectory records, without their text",
+                         json_body({"type": "object", "properties": {
+                             "step": {"type": "integer"},
+                             "trajectories": {"type": "array", "items": ref("Trajectory")}}}, "trajectories"),
+                         [RUN_ID, {**int_query("step", "the step (required)", minimum=0), "required": True}]),
+    },
+    "/api/runs/{run_id}/trajectories/{traj}/": {
+        "get": operation("One trajectory with its decoded text (404 while the learner has not recorded it)",
+                         json_body(ref("TrajectoryText"), "trajectory"),
+                         [RUN_ID, {"name": "traj", "in": "path", "required": True,
+                                   "schema": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}}]),
     },
     "/api/runs/{run_id}/trace.json": {
         "get": operation("Chrome Trace Event JSON (opens in Perfetto)",

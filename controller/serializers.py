@@ -2,7 +2,7 @@
 
 from django.db.models import Max
 
-from .models import Experiment, Run, Schedule, Span, StepMetric
+from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric
 
 # Same keys as the learner's JSONL span event, minus "type".
 SPAN_FIELDS = ("seq", "step", "kind", "t0", "t1", "lane", "traj", "group", "turn", "policy_version", "tokens")
@@ -55,7 +55,17 @@ def run_json(run: Run) -> dict:
         "last_seq": last_seq(run.pk),
         "attempt": run.attempt,
         "checkpoints": list(run.checkpoints.values_list("step", flat=True)),
+        "overrides": run.overrides,
+        "comparison": run.comparison_id,
     }
+
+
+def comparison_json(comparison: Comparison) -> dict:
+    runs = comparison.runs.select_related("experiment", "schedule").order_by("id")
+    sweep = {"field": comparison.sweep_field, "values": comparison.sweep_values} if comparison.sweep_field else None
+    return {"id": comparison.pk, "name": str(comparison), "experiment": comparison.experiment_id,
+            "steps": comparison.steps, "sweep": sweep, "url": f"/comparisons/{comparison.pk}/",
+            "runs": [run_json(r) for r in runs]}
 
 
 def spans_json(queryset, limit: int | None = None) -> list[dict]:

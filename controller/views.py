@@ -12,13 +12,15 @@ from django.views.decorators.http import require_POST
 
 from learner.config import ConfigError
 
+from .config_merge import flatten
 from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
 from .fairness import comparable_latest, config_diff
 from .forms import ComparisonForm, ExperimentForm, LaunchForm
+from .launch_input import launch_error, sweep_of
 from .launching import launch_comparison, launch_run, request_cancel
 from .resuming import ResumeRefused, request_resume
 from .models import Comparison, Experiment, Run, Schedule
-from .quotas import LAUNCH_FIELDS, QuotaExceeded
+from .quotas import QuotaExceeded
 from .runlog import log_path, readable_log
 
 
@@ -85,11 +87,9 @@ def try_launch(form, schedule_field: str, start):
         return None
     try:
         return start(form.cleaned_data)
-    except ConfigError as err:
-        form.add_error(schedule_field, f"does not fit the experiment's config: {err}")
-    except QuotaExceeded as err:
-        field = LAUNCH_FIELDS.get(err.field)
-        form.add_error(field if field in form.fields else None, err.message)
+    except (ConfigError, QuotaExceeded) as err:
+        field, _, reason = launch_error(err, schedule_field, form.cleaned_data)
+        form.add_error(field if field in form.fields else None, reason)
     return None
 
 
@@ -98,7 +98,8 @@ def try_launch(form, schedule_field: str, start):
 def launch(request, experiment_id: int):
     found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
     form = LaunchForm(request.POST, user=request.user)
-    run = try_launch(form, "schedule", lambda data: launch_run(found, data["schedule"], data["steps"], data["name"]))
+    run = try_launch(form, "schedule", lambda data: launch_run(
+        found, data["schedule"], data["steps"], data["name"], overrides=data["overrides"]))
     return redirect("run", run.pk) if run else experiment_page(request, found, form)
 
 
@@ -110,7 +111,7 @@ def compare_schedules(request, experiment_id: int):
     found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
     form = ComparisonForm(request.POST, user=request.user, experiment=found)
     comparison = try_launch(form, "schedules", lambda data: launch_comparison(
-        found, data["schedules"], data["steps"], data["name"]))
+        found, data["schedules"], data["steps"], data["name"], data["overrides"], sweep_of(data)))
     if comparison:
         return redirect("comparison", comparison.pk)
     return experiment_page(request, found, LaunchForm(user=request.user), form)
@@ -123,6 +124,16 @@ def comparison(request, comparison_id: int):
     return render_compare(request, chosen, {r.pk for r in chosen}, "", 200, found)
 
 
+def launch_diff(run: Run) -> list[dict]:
+    """What the run's config sets beyond its experiment's: the schedule preset's fields and the
+    launch's own overrides (a sweep's value among them), each with where it came from."""
+    flat = flatten(run.config)
+    rows = [{"path": p, "value": flat.get(p, v), "source": f"schedule {run.schedule.name}"}
+            for p, v in run.schedule.overrides().items() if p not in run.overrides]
+    rows += [{"path": p, "value": flat.get(p, v), "source": "launch override"} for p, v in run.overrides.items()]
+    return rows
+
+
 @login_required
 def run(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
@@ -131,6 +142,7 @@ def run(request, run_id: int):
         "ws_path": f"/ws/runs/{found.pk}/",
         "api_base": f"/api/runs/{found.pk}/",
         "config_json": json.dumps(found.config, indent=2),
+        "launch_diff": launch_diff(found),
         "checkpoints": list(found.checkpoints.values_list("step", flat=True)),
     }
     return render(request, "run.html", context)

@@ -293,6 +293,13 @@ class LearnerConfig(Strict):
         True, description="pack several rows into each line of a learner micro-batch (position ids restarting "
                           "per row, attention causal within a row) instead of right-padding every row to the "
                           "longest (docs/learner.md); false: one right-padded row per line")
+    shared_prompt_backward: bool = Field(
+        False, description="sync and streaming GRPO: forward a group's shared prompt once, let each member's "
+                           "completion attend to its keys/values, and back-propagate the prompt once when every "
+                           "member is learnt (docs/learner.md); exact either way")
+    shared_prompt_max_tokens: int = Field(
+        32768, ge=1, le=10_000_000, description="shared-prompt backward: most prompt tokens whose activations are "
+                                                "kept at once; a group beyond it is learnt the ordinary way")
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
@@ -406,6 +413,25 @@ class RunConfig(Strict):
         if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
             raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
                              f"streaming), not {self.train.schedule}")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prompt_fits(self) -> "RunConfig":
+        if not self.learner.shared_prompt_backward:
+            return self
+        refused = None
+        if self.train.schedule not in ("sync", "streaming"):
+            refused = f"the on-policy schedules (sync, streaming), not {self.train.schedule}"
+        elif self.algorithm.objective != "grpo":
+            refused = "GRPO, not objective opd (OPD learns turn by turn)"
+        elif self.model.lora is not None:
+            refused = "full-weight training, not model.lora"
+        elif self.learner.world_size > 1 or self.learner.engine != "torch":
+            refused = "one learner process, not data-parallel ranks (learner.world_size, learner.engine)"
+        elif self.deterministic_learner():
+            refused = "the streaming learner, not learner.deterministic (its fixed-point sum is per micro-batch)"
+        if refused:
+            raise ValueError(f"learner.shared_prompt_backward: supported for {refused}")
         return self
 
     @model_validator(mode="after")

@@ -91,6 +91,16 @@ class Metric:
     REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
     ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers
     RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
+    # the curves of an RL run (learner/driver/curves.py)
+    PG_LOSS = "actor/pg_loss"  # the policy loss whose gradient the barrier applied
+    ENTROPY = "actor/entropy"  # mean next-token entropy over the scored tokens the learner forwarded
+    KL_REF = "actor/kl_loss"  # mean k3 KL to the reference over the same tokens (algorithm.kl_coef > 0)
+    LR = "actor/lr"  # the optimizer's learning rate for the step
+    REWARD_STD = "reward/std"
+    REWARD_MIN = "reward/min"
+    REWARD_MAX = "reward/max"
+    RESPONSE_LENGTH = "response_length/"  # + mean, p50, p90, min, max: generated tokens per trajectory
+    SYSTEM = "system/"  # + <process>/cpu_percent, <process>/rss_mb (+ gpu_util, gpu_memory_mb on a GPU)
 
 
 def conventions() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from learner.config import RunConfig
 from learner.distributed.front import rank_lane, uses_ranks
 from learner.distributed.node_rollouts import rollout_hosts
 from learner.driver.barrier import AuditDump, Barrier
+from learner.driver.curves import learner_curves, trajectory_curves
 from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer, ResumePoint, continue_after_setup, restore, weights_loader
@@ -36,6 +37,8 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
+from learner.driver.system_metrics import ProcessSampler, gpu_metrics, run_pids
+from learner.driver.trajectory_records import TrajectoryRecords
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
 from learner.timeline import EventSink, Metric, StepMetrics
@@ -50,6 +53,7 @@ class Trainer:
         self.schedule = make_schedule(cfg)  # with its in-flight state: what a checkpoint of it holds
         self.recorder = Recorder(sink, rank_lane(0, cfg.learner.node_of(0)))
         self.version, self.rewards = 0, []
+        self.processes = ProcessSampler()
 
     def now(self) -> float:  # the run clock
         return self.recorder.now()
@@ -67,6 +71,7 @@ class Trainer:
         self.barrier = Barrier(self.parts, self.recorder, self.rollouts, self.audit)
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
+        self.records = TrajectoryRecords(self.sink, self.parts.tokenizer, self.cfg.algorithm)
         nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
         self.workers = len(booted.cmd_qs) * nodes
         self.sink.emit(started_event(self.cfg, self.parts, self.workers, self.now()))
@@ -96,17 +101,34 @@ class Trainer:
         spans, waits = self.recorder.window(rec.t_start, t_end, rec.trajs)
         values = step_metrics(rec, spans, t_end, waits, self.version, self.schedule.name, memory_mb(self.parts, rec))
         values.update(run_metrics(self.parts, rec, spans, t_end))
+        values.update(self.curves(rec))
         values[Metric.ROLLOUT_BUSY_SHARE] = busy_share(spans, rec.t_start, t_end, self.workers)
         if self.cfg.rollout.speculation.enabled:
             values.update(speculation_metrics(rec.trajs, spans, rec.t_start, t_end))
         self.sink.emit(StepMetrics(rec.step, values))
+        self.records.submit(rec.step, rec.trajs)  # decoded off the learner's thread
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
             self.on_step({"step": rec.step, **values})
         return values
 
+    def curves(self, rec: StepRecord) -> dict[str, float]:
+        """Reward spread, response lengths, loss terms, learning rate and the processes' CPU and
+        memory over the step (learner/driver/curves.py, system_metrics.py)."""
+        groups = self.parts.optimizer.param_groups if self.parts.optimizer is not None else []
+        values = {**trajectory_curves(rec.trajs),
+                  **learner_curves(rec.learner_stats, groups[0]["lr"] if groups else None)}
+        values.update(self.processes.sample(self.run_pids()))
+        values.update(gpu_metrics(self.parts.params[0].device))
+        return values
+
+    def run_pids(self) -> dict[str, int]:
+        fleet = getattr(self.parts.fleet, "local", self.parts.fleet)  # PlacedFleet: this node's workers
+        return run_pids(self.parts.learner.pids, fleet.booted.procs)
+
     def run(self) -> dict:
         try:
+            self.processes.sample(self.run_pids())  # the first step's CPU % is over the step
             self.t_step_end = self.now()
             self.schedule.dispatch(self)
             for step in range(self.first_step, self.cfg.train.steps):
@@ -123,6 +145,10 @@ class Trainer:
             self.schedule.end(self)
         except stopping.Interrupted:  # keep the boundary before the step it stopped in
             self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)
+            self.records.close(wait_for_them=False)
+            raise
+        except BaseException:
+            self.records.close(wait_for_them=False)
             raise
         finally:
             self.parts.close()
@@ -138,6 +164,7 @@ class Trainer:
 def finish_run(trainer: Trainer) -> dict:
     """The end of a run that trained every step: the final model (``train.output_dir``), then
     the summary as the run's terminal event."""
+    trainer.records.close()  # the last steps' trajectory texts before the terminal event
     if trainer.cfg.train.output_dir:
         save_final_model(lambda tmp: save_policy(trainer.model, trainer.parts.tokenizer, tmp),
                          trainer.cfg.train.output_dir)

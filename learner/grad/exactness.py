@@ -48,13 +48,15 @@ def random_rewards(rng: random.Random, size: int, kind: str) -> list[float]:
     return [value] * size
 
 
-def random_trajectory(rng: random.Random, traj_id: int, group: int, reward: float) -> Trajectory:
-    """Prompt, then 1–3 generated turns separated by unscored observation tokens."""
+def random_trajectory(rng: random.Random, traj_id: int, group: int, reward: float,
+                      prompt: list[int] | None = None) -> Trajectory:
+    """Prompt (``prompt``, or 2–5 random tokens), then 1–3 generated turns separated by unscored
+    observation tokens."""
 
     def draw(n: int) -> list[int]:
         return [rng.randrange(VOCAB) for _ in range(n)]
 
-    ids = draw(rng.randint(2, 5))
+    ids = list(prompt) if prompt is not None else draw(rng.randint(2, 5))
     mask = [0] * len(ids)
     spans = []
     for turn in range(rng.randint(1, 3)):
@@ -71,14 +73,18 @@ def random_trajectory(rng: random.Random, traj_id: int, group: int, reward: floa
     )
 
 
-def random_batch(rng: random.Random) -> list[Trajectory]:
-    """2–4 groups of size 1–5; group 0 has ≥ 2 distinct-ish rewards so the gradient is not all aux."""
+def random_batch(rng: random.Random, shared_prompt: bool = False) -> list[Trajectory]:
+    """2–4 groups of size 1–5; group 0 has ≥ 2 distinct-ish rewards so the gradient is not all aux.
+    ``shared_prompt``: a group's members share a prompt of 2–12 tokens (a member in ten has its
+    own, which the shared-prompt backward must learn the ordinary way)."""
     trajs = []
     for group in range(rng.randint(2, 4)):
         size = rng.randint(2, 5) if group == 0 else rng.randint(1, 5)
         kind = rng.choice(("continuous", "offset")) if group == 0 else rng.choice(REWARD_KINDS)
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 12))] if shared_prompt else None
         for reward in random_rewards(rng, size, kind):
-            trajs.append(random_trajectory(rng, len(trajs), group, reward))
+            own = prompt is not None and rng.random() < 0.1
+            trajs.append(random_trajectory(rng, len(trajs), group, reward, None if own else prompt))
     return trajs
 
 
@@ -159,12 +165,14 @@ class CaseSpec:
     # adaptive: early work always (the policy's decisions forced to "it pays"), never, or as measured
     drain: str = "finished-groups-first"
     pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
+    shared_prompt: bool = False  # learner.shared_prompt_backward, on batches whose groups share prompts
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
-               ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "")
+               ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "") + \
+               ("/shared-prompt" if self.shared_prompt else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -191,12 +199,13 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
     )
     model = tiny_llama(spec.dtype, rng.randrange(2**31))
     ref_model = tiny_llama(spec.dtype, rng.randrange(2**31))
-    trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng)
+    trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng, spec.shared_prompt)
     options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
                              max_open_groups=spec.open_group_cap, accumulator_device=spec.accumulator,
                              deterministic=spec.deterministic,
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
-                             drain_policy=spec.drain, pack_rows=spec.pack)
+                             drain_policy=spec.drain, pack_rows=spec.pack, shared_prompt_backward=spec.shared_prompt,
+                             shared_prompt_max_tokens=rng.choice((12, 32768)) if spec.shared_prompt else 32768)
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
@@ -206,7 +215,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
-        "pack_rows": spec.pack,
+        "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt,
+        "shared_prompt_rows": stats.get("shared_prompt_rows", 0),
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
         "micro_batches": stats["micro_batches"],
@@ -222,8 +232,8 @@ def case_specs() -> list[CaseSpec]:
     unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
     the adaptive drain's early work forced never (closed-groups) and always (finished-groups-first,
     the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited}; rows
-    packed into micro-batch lines (micro-batched and adaptive, every convention);
-    GRPO and OPD; float32 and float64."""
+    packed into micro-batch lines (micro-batched and adaptive, every convention); the shared-prompt
+    backward (``shared_prompt_specs``); GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
     combos += [("opd", m, "n/a") for m in OPD_LOSS_AGG_MODES]  # std does not enter OPD
     specs = []
@@ -241,7 +251,19 @@ def case_specs() -> list[CaseSpec]:
         specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, "device", aux, True, True)
                   for aux in ("off", "on")]
+        specs += shared_prompt_specs(dtype)
     return specs
+
+
+def shared_prompt_specs(dtype: torch.dtype) -> list[CaseSpec]:
+    """learner.shared_prompt_backward: every loss mode, micro-batched (sync), per-trajectory and
+    adaptive with K ∈ {0, 2, unlimited}; the adaptive drain's early work also as measured
+    (cost-aware) and never (closed-groups)."""
+    paths = [("micro-batched", None), ("per-trajectory", None), ("adaptive", 0), ("adaptive", 2), ("adaptive", None)]
+    specs = [CaseSpec("grpo", m, s, dtype, learner, cap, shared_prompt=True)
+             for m in LOSS_AGG_MODES for s in ("unbiased",) for learner, cap in paths]
+    return specs + [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", 2, "device", "on", drain=drain,
+                             shared_prompt=True) for drain in DRAIN_POLICIES if drain != "finished-groups-first"]
 
 
 def run_cases(seed: int = 0, cases_per_spec: int = 1, specs: list[CaseSpec] | None = None) -> list[dict]:

@@ -43,6 +43,8 @@ class LearnerOptions:
     drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/cost_model.py)
     early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
     pack_rows: bool = True  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
+    shared_prompt_backward: bool = False  # a group's prompt forwarded and back-propagated once (learner/grad/shared_prompt.py)
+    shared_prompt_max_tokens: int = 32768  # prompt tokens whose activations are kept at once; beyond: the ordinary path
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -54,7 +56,9 @@ class LearnerOptions:
                    max_open_groups=cfg.learner.max_open_groups, accumulator_device=cfg.learner.accumulator_device,
                    deterministic=cfg.deterministic_learner(),
                    speculate_zero_variance=cfg.speculate_zero_variance(), drain_policy=cfg.learner.drain_policy,
-                   early_work_share=cfg.learner.early_work_share, pack_rows=cfg.learner.pack_rows)
+                   early_work_share=cfg.learner.early_work_share, pack_rows=cfg.learner.pack_rows,
+                   shared_prompt_backward=cfg.learner.shared_prompt_backward,
+                   shared_prompt_max_tokens=cfg.learner.shared_prompt_max_tokens)
 
     @property
     def min_stream_tokens(self) -> int:

@@ -24,17 +24,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from learner.config import AlgorithmConfig
 from learner.grad.objectives import (
     agg_weights,
     aux_token_loss,
     clipped_pg_token_loss,
+    k3_kl,
     opd_token_loss,
     pg_token_loss,
     token_logprobs,
 )
 from learner.grad.packing import Layout, layout
+from learner.grad.shared_prompt import PastInputs
 from learner.trajectory import ScoredTurn, Trajectory
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -49,6 +52,7 @@ class Row:
     adv: float = 1.0  # on-policy GRPO: the coefficient of −ρ (A_i, or 1 for a running-sum member)
     teacher: list[float] | None = None  # OPD: teacher log-prob per position (0 where mask is 0)
     behavior: list[float] | None = None  # off-policy: behavior log-prob per position (0 where mask is 0)
+    prompt: int = 0  # tokens of its group's shared prompt cut off the front (learner/grad/shared_prompt.py)
 
     @property
     def n_scored(self) -> int:
@@ -181,6 +185,9 @@ class Forward:
     aux: torch.Tensor | None  # (B, T) KL/entropy terms, or None when both are off
     mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
     w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
+    # detached, for the step's metrics (``stats``): entropy at the scored tokens, k3 KL to the reference
+    entropy: torch.Tensor | None = None  # (B, T), NaN where not taken (learner.grad.objectives.detached_entropy)
+    kl: torch.Tensor | None = None  # (B, T), only with a reference (algorithm.kl_coef > 0)
 
     def per_position(self, field: str) -> torch.Tensor:
         return self.layout.place([getattr(r, field) for r in self.rows], self.logp.dtype, self.logp.device)
@@ -191,38 +198,56 @@ class Forward:
         return self.layout.place(values, self.logp.dtype, self.logp.device)
 
     def row_logp(self, k: int) -> torch.Tensor:
-        """Row k's log-probs (T_k,), as a forward of that row alone gives them."""
-        return self.layout.row_values(self.logp, k)
+        """Row k's log-probs (T_k,), as a forward of that row alone gives them (0 on a cut prompt)."""
+        values = self.layout.row_values(self.logp, k)
+        return F.pad(values, (self.rows[k].prompt, 0)) if self.rows[k].prompt else values
 
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
-            rows: Sequence[Row], line_width: int | None = None) -> Forward:
+            rows: Sequence[Row], line_width: int | None = None, stats: bool = False,
+            past: PastInputs | None = None) -> Forward:
     """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
     is padded), or with a ``line_width`` packed into lines of that width, position ids restarting
-    per row (``learner.grad.packing``)."""
+    per row (``learner.grad.packing``); with ``past`` (rows cut after their shared prompts,
+    right-padded) attending to the prompts' keys/values, positions continuing after them.
+    ``stats``: also the detached entropy and KL the step's metrics read (``learner.grad.loss_tally``),
+    from this forward's own log-softmax."""
     device = next(model.parameters()).device
     rows = list(rows)
-    grid = layout([len(r.ids) for r in rows], line_width)
+    grid = layout([len(r.ids) for r in rows], None if past is not None else line_width)
     ids = grid.place([r.ids for r in rows], torch.long, device)  # (B, T)
     attn = positions = None
-    if grid.shares_lines:
+    if past is not None:
+        own = grid.place([[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
+        attn = torch.cat([past.prompt_mask, own], dim=1)  # (B, L + T)
+        positions = past.offsets[:, None] + torch.arange(grid.width, device=device)[None]  # (B, T)
+    elif grid.shares_lines:
         positions = grid.positions(device)  # (B, T)
     elif len(rows) > 1:
         attn = grid.place([[1] * len(r.ids) for r in rows], torch.long, device)  # (B, T)
-    logp, entropy = token_logprobs(model, ids, with_entropy=algo.entropy_coef > 0, attention_mask=attn,
-                                   position_ids=positions)
+    mask = grid.place([r.mask for r in rows], torch.long, device)  # (B, T)
+    with_entropy = algo.entropy_coef > 0
+    logp, entropy = token_logprobs(model, ids, with_entropy=with_entropy, attention_mask=attn,
+                                   position_ids=positions, entropy_at=mask if stats and not with_entropy else None,
+                                   past_key_values=past and past.cache)
     ref_logp = None
     if algo.kl_coef > 0 and ref_model is not None:
         with torch.no_grad():
-            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn, position_ids=positions)[0].to(logp.dtype)
-    aux = aux_token_loss(logp, entropy, ref_logp, algo.kl_coef, algo.entropy_coef)
-    mask = grid.place([r.mask for r in rows], logp.dtype, device)  # (B, T)
+            ref_logp = token_logprobs(ref_model, ids, attention_mask=attn, position_ids=positions,
+                                      past_key_values=past and past.ref_cache)[0].to(logp.dtype)
+    aux = aux_token_loss(logp, entropy if with_entropy else None, ref_logp, algo.kl_coef, algo.entropy_coef)
+    mask = mask.to(logp.dtype)
     if grid.shares_lines and algo.loss_agg_mode == "seq-mean-token-mean":  # 1/|o_i| per row, not per line
         scored = grid.place([[max(r.n_scored, 1)] * len(r.ids) for r in rows], logp.dtype, device)
         w = mask / scored.clamp(min=1.0)
     else:
         w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
-    return Forward(rows, grid, logp, aux, mask, w)
+    fwd = Forward(rows, grid, logp, aux, mask, w)
+    if stats:
+        # with an entropy term its own H at every scored token
+        fwd.entropy = torch.where(mask > 0, entropy.detach(), math.nan) if with_entropy else entropy
+        fwd.kl = None if ref_logp is None else k3_kl(logp.detach(), ref_logp)
+    return fwd
 
 
 def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:

@@ -102,10 +102,11 @@ class OffPolicyLearner(InProcessLearner):
         state = _Batch(group_sizes={}, planner=None)  # counters only
         for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
             t0 = time.monotonic()
-            fwd = forward(self.model, self.ref_model, algo, part, part.line_width)
+            fwd = forward(self.model, self.ref_model, algo, part, part.line_width, stats=True)
             for b, row in enumerate(part):
                 self.logprobs.keep(row.traj, fwd.row_logp(b))
             loss, clipped = off_policy_loss(fwd, algo.objective, algo.clip_ratio)
+            state.tally.add(fwd, loss if fwd.aux is None else loss - (fwd.w * fwd.aux).sum())
             self.acc.add_direct(grads_of(loss, self.acc.params))
             n_clipped += clipped
             grid = fwd.layout
@@ -118,4 +119,5 @@ class OffPolicyLearner(InProcessLearner):
             "clip_frac": n_clipped / max(n_tokens, 1), "backward_s": state.backward_s,
             "skipped_trajectories": skipped, "micro_batches": state.micro_batches, "rows": state.rows,
             **memory_stats(self.acc, 1), "learner": self.path, **padding_stats(state),
+            **state.tally.stats(normaliser),
         }

@@ -35,6 +35,7 @@ from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
 from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
+from learner.grad.loss_tally import LossTally
 from learner.grad.learner_common import (
     LearnerOptions,
     InProcessLearner,
@@ -61,6 +62,7 @@ from learner.grad.microbatch import (
     split_grads,
 )
 from learner.grad.objectives import batch_normaliser
+from learner.grad.shared_prompt import SharedPrompts
 from learner.grad.packing import layout
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
@@ -94,6 +96,7 @@ class _Batch:
     open_s: float = 0.0
     known_rows: int = 0
     known_s: float = 0.0
+    tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
 
     def open_row_cost(self) -> float | None:
         """Seconds per open-group row over seconds per known row; None unless both ran."""
@@ -184,6 +187,8 @@ class StreamingLearner(InProcessLearner):
                                speculate=opts.speculate_zero_variance)
         self._batch = _Batch(group_sizes=dict(group_sizes), planner=planner,
                              budget=self.policy.begin(sum(group_sizes.values())))
+        if self.backward.prompts is not None:
+            self.backward.prompts.begin(dict(group_sizes))
         if self.acc.params[0].device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.params[0].device)
 
@@ -251,6 +256,8 @@ class StreamingLearner(InProcessLearner):
         """Drop the batch in progress (sums, counts) without a step: its barrier failed."""
         self._batch = None
         self.acc.reset()
+        if self.backward.prompts is not None:
+            self.backward.prompts.begin({})
 
     def finish_batch(self, on_phase: PhaseCallback | None = None, totals: tuple[int, int] | None = None) -> dict:
         """Barrier: p.grad = normaliser · G (1/N_tokens, 1/B or 1/C); raises if a group is incomplete.
@@ -260,6 +267,7 @@ class StreamingLearner(InProcessLearner):
         state = self._state("finish_batch")
         self.check_complete()
         self.backward.ready(state, on_phase, flush=True)
+        self.backward.release_prompts(state, on_phase, at_barrier=True)
         n_tokens, n_traj = totals if totals is not None else self.batch_counts()
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
@@ -269,6 +277,8 @@ class StreamingLearner(InProcessLearner):
                 **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
                 "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
+                **state.tally.stats(normaliser),
+                **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -282,6 +292,35 @@ class OnPolicyBackward:
         self.options, self.acc, self.logprobs = learner.options, learner.acc, learner.logprobs
         self.policy = learner.policy
         self.one_pass = learner.path != "per-trajectory"
+        if self.options.shared_prompt_backward and (self.algo.objective != "grpo" or self.options.deterministic):
+            raise ValueError("learner.shared_prompt_backward: supported for GRPO on the streaming (not "
+                             "deterministic) and sync learners")
+        self.prompts = (SharedPrompts(self.model, self.ref_model if self.algo.kl_coef > 0 else None,
+                                      self.options.shared_prompt_max_tokens)
+                        if self.options.shared_prompt_backward else None)
+
+    def _cut(self, row: Row) -> Row:
+        return row if self.prompts is None else self.prompts.cut(row)
+
+    def _plans(self, rows: list[Row]) -> tuple[list[MicroBatchRows], list[MicroBatchRows]]:
+        """Micro-batches of the ordinary rows, and apart from them of the rows cut after a shared
+        prompt (right-padded: they attend to the prompts' keys/values)."""
+        plain = plan_micro_batches([r for r in rows if not r.prompt], self.options.budget, self.options.pack_rows)
+        return plain, plan_micro_batches([r for r in rows if r.prompt], self.options.budget)
+
+    def _plan(self, rows: list[Row]) -> list[MicroBatchRows]:
+        plain, cut = self._plans(rows)
+        return plain + cut
+
+    def release_prompts(self, state: _Batch, on_phase: PhaseCallback | None, at_barrier: bool = False) -> None:
+        """Back-propagate the finished groups' prompts into G (a ``learner.group_close`` phase each)."""
+        if self.prompts is None:
+            return
+        report = None if on_phase is None else (lambda t0, t1, g: on_phase(Kind.GROUP_CLOSE, t0, t1, None, g))
+        state.backward_s += self.prompts.release(self.acc, self.acc.params, report)
+        if at_barrier and self.prompts.pending():
+            raise OpenGroupError(f"finish_batch: shared prompts of groups {self.prompts.pending()} were not "
+                                 "back-propagated (a member was never learnt)")
 
     def tasks(self, state: _Batch, tasks: list, on_phase: PhaseCallback | None) -> None:
         """GRPO: closes and known-advantage rows first (finished groups first), then the open buckets."""
@@ -290,6 +329,9 @@ class OnPolicyBackward:
             if isinstance(task, Close):
                 t0 = time.monotonic()
                 self.acc.close_group(task.group, task.mu, task.denom)
+                state.tally.close(task.group, task.mu, task.denom)
+                if self.prompts is not None:
+                    self.prompts.closed(task.group, task.mu, task.denom)
                 state.opened.discard(task.group)
                 state.closes += 1
                 if on_phase:
@@ -299,8 +341,10 @@ class OnPolicyBackward:
                     if adv == 0.0 and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0:
                         state.skipped += 1  # exactly zero gradient: nothing to back-propagate
                         self.logprobs.skip(traj.id)
+                        if self.prompts is not None:
+                            self.prompts.learnt(traj.group)
                     else:
-                        known.append(grpo_row(traj, adv))
+                        known.append(self._cut(grpo_row(traj, adv)))
         state.ready += known
         self.ready(state, on_phase, flush=state.planner.all_arrived())
         for task in tasks:
@@ -310,9 +354,10 @@ class OnPolicyBackward:
                     state.opened.add(task.group)
                     state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
                 state.speculative += len(task.trajs) if task.speculative else 0
-                rows = [grpo_row(t, 1.0) for t in task.trajs]
-                for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
+                rows = [self._cut(grpo_row(t, 1.0)) for t in task.trajs]
+                for part in self._plan(rows):
                     self._micro_batch(state, part, task, on_phase)
+        self.release_prompts(state, on_phase)
 
     def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
         """Known-advantage rows, in micro-batches: at once, or (adaptive, before the whole batch has
@@ -327,8 +372,9 @@ class OnPolicyBackward:
                 return
             rows, state.ready = state.ready, []
         else:
-            *full, state.ready = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
-            rows = [row for part in full for row in part]
+            plans = self._plans(state.ready)  # the last micro-batch of each waits to be filled
+            state.ready = [row for parts in plans if parts for row in parts[-1]]
+            rows = [row for parts in plans for part in parts[:-1] for row in part]
         if rows:
             self.rows(state, rows, on_phase)
 
@@ -339,7 +385,7 @@ class OnPolicyBackward:
         """Idle, known rows waiting that do not fill a micro-batch: learn them now?"""
         if self.options.path != "adaptive" or self.policy.eager:
             return True
-        parts = plan_micro_batches(state.ready, self.options.budget, self.options.pack_rows)
+        parts = self._plan(state.ready)
         slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
         return self.policy.partial_pays(state.budget, slots)
 
@@ -354,27 +400,27 @@ class OnPolicyBackward:
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
         """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
-        for part in plan_micro_batches(rows, self.options.budget, self.options.pack_rows):
+        for part in self._plan(rows):
             self._micro_batch(state, part, None, on_phase)
+        self.release_prompts(state, on_phase)
 
     def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width)
+        past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
+        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True, past=past)
         for b, row in enumerate(fwd.rows):
             self.logprobs.keep(row.traj, fwd.row_logp(b))
         pg = on_policy_pg_loss(fwd, self.algo.objective)
+        state.tally.add(fwd, pg, *((bucket.group, bucket.reward) if bucket is not None else ()))
         aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
-        if bucket is None:
-            self.acc.add_direct(grads_of(pg if aux is None else pg + aux, self.acc.params))
-        else:
-            pg_grads, aux_grads = split_grads(pg, aux, self.acc.params, one_pass=self.one_pass)
-            self.acc.add_to_group(bucket.group, bucket.reward, pg_grads)
-            if aux_grads is not None:
-                self.acc.add_direct(aux_grads)
+        gradients_into(self.acc, self.prompts, pg, aux, bucket, groups, self.one_pass)
+        if self.prompts is not None:
+            for row in rows:
+                self.prompts.learnt(row.group)
         grid = fwd.layout
-        del fwd, pg, aux
+        del fwd, pg, aux, past
         t1 = time.monotonic()
         self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None)
         if bucket is None:
@@ -382,3 +428,25 @@ class OnPolicyBackward:
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
         report_micro_batch(state, rows, grid, t0, t1, on_phase)
+
+
+def gradients_into(acc, prompts: SharedPrompts | None, pg: torch.Tensor, aux: torch.Tensor | None,
+                   bucket: Bucket | None, groups: list[int], one_pass: bool) -> None:
+    """Known rows: ∇(pg + aux) into G; a bucket: ∇pg into its group's sums, ∇aux into G. With
+    shared prompts (``groups``) the cotangents of their keys/values go to the prompts' sums."""
+    inputs = acc.params + (prompts.leaves(groups) if groups else [])
+    n = len(acc.params)
+    if bucket is None:
+        grads = grads_of(pg if aux is None else pg + aux, inputs)
+        acc.add_direct(grads[:n])
+        if groups:
+            prompts.add(groups, grads[n:])
+        return
+    pg_grads, aux_grads = split_grads(pg, aux, inputs, one_pass=one_pass)
+    acc.add_to_group(bucket.group, bucket.reward, pg_grads[:n])
+    if groups:
+        prompts.add(groups, pg_grads[n:], bucket.reward)
+    if aux_grads is not None:
+        acc.add_direct(aux_grads[:n])
+        if groups:
+            prompts.add(groups, aux_grads[n:])

@@ -12,7 +12,7 @@ const COLUMNS = [
   ["steps_done", "Steps", String, "steps with stored metrics"],
   ["step_s", "Median step (p10–p90)", fixed(3, " s"), "median timing_s/step; its 10th–90th percentile over the steps"],
   ["speedup_vs_sync", "Speedup vs sync (p10–p90)", times, "the sync run's median step / this run's; spread: over this run's p90 and p10 step"],
-  ["efficiency", "Efficiency", percent, "max(R, L) / median step; R and L from the sync run's metrics"],
+  ["efficiency", "Efficiency", percent, "the work bound / this run's mean step: at most 100% (docs/bench.md, Efficiency)"],
   ["learner_idle", "Learner idle", percent, "share of the training window with no learner span"],
   ["rollout_idle", "Rollout idle", percent, "share of the training window with no rollout span"],
   ["staleness_mean", "Staleness mean", fixed(2), "mean of staleness/mean over the steps"],
@@ -65,9 +65,13 @@ function runRow(run, reference, columns) {
 }
 
 function describe(summary) {
-  if (summary.reference === null) return "No sync run among these: no speedup or efficiency.";
-  const s = (v) => (v === null ? dash : `${v.toFixed(3)} s`);
-  return `R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)}, bound max(R, L) = ${s(summary.bound_s)} (the sync run's medians).`;
+  const s = (v) => (v === null || v === undefined ? dash : `${v.toFixed(3)} s`);
+  // the server computes the bound (learner.bench.efficiency, as the bench does); this only words it
+  const bound = summary.bound_s === null ? "No run stored spans of work: no efficiency."
+    : `Work bound ${s(summary.bound_s)} per step = max(least engine work ${s(summary.bound_engine_s)}, `
+      + `least learner work ${s(summary.bound_learner_s)}) over these runs; efficiency = bound / mean step, at most 100%.`;
+  if (summary.reference === null) return `No sync run among these: no speedup. ${bound}`;
+  return `${bound} Sync's R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)} (medians).`;
 }
 
 /** The API's fairness warnings (different steps, seeds, configs; unfinished runs; too few steps). */

@@ -45,12 +45,16 @@ def test_the_sync_run_is_the_reference_and_figures_come_from_the_stored_metrics(
     rollout_s = statistics.median([12 - 10, 16.5 - 14, 20 - 18])
     learner_s = statistics.median([14 - 12.5, 18 - 16.5, 21 - 20.2])
     assert body["rollout_s"] == pytest.approx(rollout_s) and body["learner_s"] == pytest.approx(learner_s)
-    assert body["bound_s"] == pytest.approx(max(rollout_s, learner_s))
+    # the work bound (docs/bench.md "Efficiency"): only streaming stored spans; over its window
+    # [30, 36], 3 steps: engine 1 s (29-31 clipped) + 2 s, learner 1 s + 1.5 s
+    assert body["bound_engine_s"] == pytest.approx(3.0 / 3) and body["bound_learner_s"] == pytest.approx(2.5 / 3)
+    assert body["bound_s"] == pytest.approx(1.0)
     fast, ref = body["runs"]
     assert [fast["id"], ref["id"]] == [streaming.pk, sync.pk]
     assert ref["step_s"] == 4 and ref["speedup_vs_sync"] == 1.0
     assert fast["step_s"] == 2 and fast["speedup_vs_sync"] == 2.0
-    assert fast["efficiency"] == pytest.approx(max(rollout_s, learner_s) / 2)
+    assert fast["step_mean_s"] == pytest.approx(2.0) and fast["efficiency"] == pytest.approx(1.0 / 2.0)
+    assert ref["efficiency"] is None and ref["engine_busy_s"] is None  # no spans: its work is unknown
     assert fast["steps_done"] == 3 and fast["final_reward"] == 0.7
     assert fast["tail_s"] == pytest.approx(statistics.median([0.5, 0.5, 0.2]))
     assert fast["staleness_mean"] == pytest.approx(0.5) and fast["staleness_max"] == 2.0
@@ -71,10 +75,13 @@ def test_a_chosen_reward_level_and_no_sync_run(alice_client, sync_and_streaming,
     _, streaming = sync_and_streaming
     other = make_run(alice_experiment, streaming_preset, name="empty")
     body = alice_client.get(f"/api/compare/?runs={streaming.pk},{other.pk}&reward=0.45&smoothing=0").json()
-    assert body["reference"] is None and body["bound_s"] is None
+    assert body["reference"] is None
     fast, empty = body["runs"]
     assert (fast["time_to_reward_s"], fast["reward_step"]) == (4.5, 1)
-    assert fast["speedup_vs_sync"] is None and fast["efficiency"] is None
+    assert fast["speedup_vs_sync"] is None
+    # efficiency needs no sync run: the work bound is the compared runs' own (here streaming's)
+    assert body["bound_s"] == pytest.approx(1.0) and fast["efficiency"] == pytest.approx(0.5)
+    assert empty["efficiency"] is None
     assert empty["steps_done"] == 0 and empty["step_s"] is None and empty["learner_idle"] is None
     never = alice_client.get(f"/api/compare/?runs={streaming.pk},{other.pk}&reward=5").json()
     assert never["runs"][0]["time_to_reward_s"] is None
@@ -108,3 +115,47 @@ def test_time_to_reward_reads_the_smoothed_reward_and_steps_have_a_spread(alice_
     assert (fast["step_p10_s"], fast["step_p90_s"]) == (pytest.approx(1.6), pytest.approx(2.4))
     assert fast["speedup_p10"] == pytest.approx(4 / 2.4) and fast["speedup_p90"] == pytest.approx(4 / 1.6)
     assert body["warnings"] == []
+
+
+def test_no_run_exceeds_efficiency_1_where_max_r_l_gave_more(alice_client, alice_experiment, sync_preset):
+    """A run that never drains the engine (fully-async overlapping two batches' tool waits) steps
+    faster than the sync run's R: max(R, L) / step gave it 2.5; the work bound, the bench's
+    (learner.bench.efficiency), holds every run to at most 1."""
+    from learner.bench.efficiency import efficiency_bound, window_work
+
+    from controller.models import Schedule
+
+    fully_async = Schedule.objects.create(owner=None, name="fully-async", kind="fully-async")
+    sync = make_run(alice_experiment, sync_preset, steps=3, name="sync")
+    # R = 2.5 s (last reward - start), L = 0.5 s; engine busy 1 s of each step (the rest is tool wait)
+    store_steps(sync, [(0, 3, 2.5, 2.5, 0.1, 0.0), (3, 6, 5.5, 5.5, 0.2, 0.0), (6, 9, 8.5, 8.5, 0.3, 0.0)])
+    fast = make_run(alice_experiment, fully_async, steps=3, name="fully-async")
+    store_steps(fast, [(20, 21, 20.8, 20.1, 0.1, 1.0), (21, 22, 21.8, 21.1, 0.2, 1.0), (22, 23, 22.8, 22.1, 0.3, 1.0)])
+    spans, seq = [], 0
+    for run, starts in ((sync, (0, 3, 6)), (fast, (20, 21, 22))):
+        for step, t in enumerate(starts):
+            gen_end = t + (1.0 if run is sync else 0.6)
+            for lane, kind, t0, t1 in (("rollout/0/0", "rollout.generate", t, gen_end),
+                                       ("rollout/0/1", "rollout.tool_wait", gen_end, t + 2.5),
+                                       ("learner/0", "learner.backward", t + (2.5 if run is sync else 0.1),
+                                        t + (3.0 if run is sync else 0.5))):
+                spans.append(Span(run=run, seq=seq, step=step, kind=kind, t0=t0, t1=min(t1, t + 3), lane=lane))
+                seq += 1
+    Span.objects.bulk_create(spans)
+    body = alice_client.get(f"/api/compare/?runs={sync.pk},{fast.pk}").json()
+    ref, quick = body["runs"]
+    assert max(body["rollout_s"], body["learner_s"]) / quick["step_s"] == pytest.approx(2.5)  # the old number
+    assert all(r["efficiency"] <= 1 + 1e-9 for r in body["runs"])
+    # the same numbers as the bench's own functions on the same spans
+    rows = {}
+    for run in (sync, fast):
+        stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
+        lo, hi = stored[0]["step/t_start"], stored[-1]["step/t_end"]
+        work = window_work(Span.objects.filter(run=run).values("lane", "kind", "t0", "t1"), lo, hi)
+        rows[run.pk] = {"engine_busy_s": work["engine"] / 3, "learner_work_s": work["learner"] / 3,
+                        "step_mean_s": (hi - lo) / 3}
+    expected = efficiency_bound(rows, alone=set())
+    assert body["bound_s"] == pytest.approx(expected[sync.pk]["bound_s"])
+    assert quick["efficiency"] == pytest.approx(expected[fast.pk]["efficiency"])
+    assert ref["efficiency"] == pytest.approx(expected[sync.pk]["efficiency"])
+    assert quick["efficiency"] == pytest.approx(max(0.6, 0.4) / 1.0)  # fast's own engine work is the least

@@ -58,7 +58,7 @@ def test_the_experiment_page_has_runs_schedules_and_a_launch_form(
     context = response.context
     assert list(context["runs"]) == [alice_run]
     assert {s.name for s in context["schedules"]} == {"sync", "streaming"}
-    assert set(context["launch_form"].fields) == {"schedule", "steps", "name"}
+    assert set(context["launch_form"].fields) == {"schedule", "steps", "name", "overrides"}
 
 
 def test_it_launches_a_run_from_the_form(alice_client, alice_experiment, sync_preset):

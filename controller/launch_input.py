@@ -1,0 +1,30 @@
+"""A launch's inputs beyond the form: which input a refusal is about, and the sweep asked for.
+Shared by the pages (controller/views.py) and the API (controller/api.py)."""
+
+from learner.config import ConfigError
+
+from .config_merge import LaunchOverrideError
+from .launching import Sweep
+from .quotas import LAUNCH_FIELDS
+
+
+def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str | None, int, str]:
+    """(the launch input at fault, HTTP status, reason) for a config or quota refusal of a launch
+    with the cleaned inputs ``data``: the sweep's values or the overrides when the fault is in a
+    field they set, else the schedule, or the input quotas.LAUNCH_FIELDS names."""
+    swept = data.get("sweep_field") or None
+    overridden = set(data.get("overrides") or {})
+    if isinstance(err, LaunchOverrideError):
+        return ("sweep_values" if swept and str(err).startswith(f"{swept}:") else "overrides"), 400, str(err)
+    if isinstance(err, ConfigError):
+        return schedule_field, 400, f"does not fit the experiment's config: {err}"
+    over = {err.field} | ({"train.group_size"} if err.field == "train.prompts_per_step" else set())
+    if swept in over:
+        return "sweep_values", err.status, err.message
+    if over & overridden:
+        return "overrides", err.status, err.message
+    return LAUNCH_FIELDS.get(err.field, err.field), err.status, err.message
+
+
+def sweep_of(data: dict) -> Sweep | None:
+    return Sweep(data["sweep_field"], data["sweep_values"]) if data.get("sweep_field") else None

@@ -1,0 +1,71 @@
+"""CPU % and resident memory per process of the run, per step (``system/<process>/...``): the
+driver (which is also the learner when it has one rank), the learner's rank processes and this
+node's rollout workers; on a GPU also the driver's GPU memory and utilisation. Read from /proc
+through psutil at each step's end, a few reads per process: nothing on the learner's hot path."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import torch
+
+from learner.timeline import Metric
+
+MB = 2.0**20
+
+
+class ProcessSampler:
+    """Per process, its CPU seconds since the previous sample over the wall time between them."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+        self._last: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, monotonic time)
+
+    def _process(self, pid: int) -> psutil.Process:
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._procs[pid] = psutil.Process(pid)
+        return proc
+
+    def sample(self, pids: dict[str, int]) -> dict[str, float]:
+        """``pids``: process name -> pid. A process gone (a worker restarted) is left out; its
+        successor's CPU % starts at its second sample."""
+        values, now = {}, time.monotonic()
+        for name, pid in pids.items():
+            try:
+                proc = self._process(pid)
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    rss = proc.memory_info().rss
+            except psutil.Error:
+                self._procs.pop(pid, None)
+                continue
+            cpu = times.user + times.system
+            prev = self._last.get(pid)
+            self._last[pid] = (cpu, now)
+            if prev is not None and now > prev[1]:
+                values[f"{Metric.SYSTEM}{name}/cpu_percent"] = 100.0 * (cpu - prev[0]) / (now - prev[1])
+            values[f"{Metric.SYSTEM}{name}/rss_mb"] = rss / MB
+        return values
+
+
+def run_pids(learner_pids: list[int], worker_procs: list) -> dict[str, int]:
+    """Names of this node's processes of the run: ``driver``, ``learner_rank<k>``, ``rollout_<w>``."""
+    pids = {"driver": os.getpid()}
+    pids.update({f"learner_rank{k}": pid for k, pid in enumerate(learner_pids) if pid != os.getpid()})
+    pids.update({f"rollout_{w}": p.pid for w, p in enumerate(worker_procs) if getattr(p, "pid", None)})
+    return pids
+
+
+def gpu_metrics(device: torch.device) -> dict[str, float]:
+    """The driver's GPU: memory reserved by torch, and utilisation where NVML is there to say it."""
+    if device.type != "cuda":
+        return {}
+    values = {f"{Metric.SYSTEM}driver/gpu_memory_mb": torch.cuda.memory_reserved(device) / MB}
+    try:
+        values[f"{Metric.SYSTEM}driver/gpu_util"] = float(torch.cuda.utilization(device))
+    except Exception:  # no pynvml / NVML: utilisation is unknown, not 0
+        pass
+    return values
