@@ -2,8 +2,8 @@
 
 Layout: pid 1 is the learner, pid 2 the rollout fleet (and any other lane); one thread per
 lane. Lanes get ``M`` metadata events ``process_sort_index``/``thread_sort_index`` in the
-order the run page draws them (learner, then rollout/<worker>/<slot> numerically, then the
-rest: ``lane_sort_key``, the same rule as static/js/spans.js ``orderLanes``), so every viewer
+order the run page draws them (learner, then the rest such as replica/<w>, then
+rollout/<worker>/<slot> numerically: ``lane_sort_key``, the same rule as static/js/spans.js ``orderLanes``), so every viewer
 shows the lanes in one stable order whatever order the spans come in.
 
 Flow events (``ph`` "s", "t", "f" with a shared ``id``, bound to the enclosing slice) link a
@@ -35,11 +35,12 @@ CHAIN_KINDS = (Kind.GENERATE, Kind.TOOL, Kind.TOOL_WAIT, Kind.VERIFY)
 
 
 def lane_sort_key(lane: str) -> tuple:
-    """learner/* first, then rollout/*, then the rest; numeric parts compare as numbers."""
+    """learner/* first, then the other lanes (replica/*, ...), rollout/* last: the lanes of which
+    a run has few stay on top at any rollout lane count; numeric parts compare as numbers."""
     parts = lane.split("/")
-    group = {"learner": 0, "rollout": 1}.get(parts[0], 2)
+    group = {"learner": 0, "rollout": 2}.get(parts[0], 1)
     rest = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts[1:])
-    return (group, rest if group < 2 else ((1, 0, parts[0]), *rest))
+    return (group, rest if group != 1 else ((1, 0, parts[0]), *rest))
 
 
 def lane_threads(lanes: Iterable[str]) -> dict[str, tuple[int, int]]:

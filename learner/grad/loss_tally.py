@@ -8,7 +8,8 @@ bucket of an open group was forwarded with coefficient 1 (its A is unknown until
 closes), so its value waits, per group, and is weighted by A = (r − μ)/(σ + ε) at the close,
 which is what the group's sums get (``learner.grad.accumulator``). A trajectory skipped with
 A = 0 and no KL/entropy term adds 0 to the loss and has no forward, so its tokens are not in
-the entropy / KL means: those are over the scored tokens the learner forwarded."""
+the entropy / KL means: those are over the scored tokens the learner forwarded (the entropy on
+at most ``ENTROPY_POSITIONS`` of them per forward, evenly strided: ``detached_entropy``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class LossTally:
         self.pg: torch.Tensor | float = 0.0
         self.entropy: torch.Tensor | float = 0.0
         self.kl: torch.Tensor | float = 0.0
-        self.tokens = 0  # scored tokens forwarded (entropy's denominator)
+        self.tokens: torch.Tensor | float = 0.0  # positions the entropy was taken at
         self.kl_tokens = 0
         self._open: dict[int, list[tuple[float, torch.Tensor]]] = defaultdict(list)
 
@@ -37,8 +38,8 @@ class LossTally:
         with torch.no_grad():
             scored = sum(r.n_scored for r in fwd.rows)
             if fwd.entropy is not None:
-                self.entropy = self.entropy + (fwd.mask * fwd.entropy).sum()
-                self.tokens += scored
+                self.entropy = self.entropy + torch.nansum(fwd.entropy)
+                self.tokens = self.tokens + (~fwd.entropy.isnan()).sum()
             if fwd.kl is not None:
                 self.kl = self.kl + (fwd.mask * fwd.kl).sum()
                 self.kl_tokens += scored
@@ -58,8 +59,9 @@ class LossTally:
         """``pg_loss`` (normalised as the gradient is), ``entropy`` and ``kl_ref`` (per scored
         token forwarded; absent when no token was)."""
         out = {"pg_loss": normaliser * float(self.pg)}
-        if self.tokens:
-            out["entropy"] = float(self.entropy) / self.tokens
+        tokens = float(self.tokens)
+        if tokens:
+            out["entropy"] = float(self.entropy) / tokens
         if self.kl_tokens:
             out["kl_ref"] = float(self.kl) / self.kl_tokens
         return out

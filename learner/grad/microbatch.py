@@ -186,7 +186,7 @@ class Forward:
     mask: torch.Tensor  # (B, T) 0/1 in the log-prob dtype
     w: torch.Tensor  # (B, T) aggregation weights (0 on padding)
     # detached, for the step's metrics (``stats``): entropy at the scored tokens, k3 KL to the reference
-    entropy: torch.Tensor | None = None  # (B, T)
+    entropy: torch.Tensor | None = None  # (B, T), NaN where not taken (learner.grad.objectives.detached_entropy)
     kl: torch.Tensor | None = None  # (B, T), only with a reference (algorithm.kl_coef > 0)
 
     def per_position(self, field: str) -> torch.Tensor:
@@ -244,7 +244,8 @@ def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: Alg
         w = agg_weights(mask, algo.loss_agg_mode, dtype=logp.dtype)
     fwd = Forward(rows, grid, logp, aux, mask, w)
     if stats:
-        fwd.entropy = None if entropy is None else entropy.detach()
+        # with an entropy term its own H at every scored token
+        fwd.entropy = torch.where(mask > 0, entropy.detach(), math.nan) if with_entropy else entropy
         fwd.kl = None if ref_logp is None else k3_kl(logp.detach(), ref_logp)
     return fwd
 

@@ -6,6 +6,8 @@ import { PLOTLY_CONFIG, plotlyLoaded } from "./plots.js";
 import { exportConfig } from "./figureexport.js";
 
 const LANE_PX = 16;
+// The least row a lane gets, however many: its 10 px label stays legible (the chart grows instead).
+const MIN_LANE_PX = 12;
 // Above this many bars inside the window, bars are merged at pixel resolution there too.
 const MAX_DETAILED_BARS = 40000;
 
@@ -116,7 +118,7 @@ function axisTraces(bars, lanes, kinds, shift, showLegend, lanePx) {
  * xRange: [lo, hi] or null for autorange, shift: seconds subtracted from every time (compare page).
  */
 export function ganttFigure({ bars, lanes, barriers, xRange = null, yRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900 }) {
-  const lanePx = Math.max(4, Math.min(LANE_PX, (maxHeight - 120) / Math.max(lanes.length, 1)));
+  const lanePx = Math.max(MIN_LANE_PX, Math.min(LANE_PX, (maxHeight - 120) / Math.max(lanes.length, 1)));
   const kinds = new Set(bars.map((b) => b.kind));
   const shapes = barriers.map((b) => ({
     type: "line", xref: "x", yref: "paper", x0: b.t - shift, x1: b.t - shift, y0: 0, y1: 1,

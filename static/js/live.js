@@ -8,8 +8,9 @@ import { TrajectorySelection } from "./trajectory.js";
 import { trajectoryView, StepPicker } from "./bytraj.js";
 import { KIND, METRIC } from "./conventions.js";
 import { readableLog } from "./logview.js";
-import { foldLanes, unfoldedRange } from "./lanefold.js";
+import { foldLanes, zoomedLanes } from "./lanefold.js";
 import { TrajectoryTable, trajectoryRows } from "./trajtable.js";
+import { TrajectoryRecords, renderTrajectoryText } from "./trajrecords.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -36,10 +37,43 @@ const el = {
 const store = new SpanStore();
 const bars = new WindowedBars();
 const gantt = new GanttChart(el.gantt);
-new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
+const selection = new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
   learnt: (step) => learntIn(step) });
 const trajSteps = new StepPicker($("traj-step"));
-const trajTable = new TrajectoryTable($("traj-table"));
+const trajTable = new TrajectoryTable($("traj-table"), (traj) => selection.select(traj));
+const trajRecords = new TrajectoryRecords(root.dataset.apiBase, () => {
+  if (el.laneMode.value === "traj") requestGantt({ now: true });
+});
+selection.onRender = (traj, state) => showTrajectoryText(traj, state);
+let shownText = { traj: null, state: null, record: null }; // what #traj-text shows
+
+/** The selected trajectory's decoded text and facts in #traj-text (fetched once per trajectory). */
+async function showTrajectoryText(traj, state) {
+  const box = $("traj-text");
+  if (traj === null) {
+    box.hidden = true;
+    box.dataset.traj = "";
+    shownText = { traj: null, state: null, record: null };
+    return;
+  }
+  if (shownText.traj === traj && shownText.record) {
+    if (shownText.state !== state) renderTrajectoryText(box, shownText.record, state);
+    shownText.state = state;
+    return;
+  }
+  shownText = { traj, state, record: null };
+  try {
+    const record = await trajRecords.detail(traj);
+    if (selection.traj !== traj) return;
+    shownText = { traj, state: selection.note.dataset.state, record };
+    renderTrajectoryText(box, record, shownText.state);
+  } catch {
+    if (selection.traj !== traj) return;
+    box.textContent = `No text recorded for trajectory ${traj} yet: the learner records a step's trajectories after the step.`;
+    box.dataset.traj = `missing-${traj}`;
+    box.hidden = false;
+  }
+}
 gantt.describe = (span) => (span.kind === KIND.OPTIMIZER ? optimizerNote(span) : "");
 const metrics = new Map(); // step -> values
 // Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
@@ -93,30 +127,32 @@ function ganttView() {
     const view = trajectoryView(store, step, metrics.has(step));
     const barriers = storeBarriers(store).filter((b) => b.step === step);
     lanesShown = null;
-    trajTable.show(trajectoryRows(view.spans, view.trajs, metrics.has(step)));
+    trajTable.show(trajectoryRows(view.spans, view.trajs, metrics.has(step), trajRecords.step(step)));
     return { ...view, barriers, lo: view.range[0], hi: view.range[1], key: `traj-${step}` };
   }
   const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
   trajTable.show([]);
   const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx);
-  const view = el.foldLanes.checked ? foldLanes(built, lanes) : { bars: built, lanes, bands: null };
-  el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked;
-  lanesShown = { ...view, all: lanes };
-  return { ...view, yRange: unfoldTo, barriers: storeBarriers(store), lo, hi, key: view.bands ? "folded" : "slots" };
+  const view = foldLanes(built, lanes, { fold: el.foldLanes.checked, window: laneWindow?.lanes ?? null });
+  el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked && !laneWindow;
+  lanesShown = view;
+  const key = laneWindow ? `lanes-${laneWindow.id}` : view.bands ? "folded" : "slots";
+  return { ...view, barriers: storeBarriers(store), lo, hi, key };
 }
-// the folded view on screen, and the lane range a zoom into it unfolded to (once)
-let lanesShown = null, unfoldTo = null;
+// the lanes on screen, and the rollout lanes a zoom chose ({id, lanes, folded: whether it
+// unfolded bands}); the pinned lanes are shown above them either way (static/js/lanefold.js)
+let lanesShown = null, laneWindow = null, laneWindows = 0;
 
 async function drawGantt() {
   if (!store.size) return;
   const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
-  const { bars: allBars, lanes, barriers, lo, hi, key, yRange } = ganttView();
+  const { bars: allBars, lanes, barriers, lo, hi, key } = ganttView();
   const follow = el.follow.checked;
   const builtMs = epochMs();
   await gantt.draw({
-    bars: allBars, lanes, barriers, yRange,
-    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : null, uirevision: `gantt-${followEpoch}-${key}`,
+    bars: allBars, lanes, barriers,
+    xRange: follow ? [lo, hi + (hi - lo) * 0.02] : laneWindow?.xRange ?? null, uirevision: `gantt-${followEpoch}-${key}`,
   });
   draws++;
   spansDrawn = allBars.reduce((n, b) => n + b.n, 0);
@@ -153,17 +189,27 @@ for (const input of [el.laneMode, $("traj-step")]) {
   });
 }
 
-el.foldLanes.addEventListener("change", () => { unfoldTo = null; followEpoch++; requestGantt({ now: true }); });
+el.foldLanes.addEventListener("change", () => { laneWindow = null; followEpoch++; requestGantt({ now: true }); });
 
 function watchUserZoom() {
   // A user zoom or pan stops following the live edge until "follow live" is ticked again.
   gantt.on("plotly_relayout", (ev) => {
     if (Object.keys(ev).some((k) => k.startsWith("xaxis.range") || k === "xaxis.autorange")) el.follow.checked = false;
-    // a zoom into folded lanes shows the lanes of the bands zoomed into
+    // a zoom into the lane axis shows the rollout lanes it covers (a folded band's lanes
+    // unfolded) in full rows below the pinned learner and replica lanes; autorange zooms out
     const [y0, y1] = ev["yaxis.range"] ?? [ev["yaxis.range[0]"], ev["yaxis.range[1]"]]; // a call, or a box zoom
-    if (lanesShown?.bands && y0 !== undefined && y1 !== undefined) {
-      unfoldTo = unfoldedRange(lanesShown.lanes, lanesShown.bands, [y0, y1], lanesShown.all);
-      el.foldLanes.checked = false;
+    if (lanesShown && y0 !== undefined && y1 !== undefined) {
+      const chosen = zoomedLanes(lanesShown.lanes, lanesShown.bands, [y0, y1]);
+      if (chosen) {
+        const [x0, x1] = ev["xaxis.range"] ?? [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+        laneWindow = { id: ++laneWindows, lanes: chosen, folded: laneWindow?.folded ?? el.foldLanes.checked,
+          xRange: x0 !== undefined && x1 !== undefined ? [x0, x1] : null };
+        el.foldLanes.checked = false;
+        requestGantt({ now: true });
+      }
+    } else if (ev["yaxis.autorange"] && laneWindow) {
+      el.foldLanes.checked = laneWindow.folded;
+      laneWindow = null;
       requestGantt({ now: true });
     }
   });
@@ -320,6 +366,11 @@ function handleFrame(frame) {
       break;
     case "log":
       addLog(frame.first, frame.lines || []);
+      break;
+    case "trajectories":
+      trajRecords.stored(frame.steps || []);
+      if (el.laneMode.value === "traj") requestGantt();
+      if (selection.traj !== null && !shownText.record) showTrajectoryText(selection.traj, selection.note.dataset.state);
       break;
     case "replay_done":
       replayDone = true;

@@ -37,12 +37,14 @@ export function orderKinds(kinds) {
   return [...kinds].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
 }
 
-/** Lane order: learner ranks first, then rollout slots by worker then slot, numerically. */
+/** Lane order: learner ranks first, then replicas (and other lanes), then rollout slots by worker then slot, numerically. */
 export function orderLanes(lanes) {
   const key = (lane) => {
     const parts = lane.split("/");
-    const group = parts[0] === "learner" ? 0 : parts[0] === "rollout" ? 1 : 2;
-    return [group, ...parts.slice(1).map((p) => (/^\d+$/.test(p) ? Number(p) : p))];
+    // learner ranks, then replicas and any other lane, rollout slots last: the few lanes that
+    // matter most stay on top at any rollout lane count (learner/chrome_trace.py lane_sort_key)
+    const group = parts[0] === "learner" ? 0 : parts[0] === "rollout" ? 2 : 1;
+    return [group, ...(group === 1 ? [parts[0]] : []), ...parts.slice(1).map((p) => (/^\d+$/.test(p) ? Number(p) : p))];
   };
   return [...lanes].sort((a, b) => {
     const ka = key(a), kb = key(b);
