@@ -26,6 +26,11 @@ def log_frame(first: int, lines: list[str]) -> dict:
     return {"type": "log", "first": first, "lines": lines}
 
 
+def trajectories_frame(steps: list[int]) -> dict:
+    """The learner's trajectory records of these steps are stored (``GET /api/runs/<id>/trajectories/``)."""
+    return {"type": "trajectories", "steps": steps}
+
+
 def replay_done_frame(last_seq: int) -> dict:
     """The replay of stored spans is over; live frames follow."""
     return {"type": "replay_done", "last_seq": last_seq}

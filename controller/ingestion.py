@@ -16,9 +16,9 @@ from collections import deque
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import live
+from . import live, trajectories
 from .models import Checkpoint, Run, Span, StepMetric
-from .frames import log_frame, metrics_frame, spans_frame, status_frame
+from .frames import log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
 from .serializers import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class RunIngestor:
         self._spans: list[Span] = []
         self._metrics: dict[int, dict] = {}
         self._checkpoints: list[Checkpoint] = []
+        self._trajectories: list = []  # TrajectoryRecord, after their step (controller/trajectories.py)
         self._became_running = False
         self._log: deque[tuple[int, str]] = deque()  # (line number, text) from the stderr reader thread
         self._last_flush = time.monotonic()
@@ -100,6 +101,8 @@ class RunIngestor:
             if not is_int32(event.get("step")) or not isinstance(event.get("path"), str):
                 raise ValueError("checkpoint: expected an integer step and a path")
             self._checkpoints.append(Checkpoint(run_id=self.run_id, step=event["step"], path=event["path"]))
+        elif kind == "trajectory":
+            self._trajectories.append(trajectories.record_from_event(self.run_id, event))
         elif kind == "run":
             self._take_run_event(event)
         else:
@@ -122,7 +125,8 @@ class RunIngestor:
         self._log.append((number, line))
 
     def pending(self) -> bool:
-        return bool(self._spans or self._metrics or self._checkpoints or self._became_running or self._log)
+        return bool(self._spans or self._metrics or self._checkpoints or self._trajectories or self._became_running
+                    or self._log)
 
     def wait_s(self) -> float:
         """How long the supervisor may wait for the next line before it must call flush_if_due."""
@@ -140,9 +144,10 @@ class RunIngestor:
             self.flush()
 
     def flush(self) -> None:
-        spans, metrics, checkpoints = self._spans, self._metrics, self._checkpoints
+        spans, metrics, checkpoints, trajs = self._spans, self._metrics, self._checkpoints, self._trajectories
         became_running = self._became_running
         self._spans, self._metrics, self._checkpoints, self._became_running = [], {}, [], False
+        self._trajectories = []
         self._last_flush = time.monotonic()
         try:
             with transaction.atomic():
@@ -152,10 +157,12 @@ class RunIngestor:
                     update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
                 )
                 Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+                trajectories.store(trajs)
                 if became_running:
                     Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
         except DatabaseError:  # nothing was written: keep it all for the supervisor's next try
             self._spans, self._checkpoints = spans + self._spans, checkpoints + self._checkpoints
+            self._trajectories = trajs + self._trajectories
             self._metrics = {**metrics, **self._metrics}
             self._became_running = self._became_running or became_running
             raise
@@ -168,6 +175,8 @@ class RunIngestor:
         if metrics:
             live.publish(self.run_id, metrics_frame(
                 [{"step": step, "values": values} for step, values in sorted(metrics.items())]))
+        if trajs:
+            live.publish(self.run_id, trajectories_frame(sorted({r.step for r in trajs})))
         self.publish_log()
 
     def publish_log(self) -> None:

@@ -289,3 +289,30 @@ class RunNode(models.Model):
 
     def __str__(self):
         return f"{self.run} rank {self.rank} on {self.node}"
+
+
+class TrajectoryRecord(models.Model):
+    """One trajectory as the learner recorded it after its step (learner/driver/trajectory_records.py):
+    its reward, advantage and decoded text (bounded; cuts marked in the text)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    step = models.IntegerField()
+    traj = models.IntegerField()
+    group = models.IntegerField()
+    reward = models.FloatField()
+    advantage = models.FloatField(null=True, blank=True)  # GRPO's A_i; null for OPD
+    zero_gradient = models.BooleanField(default=False)  # A = 0 and no KL/entropy term: nothing to learn
+    turns = models.IntegerField(default=0)
+    tokens = models.IntegerField(default=0)  # generated (scored) tokens
+    drafted = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    versions = models.JSONField(default=list)  # policy version per turn
+    segments = models.JSONField(default=list)  # [{"role": prompt|turn|observation, "text", ...}]
+
+    class Meta:
+        ordering = ["step", "traj"]
+        constraints = [models.UniqueConstraint(fields=["run", "traj"], name="unique_trajectory_record")]
+        indexes = [models.Index(fields=["run", "step"], name="trajectory_run_step")]
+
+    def __str__(self):
+        return f"{self.run} trajectory {self.traj}"

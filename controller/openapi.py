@@ -206,6 +206,26 @@ SCHEMAS = {
             "policy_version": NULLABLE_INT, "tokens": {"type": "integer"},
         },
     },
+    "Trajectory": {
+        "type": "object",
+        "description": "the learner's record of one trajectory after its step (docs/spans.md, Trajectory records)",
+        "properties": {
+            "step": {"type": "integer"}, "traj": {"type": "integer"}, "group": {"type": "integer"},
+            "reward": {"type": "number"}, "advantage": {"type": ["number", "null"], "description": "GRPO's A_i"},
+            "zero_gradient": {"type": "boolean", "description": "A = 0 and no KL/entropy term: no backward"},
+            "turns": {"type": "integer"}, "tokens": {"type": "integer", "description": "generated tokens"},
+            "drafted": {"type": "boolean"}, "error": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "integer"}},
+        },
+    },
+    "TrajectoryText": {
+        "allOf": [{"$ref": "#/components/schemas/Trajectory"}, {"type": "object", "properties": {"segments": {
+            "type": "array", "description": "prompt, turns and observations in order; texts cut past ~4,000 characters",
+            "items": {"type": "object", "properties": {
+                "role": {"type": "string", "enum": ["prompt", "turn", "observation"]}, "text": {"type": "string"},
+                "tokens": {"type": "integer"}, "cut": {"type": "boolean"}, "turn": {"type": "integer"},
+                "version": NULLABLE_INT, "tool_call": {"type": "boolean"}}}}}}],
+    },
     "CompareRun": {
         "type": "object",
         "description": "one run's figures; null where the stored metrics do not give it",
@@ -326,6 +346,19 @@ PATHS = {
             [RUN_ID, int_query("after", "only spans with seq > after (default -1)"), *STEP_RANGE,
              int_query("limit", "page size (default 2000)", minimum=1, maximum=10_000)],
         ),
+    },
+    "/api/runs/{run_id}/trajectories/": {
+        "get": operation("A step's trajectory records, without their text",
+                         json_body({"type": "object", "properties": {
+                             "step": {"type": "integer"},
+                             "trajectories": {"type": "array", "items": ref("Trajectory")}}}, "trajectories"),
+                         [RUN_ID, {**int_query("step", "the step (required)", minimum=0), "required": True}]),
+    },
+    "/api/runs/{run_id}/trajectories/{traj}/": {
+        "get": operation("One trajectory with its decoded text (404 while the learner has not recorded it)",
+                         json_body(ref("TrajectoryText"), "trajectory"),
+                         [RUN_ID, {"name": "traj", "in": "path", "required": True,
+                                   "schema": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}}]),
     },
     "/api/runs/{run_id}/trace.json": {
         "get": operation("Chrome Trace Event JSON (opens in Perfetto)",

@@ -16,6 +16,7 @@ import time
 from html import escape
 
 import kombu.exceptions
+import psycopg
 import redis.exceptions
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse
@@ -30,10 +31,11 @@ DB_RETRIES = 2
 DB_RETRY_PAUSE_S = 0.05  # times the attempt: a restarting database gets a moment
 # What a lost database or broker raises: Django wraps psycopg's errors (AdminShutdown is an
 # OperationalError); kombu's publish raises its OperationalError; Django's Redis cache raises
-# redis-py's own; a refused socket can surface as the builtin ConnectionError.
-DB_ERRORS = (OperationalError, InterfaceError)
-OUTAGE_ERRORS = (OperationalError, InterfaceError, kombu.exceptions.OperationalError,
-                 redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError)
+# redis-py's own; a refused socket can surface as the builtin ConnectionError. psycopg's own
+# errors escape unwrapped where Django closes a server-side cursor (QuerySet.iterator).
+DB_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+OUTAGE_ERRORS = (*DB_ERRORS, kombu.exceptions.OperationalError, redis.exceptions.ConnectionError,
+                 redis.exceptions.TimeoutError, ConnectionError)
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Unavailable · ThunderSync Lab</title>
 <link rel="stylesheet" href="{css}"></head>

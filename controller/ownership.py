@@ -36,6 +36,7 @@ from .dispatch import next_run_id
 from . import liveness
 from .ingestion import finish_run
 from .models import Run
+from .outages import OUTAGE_ERRORS, first_line, what_is_down
 from .processes import HOST, group_members, process_start, signal_group, works_in
 from .resuming import requeue_attempt
 from .runlog import run_dir
@@ -174,7 +175,9 @@ def start_reaper(interval_s: float | None = None) -> threading.Event:
         while True:
             try:
                 reap()
-            except Exception:  # a database outage: try again on the next pass
+            except OUTAGE_ERRORS as err:  # the database or the broker is down: try again on the next pass
+                log.warning("reaper pass skipped: the %s is unreachable (%s)", what_is_down(err), first_line(err))
+            except Exception:
                 log.warning("reaper pass failed", exc_info=True)
             finally:
                 connection.close()  # this thread's own; a broken one is not reused

@@ -12,7 +12,6 @@ the checkpoint are replaced by the new attempt's (one row per step).
 """
 
 import logging
-import shutil
 import uuid
 from functools import partial
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from django.db import transaction
 from django.db.models import F, Max
 
-from learner.checkpoint import CHECKPOINTS, PREFIX, list_checkpoints
+from learner.checkpoint import PREFIX, discard, list_checkpoints, remove_uncommitted
 
 from . import live
 from .broker import enqueue_or_leave_to_reaper
@@ -73,9 +72,10 @@ def request_resume(run: Run) -> Run:
 
 
 def remove_half_written(run_dir: Path, config: dict) -> None:
-    """Temporary checkpoint directories a run killed while writing one (or a full disk) left."""
-    for stale in (run_dir / output_dir(config) / CHECKPOINTS).glob(".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    """Checkpoints never committed (learner/checkpoint.py): the temporary directories a run
+    killed while writing one (or a full disk) left, and any torn ``step-*`` one."""
+    for name in remove_uncommitted(run_dir / output_dir(config)):
+        log.info("%s: removed the uncommitted checkpoint %s", run_dir, name)
 
 
 def commit_point(run: Run, run_dir: Path) -> None:
@@ -94,7 +94,7 @@ def commit_point(run: Run, run_dir: Path) -> None:
         if step > max(acknowledged):
             log.warning("run %s: checkpoint of step %s was never recorded: removed, resuming from step %s",
                         run.pk, step, max(acknowledged))
-            shutil.rmtree(path, ignore_errors=True)
+            discard(path)
 
 
 def resume_arguments(run: Run, run_dir) -> list[str]:

@@ -4,7 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic.base import RedirectView
 
-from . import api, manage_views, runs_views, views
+from . import api, manage_views, runs_views, trajectories, views
 from .login_throttle import ThrottledLoginView, admin_login
 
 handler404 = "controller.api_errors.not_found"
@@ -21,6 +21,8 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/resume/", api.run_resume, name="api-run-resume"),
     path("api/runs/<int:run_id>/metrics/", api.run_metrics, name="api-run-metrics"),
     path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
+    path("api/runs/<int:run_id>/trajectories/", trajectories.run_trajectories, name="api-run-trajectories"),
+    path("api/runs/<int:run_id>/trajectories/<int:traj>/", trajectories.run_trajectory, name="api-run-trajectory"),
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),
     path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
     path("api/compare/", api.compare, name="api-compare"),

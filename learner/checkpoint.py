@@ -8,12 +8,17 @@ An output directory (``thundersync train --output DIR``) holds::
         optimizer.pt                  the optimizer's state dict (AdamW moments, step counts)
         state.json                    counters, RNG states, the schedule's state (``RunState``)
         behavior.safetensors          async: the weights the batch in flight was sampled with
+        committed.json                written last: the size of every file above (``COMMITTED``)
     DIR/config.json, DIR/model.safetensors, tokenizer files    the final policy (Hugging Face)
 
-A checkpoint is written into a temporary directory next to its final name and renamed
-into place (a rename is atomic on one filesystem), so a run killed while writing leaves the
-previous checkpoints intact and never a half-written one under a ``step-*`` name; only the
-last ``keep`` are kept.
+A checkpoint is written into a temporary directory next to its final name, its files
+fsynced, its commit marker written last, and renamed into place (a rename is atomic on one
+filesystem). A checkpoint counts (``list_checkpoints``, hence ``--resume`` and the web
+app's resume) only when its marker is there and every file it lists has its size: a run
+killed while writing leaves a ``.tmp-*`` directory, never a torn ``step-*`` one, and a
+checkpoint that is replaced or pruned is first renamed out of the ``step-*`` names, so a
+kill halfway through deleting it cannot leave a partial one behind either.
+``remove_uncommitted`` sweeps what such kills leave; only the last ``keep`` are kept.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run.yaml"
 PREFIX = "step-"
+COMMITTED = "committed.json"
 
 
 @dataclass
@@ -103,24 +109,69 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
         save_file(behavior, str(tmp / BEHAVIOR))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(asdict(state)))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    _commit(tmp)
     if final.exists():  # a resumed run that passes the same step again
-        shutil.rmtree(final)
+        discard(final)
     os.rename(tmp, final)
     _fsync_dir(final.parent)
     for old in list_checkpoints(out_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        discard(old)
     return final
 
 
-def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary directories are not checkpoints)."""
+def _commit(tmp: Path) -> None:
+    """fsync every file of ``tmp``, then write (and fsync) the marker listing their sizes."""
+    sizes = {}
+    for f in sorted(tmp.iterdir()):
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+        sizes[f.name] = f.stat().st_size
+    with open(tmp / COMMITTED, "w") as fh:
+        json.dump({"files": sizes}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def committed(path: Path) -> bool:
+    """Whether checkpoint directory ``path`` was committed whole: its marker is there and
+    every file it lists has the size written."""
+    try:
+        sizes = json.loads((path / COMMITTED).read_text())["files"]
+        return "state.json" in sizes and all((path / name).stat().st_size == size for name, size in sizes.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def discard(path: Path) -> None:
+    """Remove checkpoint ``path``: renamed out of the ``step-*`` names first (atomic), then deleted."""
+    gone = path.parent / f".tmp-discard-{path.name}-{os.getpid()}"
+    try:
+        os.rename(path, gone)
+    except OSError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def remove_uncommitted(out_dir: str | Path) -> list[str]:
+    """Delete what kills left under ``out_dir``'s checkpoints (``.tmp-*`` directories, and
+    ``step-*`` ones without a whole commit); returns their names. Only while no run writes there."""
     root = Path(out_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").is_file())
+    stale = [p for p in sorted(root.iterdir()) if p.is_dir() and not p.is_symlink()
+             and (p.name.startswith(".tmp-") or (p.name.startswith(PREFIX) and not committed(p)))]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in stale]
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Committed checkpoints (``committed``), oldest first; temporary directories and torn
+    ones are not checkpoints."""
+    root = Path(out_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and committed(p))
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from learner import stopping
-from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, write_run_config
+from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, remove_uncommitted, write_run_config
 from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
@@ -120,6 +120,17 @@ def resume_source(args) -> Path:
     return source
 
 
+def resume_point(args, point_type):
+    """``--resume``: the newest committed checkpoint (learner/checkpoint.py), after removing
+    the half-written ones a killed run left; None for a fresh run."""
+    if not args.resume:
+        return None
+    for name in remove_uncommitted(args.resume):
+        print(f"thundersync: removed {Path(args.resume) / CHECKPOINTS / name}: a checkpoint never committed "
+              "(its run was killed while writing or deleting it)", file=sys.stderr)
+    return point_type(latest_checkpoint(args.resume), args.seq_from, args.clock_from)
+
+
 def cmd_train(args) -> int:
     if args.events == "-":
         claim_stdout()  # from here on only events reach stdout, from this process and its children
@@ -180,7 +191,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
 
     if cfg.train.output_dir:
         write_run_config(cfg.train.output_dir, cfg.model_dump(mode="json"))
-    resume = ResumePoint(latest_checkpoint(args.resume), args.seq_from, args.clock_from) if args.resume else None
+    resume = resume_point(args, ResumePoint)
     try:
         _, summary = train(cfg, sink, dump_dir=args.dump_step, on_step=on_step, booted=booted, dump_at=args.dump_at,
                            resume=resume)
@@ -259,7 +270,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", metavar="DIR", help="the final model (Hugging Face directory), checkpoints and "
                                                    "the run's config go here (train.output_dir)")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="checkpoint every N steps (train.checkpoint_every)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run of --output DIR from its latest checkpoint")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run of --output DIR from its newest committed checkpoint")
     p.add_argument("--seq-from", type=int, default=0, metavar="N",
                    help="number spans from at least N (the controller resumes a run whose spans it has stored)")
     p.add_argument("--clock-from", type=float, default=0.0, metavar="S",

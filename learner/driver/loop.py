@@ -38,6 +38,7 @@ from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
 from learner.driver.system_metrics import ProcessSampler, gpu_metrics, run_pids
+from learner.driver.trajectory_records import TrajectoryRecords
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
 from learner.timeline import EventSink, Metric, StepMetrics
@@ -70,6 +71,7 @@ class Trainer:
         self.barrier = Barrier(self.parts, self.recorder, self.rollouts, self.audit)
         self.first_step = continue_after_setup(self, resumed)
         self.checkpoints = Checkpointer(self)
+        self.records = TrajectoryRecords(self.sink, self.parts.tokenizer, self.cfg.algorithm)
         nodes = 1 + len(rollout_hosts(self.cfg))  # every node runs as many workers as this one
         self.workers = len(booted.cmd_qs) * nodes
         self.sink.emit(started_event(self.cfg, self.parts, self.workers, self.now()))
@@ -104,6 +106,7 @@ class Trainer:
         if self.cfg.rollout.speculation.enabled:
             values.update(speculation_metrics(rec.trajs, spans, rec.t_start, t_end))
         self.sink.emit(StepMetrics(rec.step, values))
+        self.records.submit(rec.step, rec.trajs)  # decoded off the learner's thread
         self.rewards.append(values[Metric.REWARD_MEAN])
         if self.on_step:
             self.on_step({"step": rec.step, **values})
@@ -142,6 +145,10 @@ class Trainer:
             self.schedule.end(self)
         except stopping.Interrupted:  # keep the boundary before the step it stopped in
             self.checkpoints.on_stop(self.rec.step if hasattr(self, "rec") else self.first_step)
+            self.records.close(wait_for_them=False)
+            raise
+        except BaseException:
+            self.records.close(wait_for_them=False)
             raise
         finally:
             self.parts.close()
@@ -157,6 +164,7 @@ class Trainer:
 def finish_run(trainer: Trainer) -> dict:
     """The end of a run that trained every step: the final model (``train.output_dir``), then
     the summary as the run's terminal event."""
+    trainer.records.close()  # the last steps' trajectory texts before the terminal event
     if trainer.cfg.train.output_dir:
         save_final_model(lambda tmp: save_policy(trainer.model, trainer.parts.tokenizer, tmp),
                          trainer.cfg.train.output_dir)

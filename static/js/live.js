@@ -10,6 +10,7 @@ import { KIND, METRIC } from "./conventions.js";
 import { readableLog } from "./logview.js";
 import { foldLanes, zoomedLanes } from "./lanefold.js";
 import { TrajectoryTable, trajectoryRows } from "./trajtable.js";
+import { TrajectoryRecords, renderTrajectoryText } from "./trajrecords.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -36,10 +37,43 @@ const el = {
 const store = new SpanStore();
 const bars = new WindowedBars();
 const gantt = new GanttChart(el.gantt);
-new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
+const selection = new TrajectorySelection(gantt, { search: $("traj-search"), detail: $("traj-detail"), note: $("traj-note"),
   learnt: (step) => learntIn(step) });
 const trajSteps = new StepPicker($("traj-step"));
-const trajTable = new TrajectoryTable($("traj-table"));
+const trajTable = new TrajectoryTable($("traj-table"), (traj) => selection.select(traj));
+const trajRecords = new TrajectoryRecords(root.dataset.apiBase, () => {
+  if (el.laneMode.value === "traj") requestGantt({ now: true });
+});
+selection.onRender = (traj, state) => showTrajectoryText(traj, state);
+let shownText = { traj: null, state: null, record: null }; // what #traj-text shows
+
+/** The selected trajectory's decoded text and facts in #traj-text (fetched once per trajectory). */
+async function showTrajectoryText(traj, state) {
+  const box = $("traj-text");
+  if (traj === null) {
+    box.hidden = true;
+    box.dataset.traj = "";
+    shownText = { traj: null, state: null, record: null };
+    return;
+  }
+  if (shownText.traj === traj && shownText.record) {
+    if (shownText.state !== state) renderTrajectoryText(box, shownText.record, state);
+    shownText.state = state;
+    return;
+  }
+  shownText = { traj, state, record: null };
+  try {
+    const record = await trajRecords.detail(traj);
+    if (selection.traj !== traj) return;
+    shownText = { traj, state: selection.note.dataset.state, record };
+    renderTrajectoryText(box, record, shownText.state);
+  } catch {
+    if (selection.traj !== traj) return;
+    box.textContent = `No text recorded for trajectory ${traj} yet: the learner records a step's trajectories after the step.`;
+    box.dataset.traj = `missing-${traj}`;
+    box.hidden = false;
+  }
+}
 gantt.describe = (span) => (span.kind === KIND.OPTIMIZER ? optimizerNote(span) : "");
 const metrics = new Map(); // step -> values
 // Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
@@ -93,7 +127,7 @@ function ganttView() {
     const view = trajectoryView(store, step, metrics.has(step));
     const barriers = storeBarriers(store).filter((b) => b.step === step);
     lanesShown = null;
-    trajTable.show(trajectoryRows(view.spans, view.trajs, metrics.has(step)));
+    trajTable.show(trajectoryRows(view.spans, view.trajs, metrics.has(step), trajRecords.step(step)));
     return { ...view, barriers, lo: view.range[0], hi: view.range[1], key: `traj-${step}` };
   }
   const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
@@ -334,6 +368,11 @@ function handleFrame(frame) {
       break;
     case "log":
       addLog(frame.first, frame.lines || []);
+      break;
+    case "trajectories":
+      trajRecords.stored(frame.steps || []);
+      if (el.laneMode.value === "traj") requestGantt();
+      if (selection.traj !== null && !shownText.record) showTrajectoryText(selection.traj, selection.note.dataset.state);
       break;
     case "replay_done":
       replayDone = true;

@@ -55,7 +55,8 @@ export class TrajectorySelection {
    * goes; learnt(step) -> {done, skipped}: whether the learner is past the step, and how many
    * trajectories it skipped there (for a trajectory without a backward). */
   constructor(chart, { search, detail, note, learnt = () => ({ done: false, ended: false, skipped: null }) }) {
-    Object.assign(this, { chart, search, detail, note, learnt, traj: null, seenBars: null, bars: [] });
+    // onRender(traj, state): after every render (the page shows the trajectory's text beside it)
+    Object.assign(this, { chart, search, detail, note, learnt, traj: null, seenBars: null, bars: [], onRender: () => {} });
     chart.div.addEventListener("click", (ev) => {
       const span = chart.barAtEvent(ev)?.span;
       if (span && span.traj !== null && span.traj !== undefined) this.select(span.traj);
@@ -99,6 +100,7 @@ export class TrajectorySelection {
         : `trajectory ${this.traj} is not in the drawn steps: choose "all steps", or the by-trajectory lanes of its step`;
     this.note.dataset.state = this.traj === null ? "" : spans.length ? trainedState(this.traj, spans, this.learnt) : "absent";
     this.note.dataset.drafted = spans.some((s) => s.kind === KIND.DRAFT) ? "1" : "0";
+    this.onRender(this.traj, this.note.dataset.state);
   }
 }
 

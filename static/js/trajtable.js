@@ -1,19 +1,23 @@
 // A step's trajectories as a sortable table (by-trajectory lanes): per trajectory its group,
 // turns, sampled tokens, rollout time (first rollout span's start to the last one's end), the
 // wait from its last rollout span to its backward, and what the learner did with it (trained,
-// skipped, not trained yet; drafted). From the spans the page holds; a click on a header sorts.
+// skipped, not trained yet; drafted), from the spans the page holds; its reward and advantage from
+// the learner's trajectory records (static/js/trajrecords.js). A click on a header sorts, on a row
+// follows that trajectory.
 import { KIND } from "./conventions.js";
 import { isLearnerKind } from "./spans.js";
 
 const COLUMNS = [ // [key, header, format]
   ["traj", "Trajectory", String], ["group", "Group", String], ["turns", "Turns", String], ["tokens", "Tokens", String],
   ["rollout_ms", "Rollout ms", (v) => v.toFixed(1)], ["wait_ms", "To backward ms", (v) => v.toFixed(1)],
+  ["reward", "Reward", (v) => v.toFixed(3)], ["advantage", "Advantage", (v) => v.toFixed(3)],
   ["state", "Learner", String],
 ];
 
 /** One row per trajectory of ``step`` (the by-trajectory lanes' trajectories); ``stepDone``: the
- * learner is past the step, so one without a backward was skipped. */
-export function trajectoryRows(spans, trajs, stepDone) {
+ * learner is past the step, so one without a backward was skipped; ``records``: Map traj -> the
+ * learner's record (reward, advantage), or null before they arrive. */
+export function trajectoryRows(spans, trajs, stepDone, records = null) {
   const rows = new Map([...trajs].map((t) => [t, { traj: t, group: null, turns: 0, tokens: 0, t0: Infinity, t1: -Infinity,
     backward: null, drafted: false }]));
   for (const s of spans) {
@@ -31,13 +35,14 @@ export function trajectoryRows(spans, trajs, stepDone) {
     traj: r.traj, group: r.group ?? "–", turns: r.turns, tokens: r.tokens,
     rollout_ms: Number.isFinite(r.t0) ? (r.t1 - r.t0) * 1000 : null,
     wait_ms: r.backward && Number.isFinite(r.t1) ? (r.backward.t0 - r.t1) * 1000 : null,
+    reward: records?.get(r.traj)?.reward ?? null, advantage: records?.get(r.traj)?.advantage ?? null,
     state: (r.backward ? "trained" : stepDone ? "skipped" : "not trained yet") + (r.drafted ? " · drafted" : ""),
   }));
 }
 
 export class TrajectoryTable {
-  constructor(table) {
-    Object.assign(this, { table, rows: [], sortKey: "traj", ascending: true });
+  constructor(table, onPick = () => {}) {
+    Object.assign(this, { table, onPick, rows: [], sortKey: "traj", ascending: true });
   }
 
   show(rows) {
@@ -68,6 +73,7 @@ export class TrajectoryTable {
     for (const r of sorted) {
       const tr = document.createElement("tr");
       tr.dataset.traj = String(r.traj);
+      tr.addEventListener("click", () => this.onPick(r.traj));
       for (const [k, , format] of COLUMNS) {
         const td = document.createElement("td");
         td.textContent = r[k] === null ? "—" : format(r[k]);

@@ -12,7 +12,7 @@ from django.test import AsyncClient
 
 from controller.models import Span, StepMetric
 
-from .conftest import make_run, store_metrics
+from .conftest import make_run, store_metrics, store_spans
 
 pytestmark = pytest.mark.django_db
 METADATA_ARGS = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
@@ -176,3 +176,29 @@ def test_a_million_span_trace_streams_with_flat_memory(alice_client, alice_exper
     # Flat: the whole run's ~300 MB document never sits in memory; ten times the spans of
     # the step range cost no more than a few chunks more.
     assert whole["rss_growth_mb"] < 64 and whole["rss_growth_mb"] < tenth["rss_growth_mb"] + 32
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_download_whose_connection_is_cut_reads_on_after_the_last_row(alice_run, monkeypatch):
+    """The backend serving a download's server-side cursor is terminated between two fetches:
+    the rows continue from a fresh connection after the last one sent, none lost or twice."""
+    import psycopg
+
+    from controller import exports
+
+    store_spans(alice_run, 30)
+    monkeypatch.setattr(exports, "EXPORT_CHUNK_ROWS", 4)  # several fetches
+    rows = exports.rows_after(Span.objects.filter(run=alice_run).values("seq"), "seq")
+    seqs = [next(rows)["seq"] for _ in range(6)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        victim = cursor.fetchone()[0]
+    db = connection.settings_dict
+    with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres",
+                         autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [victim]).fetchone()[0]
+    seqs += [row["seq"] for row in rows]
+    assert seqs == list(range(30))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != victim  # it was cut, and replaced

@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from controller import ownership
+from learner.checkpoint import COMMITTED
 from controller.models import Checkpoint, Run
 from controller.resuming import commit_point, resume_arguments
 from controller.supervisor import supervise
@@ -100,6 +101,7 @@ def write_checkpoint(run_dir, step: int):
     path = run_dir / "output" / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
     (path / "state.json").write_text("{}")
+    (path / COMMITTED).write_text(json.dumps({"files": {"state.json": 2}}))
     return path
 
 
@@ -109,8 +111,10 @@ def test_the_resume_point_is_the_newest_checkpoint_the_database_acknowledged(ali
     unrecorded = write_checkpoint(tmp_path, 5)  # written after the learner's SIGTERM; its report never stored
     half = tmp_path / "output" / "checkpoints" / ".tmp-step-000007-4242"
     half.mkdir()
+    torn = write_checkpoint(tmp_path, 2)
+    (torn / "state.json").write_text("")  # not the size committed: not a checkpoint
     commit_point(run, tmp_path)
-    assert all(p.exists() for p in kept) and not unrecorded.exists() and not half.exists()
+    assert all(p.exists() for p in kept) and not unrecorded.exists() and not half.exists() and not torn.exists()
 
 
 def test_without_an_acknowledged_checkpoint_on_disk_the_disks_own_are_kept(alice_experiment, sync_preset, tmp_path):

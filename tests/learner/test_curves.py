@@ -122,6 +122,36 @@ def test_a_tiny_run_emits_every_curve_and_the_processes_cpu_and_memory():
     assert sum(v["system/driver/cpu_percent"] for v in steps) > 0  # the learner did work in its steps
 
 
+@pytest.mark.slow
+def test_every_trajectory_is_recorded_with_its_decoded_text_after_its_step():
+    cfg = load_config("configs/quickstart.yaml", {"train.steps": 2})
+    sink = MemorySink()
+    trainer, _ = train(cfg, sink)
+    types = [e["type"] for e in sink.events]
+    records = [e for e in sink.events if e["type"] == "trajectory"]
+    per_step = cfg.train.prompts_per_step * cfg.train.group_size
+    assert sorted(e["step"] for e in records) == [0] * per_step + [1] * per_step
+    assert len({e["traj"] for e in records}) == 2 * per_step
+    assert max(i for i, t in enumerate(types) if t == "trajectory") < types.index("run", 1)  # before "finished"
+    backward = {e["traj"] for e in sink.events if e["type"] == "span" and e["kind"] == "learner.backward"}
+    tok = trainer.parts.tokenizer
+    for e in records:
+        roles = [s["role"] for s in e["segments"]]
+        assert roles[0] == "prompt" and roles.count("turn") == e["turns"] >= 1
+        assert sum(s["tokens"] for s in e["segments"] if s["role"] == "turn") == e["tokens"]
+        # the segments are the trajectory's tokens in order: their texts decode the whole of it
+        spans = [s for s in sink.events if s["type"] == "span" and s.get("traj") == e["traj"]
+                 and s["kind"] == "rollout.generate"]
+        assert sum(s["tokens"] for s in spans) == e["tokens"]
+        tool_calls = [s for s in e["segments"] if s.get("tool_call")]
+        assert len(tool_calls) == roles.count("observation")
+        # learnt, or skipped because its gradient is exactly zero (A = 0, no KL/entropy term)
+        assert (e["traj"] in backward) == (not e["zero_gradient"]), e
+        assert e["zero_gradient"] == (e["advantage"] == 0.0)
+    text = "".join(s["text"] for s in records[0]["segments"])
+    assert len(text) > 10 and tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
 def test_entropy_past_its_cap_is_taken_at_evenly_strided_scored_positions(monkeypatch):
     model = tiny_llama(torch.float32, seed=0)
     ids = torch.tensor([[(7 * k) % VOCAB for k in range(40)]] * 2)
