@@ -67,7 +67,7 @@ def api_schema(db, alice_browser, alice_run, sync_preset):
     return loaded
 
 
-EXAMPLES = 20  # per operation and mode: 14 operations x 2 modes, bounded in time
+EXAMPLES = 20  # per operation and mode: 15 operations x 2 modes, bounded in time
 # Why schema-valid input may still be refused (400): rules JSON Schema cannot state, each
 # documented in the schema's descriptions and docs/controller.md. Any other 400 for valid
 # input means the schema misses a limit the server enforces (schemathesis' ST202).
@@ -76,7 +76,11 @@ BEYOND_THE_SCHEMA = {
     "knobs": re.compile(""),  # config paths, validated by learner.config
     "name": re.compile("^a schedule with this name already exists$"),
     "schedule": re.compile("^does not fit the experiment's config"),
-    "experiment": re.compile("trajectories per step, over your quota"),
+    "experiment": re.compile("trajectories per step, over your quota|^expected an integer$"),
+    # a comparison's runs: at least two without a sweep, at most 4 in all (schedules x values)
+    "schedules": re.compile("^expected a list of integers|^pick at least two schedules|runs: pick at most"),
+    # launch overrides and a sweep's field and values: config paths, validated by learner.config
+    "overrides": re.compile(""), "sweep_field": re.compile(""), "sweep_values": re.compile(""),
     "step_to": re.compile("^must be >= step_from$"),
     # JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
     "steps": re.compile("^expected an integer$"),
