@@ -78,13 +78,20 @@ BEYOND_THE_SCHEMA = {
     "schedule": re.compile("^does not fit the experiment's config"),
     "experiment": re.compile("trajectories per step, over your quota"),
     "step_to": re.compile("^must be >= step_from$"),
-    # JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
-    "steps": re.compile("^expected an integer$"),
+    # [5.0] (as steps); two schedules unless a sweep (a rule across fields); the config's fit
+    "schedules": re.compile(r"^required: a list of integer schedule ids$|^pick at least two schedules|"
+                            "^does not fit the experiment's config"),
+    "overrides": re.compile(""),  # config paths and values, validated by learner.config
+    "sweep": re.compile(""),  # its field and values, validated like overrides
 }
 
 
+# JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
+NOT_COERCED = "expected an integer"
+
+
 def refused_for_a_documented_reason(errors: dict) -> bool:
-    return all(field in BEYOND_THE_SCHEMA and BEYOND_THE_SCHEMA[field].search(reason)
+    return all(reason == NOT_COERCED or (field in BEYOND_THE_SCHEMA and BEYOND_THE_SCHEMA[field].search(reason))
                for field, reason in errors.items())
 
 
