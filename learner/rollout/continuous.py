@@ -9,6 +9,7 @@ within a few decode steps instead of when the call's longest row ends. ``engine`
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -143,7 +144,9 @@ def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, o
 
 
 def _decode_step(engine, run: "_Running", step_tok: list[int]) -> None:
-    """The batch's next forward: one token per row (ended rows masked), their logits."""
+    """The batch's next forward: one token per row (ended rows masked), their logits; its time
+    teaches the engine's cost model (``rollout/step_cost.py``)."""
+    t0 = time.perf_counter()
     tok_in = torch.tensor(step_tok, device=engine.device)[:, None]
     col = torch.tensor([[int(i >= 0)] for i in run.rows], device=engine.device)
     run.attn = torch.cat([run.attn, col], dim=1)
@@ -151,6 +154,8 @@ def _decode_step(engine, run: "_Running", step_tok: list[int]) -> None:
                        past_key_values=run.cache, use_cache=True)
     run.cache, run.logits = out.past_key_values, out.logits[:, -1].float()
     run.pos = run.pos + 1
+    if getattr(engine, "step_cost", None) is not None:
+        engine.step_cost.decode.add(len(run.rows), time.perf_counter() - t0)
 
 
 def _cut(run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | None) -> None:
@@ -164,6 +169,7 @@ def _cut(run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | None) ->
 def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:
     """Prefill ``prompts`` (left-padded among themselves; after their kept prefix where ``reuse``
     has one) and join them to the running batch."""
+    t0 = time.perf_counter()
     if any(r is not None for r in reuse):
         cache, attn, next_pos, logits = _prefill_after(engine, prompts, reuse)
     else:
@@ -178,6 +184,8 @@ def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], re
         next_pos = pos[:, -1:] + 1
     kv_rows.check_joinable(cache)
     B = len(prompts)
+    if getattr(engine, "step_cost", None) is not None:  # (the prefill's columns: what it forwarded, padding included)
+        engine.step_cost.prefill.add(B * attn.shape[1], time.perf_counter() - t0)
     run.alive += B
     if not run.rows:
         run.cache, run.attn, run.pos, run.logits, run.rows = cache, attn, next_pos, logits, rows

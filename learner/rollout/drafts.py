@@ -2,10 +2,13 @@
 under the weights the worker has, on engine time the current step leaves free, and verified
 (``rollout/speculation.py``) when that batch's ``Work`` arrives, after its weights were loaded.
 
-Priority: a draft starts a generate call only when no current loop is ready, joins a running
-call only when that call holds drafts alone, and is cut between two decode steps (its partial
-turn kept, continued later from its stream position) as soon as a current row joins or a
-driver command waits, so a current row waits for a draft at most one decode step. Memory: the
+Priority: drafts run only in the engine's idle time. A draft starts a generate call only when
+no current loop is ready, joins a running call only when that call holds drafts alone, and only
+as many rows as the engine's measured cost model (``rollout/step_cost.py``) says end their next
+forward before the next current loop is due (its modelled tool latency ends), or within
+``IDLE_STEP_S`` when no current loop is in flight; a running draft call is cut between two
+decode steps (its partial turn kept, continued later from its stream position) as soon as its
+next step would not end in time, a current row joins or a driver command waits. Memory: the
 contexts of the drafts that started hold at most ``rollout.speculation.draft_token_budget``
 tokens (plus the turn each running draft is sampling).
 """
@@ -21,7 +24,14 @@ from learner.rollout.sampling import Completion, Stream
 from learner.rollout.speculation import Sampled, Verdict, verify
 from learner.timeline import Kind
 
-VERIFY_CHUNK = 32  # drafts per verification forward (a GRPO group or a few)
+VERIFY_CHUNK = 32  # drafts per verification forward (whole GRPO groups: at least one)
+# A draft forward must end this long before the next current loop is due: predicted seconds x
+# SAFETY + SLACK_S (the prediction is a mean; a forward on a shared core runs longer now and then).
+SAFETY, SLACK_S = 1.5, 0.001
+# With no current loop in flight (the learner's phase) a draft forward takes at most this long (one
+# row always may), so a publish's Load waits at most about that. Measured on the built-in policy
+# (one core): a decode step 1.3 ms + 0.02 ms per row, a prefill ~1.5 ms + ~5 us per token.
+IDLE_STEP_S = 0.015
 
 
 def _room(worker: LoopHost) -> int:
@@ -32,8 +42,8 @@ def _room(worker: LoopHost) -> int:
 def _eligible(worker: LoopHost, running: set[int], now: float) -> list[LoopState]:
     """Drafts that may generate at ``now``: ready, not parked, those that started first, within the budget."""
     room, out = _room(worker), []
-    waiting = [lp for lp in worker.loops.values()
-               if lp.draft and lp.parked is None and lp.ready_at <= now and lp.traj not in running]
+    waiting = [lp for lp in worker.loops.values() if lp.draft and lp.parked is None and lp.ready_at <= now
+               and lp.traj not in running and lp.traj not in worker.verifying]
     for lp in sorted(waiting, key=lambda lp: (not lp.begun, lp.step, lp.traj)):
         if lp.begun:
             if room >= 0:
@@ -44,17 +54,59 @@ def _eligible(worker: LoopHost, running: set[int], now: float) -> list[LoopState
     return out
 
 
+def time_left(worker: LoopHost, now: float) -> float:
+    """Seconds a draft forward may take from ``now``: until the next current loop is due (0 when
+    one is ready or its tool is running: its answer could come any moment), ``IDLE_STEP_S`` when
+    no current loop is in flight."""
+    due = [lp.ready_at for lp in worker.loops.values() if not lp.draft]
+    return IDLE_STEP_S if not due else max(0.0, min(due) - now)
+
+
+def _fits(seconds: float | None, left: float, rows: int) -> bool:
+    """A draft forward predicted to take ``seconds`` ends within ``left``. With no current loop in
+    flight one row always may (nothing waits on the engine but a driver command, which cuts it);
+    a cold cost model predicts nothing: drafts run only then."""
+    idle = left == IDLE_STEP_S
+    if seconds is None or (idle and rows <= 1):
+        return idle
+    return seconds * SAFETY + SLACK_S <= left
+
+
+def step_fits(worker: LoopHost, rows: int) -> bool:
+    """The running draft call's next decode step (``rows`` rows) ends before a current loop is due."""
+    return _fits(worker.engine.step_cost.decode.predict(rows), time_left(worker, worker.now()), rows)
+
+
 def pick(worker: LoopHost, first: Callable[[list], list], running: set[int] | frozenset = frozenset()) -> list:
-    """The drafts to (join a) call, ``first`` applying the engine call's row cap; none while a
-    driver command waits."""
-    if worker.commands_waiting():
+    """The drafts to (join a) call: ``first`` applies the engine call's row cap, then as many as
+    whose prefill and the batch's next decode step end in time (``time_left``); none while a
+    driver command waits, adopted drafts wait for verification or drafts are held
+    (``LoopHost.drafts_held``: a publish's Work is next)."""
+    if worker.drafts_held or worker.unverified or worker.commands_waiting():
         return []
-    return first(_eligible(worker, set(running), worker.now()))
+    now = worker.now()
+    rows, left, cost = first(_eligible(worker, set(running), now)), time_left(worker, now), worker.engine.step_cost
+    n = len(rows)
+    while n and not _fits(cost.call(len(running) + n, n, max(len(lp.ids) for lp in rows[:n])), left,
+                          len(running) + n):
+        n //= 2
+    return rows[:n]
 
 
 def runnable_due(worker: LoopHost) -> list[float]:
-    """When the drafts the budget lets run become ready."""
-    return [lp.ready_at for lp in _eligible(worker, set(), math.inf)]
+    """When the drafts the budget lets run become ready; none while drafts are held or even one
+    draft row's forward would not end before the next current loop is due (the worker waits for
+    that loop instead)."""
+    if worker.drafts_held or worker.unverified:
+        return []
+    now, cost = worker.now(), worker.engine.step_cost
+    waiting = _eligible(worker, set(), math.inf)
+    due = [lp.ready_at for lp in waiting]
+    # (the longest context: whichever draft the call takes first, one row of it then fits too)
+    if due and not _fits(cost.call(1, 1, max(len(lp.ids) for lp in waiting)),
+                         time_left(worker, max(now, min(due))), 1):
+        return []
+    return due
 
 
 def sampled(lp: LoopState) -> Sampled:
@@ -69,28 +121,64 @@ def sampled(lp: LoopState) -> Sampled:
 
 
 def adopt(worker: LoopHost, step: int, trajs: list[int]) -> set[int]:
-    """``Work`` for batch ``step`` arrived: verify its drafts against the weights loaded now and
-    turn them into that batch's loops, in batched forwards of ``VERIFY_CHUNK`` drafts, finished
-    drafts first: a chunk's fully kept trajectories go to the learner before the next chunk is
-    verified (streaming starts learning meanwhile). Returns the trajectories adopted; the others
-    start afresh (a draft of another step, or weights other than ``step``'s, is dropped)."""
+    """``Work`` for batch ``step`` arrived, after its weights were loaded: its drafts become that
+    batch's loops, queued for verification (``verify_chunks``). ``verify_next`` runs one chunk
+    when no current loop is ready, and one between every two decode steps of a running call: the
+    loops sampled directly (never drafted) do not wait for the whole verification before their
+    first token (they wait one chunk per decode step), and the remainders of the first chunks
+    sample, and wait on their tools, while later chunks are verified. Measured against verifying
+    every chunk at once on Work (docs/speculation.md). Returns the trajectories adopted; the others start
+    afresh (a draft of another step, or weights other than ``step``'s, is dropped)."""
     mine = [worker.loops[t] for t in trajs if t in worker.loops and worker.loops[t].draft]
     for lp in [lp for lp in mine if lp.step != step or worker.engine.version != step]:
         worker.tools.forget(lp.traj)
         worker.release(lp)
         mine.remove(lp)
-    mine.sort(key=lambda lp: lp.parked is None)
-    ro = worker.cfg.rollout
-    for first in range(0, len(mine), VERIFY_CHUNK):
-        chunk = mine[first:first + VERIFY_CHUNK]
-        views = [sampled(lp) for lp in chunk]
-        t0 = worker.now()
-        verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id)
-        t1 = worker.now()
-        for lp, view, verdict in zip(chunk, views, verdicts):
-            worker.span(Kind.DRAFT_VERIFY, t0, t1, lp, tokens=len(view.positions))
-            _continue(worker, lp, view, verdict)
+    for lp in mine:  # never sampled a token: nothing to verify, a loop of the batch as it is
+        if not sampled(lp).positions:
+            lp.draft = False
+    for chunk in verify_chunks([lp for lp in mine if lp.draft]):
+        worker.unverified.append((step, chunk))
+        worker.verifying.update(lp.traj for lp in chunk)
     return {lp.traj for lp in mine}
+
+
+def verify_next(worker: LoopHost) -> bool:
+    """Verify the next queued chunk of drafts against the weights loaded now (False: none queued).
+    Under sync and streaming no later weights are loaded before every trajectory of the step is
+    back, so they are that step's."""
+    if not worker.unverified:
+        return False
+    step, chunk = worker.unverified.popleft()
+    if worker.engine.version != step:
+        raise RuntimeError(f"drafts of step {step} queued for verification, but weights {worker.engine.version} loaded")
+    ro, views = worker.cfg.rollout, [sampled(lp) for lp in chunk]
+    t0 = worker.now()
+    verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id)
+    t1 = worker.now()
+    for lp, view, verdict in zip(chunk, views, verdicts):
+        worker.verifying.discard(lp.traj)
+        worker.span(Kind.DRAFT_VERIFY, t0, t1, lp, tokens=len(view.positions))
+        _continue(worker, lp, view, verdict)
+    return True
+
+
+def verify_chunks(drafts: list[LoopState]) -> list[list[LoopState]]:
+    """The drafts in verification forwards of about ``VERIFY_CHUNK``, a GRPO group's drafts always
+    in the same one (so a group whose drafts are kept whole closes right after that forward:
+    under streaming its backward starts then). The groups with the fewest finished drafts go
+    first: their remainders (the rejected and the unfinished drafts) set the step's makespan, and
+    they sample and wait on their tools while the later chunks are verified."""
+    groups: dict[int, list[LoopState]] = {}
+    for lp in drafts:
+        groups.setdefault(lp.group, []).append(lp)
+    order = sorted(groups.values(), key=lambda g: (sum(lp.parked is not None for lp in g) / len(g), g[0].group))
+    chunks: list[list[LoopState]] = [[]]
+    for g in order:
+        if chunks[-1] and len(chunks[-1]) + len(g) > VERIFY_CHUNK:
+            chunks.append([])
+        chunks[-1] += g
+    return [c for c in chunks if c]
 
 
 def _continue(worker: LoopHost, lp: LoopState, view: Sampled, verdict: Verdict) -> None:

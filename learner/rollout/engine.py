@@ -16,6 +16,7 @@ import torch
 
 from learner.rollout.continuous import generate_continuous
 from learner.rollout.prefix_store import PrefixStore
+from learner.rollout.step_cost import StepCost
 # re-exported: callers import the sampling types from here
 from learner.rollout.sampling import (Admit, Completion, OnDone, SamplingParams, Stream, keyed_sample,  # noqa: F401
                                       row_keys, stream_of)
@@ -88,6 +89,7 @@ class TorchEngine:
         self.prefixes = PrefixStore() if reuse_kv and continuous_batching else None
         self.version = 0
         self.stats = EngineStats()
+        self.step_cost = StepCost()  # learned from its forwards: where a draft fits (rollout/drafts.py)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,

@@ -24,6 +24,9 @@ class LoopHost(Protocol):
     loops: dict[int, "LoopState"]
     stop_ids: list[int]
     commands_waiting: Callable[[], bool]
+    unverified: Any  # deque of (step, drafts): chunks of adopted drafts not verified yet (rollout/drafts.py)
+    verifying: set[int]  # their trajectories
+    drafts_held: bool  # a Load came and its step's Work is next: drafts wait for it (rollout/drafts.py)
 
     def now(self) -> float: ...
 

@@ -72,6 +72,9 @@ class AgentWorker:
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
         self.follow_latest = cfg.train.schedule == "fully-async"
         self.commands_waiting = lambda: False  # a driver command is queued (``Commands``: drafts yield then)
+        # speculation (rollout/drafts.py): drafts wait from a Load to its step's Work (next under sync
+        # and streaming); adopted drafts are verified a chunk at a time
+        self.drafts_held, self.unverified, self.verifying = False, deque(), set()
 
     def now(self) -> float:
         return time.monotonic() - self.origin
@@ -111,9 +114,11 @@ class AgentWorker:
         if isinstance(cmd, Load):
             t0, t1 = self.load(cmd.version)
             self.out_q.put(Ack(self.wid, self.engine.version, t0, t1))
+            self.drafts_held = self.cfg.rollout.speculation.enabled
         elif isinstance(cmd, Draft):
             start_loops(self, cmd.step, cmd.items, draft=True)
         elif isinstance(cmd, Work):  # (Wake: a tool call returned; the loop steps next)
+            self.drafts_held = False
             kept = drafts.adopt(self, cmd.step, [item.traj for item in cmd.items])
             start_loops(self, cmd.step, [item for item in cmd.items if item.traj not in kept])
         return True
@@ -124,18 +129,24 @@ class AgentWorker:
 
     def next_due(self) -> float:
         """When the next loop may generate (drafts only within their budget) or a tool times out."""
+        if self.unverified:  # adopted drafts to verify
+            return self.now()
         runnable = [lp.ready_at for lp in self.loops.values() if not lp.draft] + drafts.runnable_due(self)
         return min(min(runnable, default=math.inf), self.tools.next_deadline())
 
     # -- the agent loop ------------------------------------------------------------
     def step_loops(self) -> None:
-        """One engine call: the current steps' ready loops, or, when none is ready, drafts (which
-        yield the engine again as soon as a current row or a driver command waits)."""
+        """One engine call: the current steps' ready loops, or, when none is ready, one chunk of
+        adopted drafts verified, or else drafts (which yield the engine again as soon as a current
+        row or a driver command waits, or a current loop is due, ``rollout/drafts.py``)."""
         now = self.now()
         ready = [lp for lp in self.loops.values() if lp.ready_at <= now and not lp.draft]
         ro = self.cfg.rollout
         continuous = getattr(self.engine, "continuous_batching", False)
         call = EngineCall(self, ro.max_running_rows if continuous else None)
+        if not ready and drafts.verify_next(self):  # adopted drafts before new drafts
+            self.flush_spans()
+            return
         rows = call.first(ready) if ready else drafts.pick(self, call.first)
         if not rows:
             return
@@ -263,8 +274,11 @@ class EngineCall:
 
     def cut(self) -> list[int]:
         """Between decode steps: the draft rows to end now (partial turns, continued later from
-        their stream's position), once a current row joined or a driver command waits."""
-        if not self.has_drafts or not (self.yield_drafts or self.worker.commands_waiting()):
+        their stream's position), once a current row joined, a driver command waits or the next
+        decode step would not end before a current loop is due (``drafts.step_fits``)."""
+        w = self.worker
+        if not self.has_drafts or not (self.yield_drafts or w.commands_waiting()
+                                       or not drafts.step_fits(w, len(self.in_call))):
             return []
         self.has_drafts = self.yield_drafts = False
         return [i for i, lp in enumerate(self.rows) if lp.draft and lp.traj in self.in_call]
@@ -274,6 +288,7 @@ class EngineCall:
         modelled latency ended meanwhile join the running call instead of waiting for it to
         end, once at least ``min_rows`` are ready (the engine's batching rule)."""
         w = self.worker
+        drafts.verify_next(w)  # one chunk of adopted drafts per decode step: its remainders join now
         for traj, t0, t1, output in w.tools.finished():
             observe(w, w.loops[traj], t0, t1, output)
         if w.follow_latest and w.store.version > w.engine.version:

@@ -19,6 +19,7 @@ def test_override_lines_parse_to_typed_values():
     assert found == {"train.lr": 3e-4, "algorithm.kl_coef": 0.04, "rollout.workers": 2, "rollout.engine": "torch",
                      "algorithm.use_kl_loss": True}
     assert isinstance(found["rollout.workers"], int)
+    assert parse_overrides("task.name=2020-01-01") == {"task.name": "2020-01-01"}  # a YAML date stays text
     assert parse_overrides({"train.lr": 1e-3}) == {"train.lr": 1e-3}
     assert parse_sweep_values("train.lr", "1e-4, 3e-4") == [1e-4, 3e-4]
 
@@ -111,6 +112,10 @@ def test_a_sweep_launches_one_run_per_value_and_schedule_as_one_comparison(alice
     # the compare page of the sweep lists the swept field among the config differences
     page = alice_client.get(f"/comparisons/{comparison.pk}/").content.decode()
     assert "train.lr" in page and "Swept train.lr" in page
+    # the compare summary says the sweep's runs differ by the field, not that they repeat a schedule
+    warnings = alice_client.get(f"/api/compare/?runs={runs[1].pk},{runs[3].pk}").json()["warnings"]
+    assert any("Launched with different overrides (train.lr)" in w for w in warnings)
+    assert not any("share a schedule" in w or "beyond the schedule" in w for w in warnings)
 
 
 @pytest.mark.parametrize("more, field, reason", [
