@@ -76,19 +76,24 @@ BEYOND_THE_SCHEMA = {
     "knobs": re.compile(""),  # config paths, validated by learner.config
     "name": re.compile("^a schedule with this name already exists$"),
     "schedule": re.compile("^does not fit the experiment's config"),
-    "experiment": re.compile("trajectories per step, over your quota|^expected an integer$"),
-    # a comparison's runs: at least two without a sweep, at most 4 in all (schedules x values)
-    "schedules": re.compile("^expected a list of integers|^pick at least two schedules|runs: pick at most"),
-    # launch overrides and a sweep's field and values: config paths, validated by learner.config
-    "overrides": re.compile(""), "sweep_field": re.compile(""), "sweep_values": re.compile(""),
+    "experiment": re.compile("trajectories per step, over your quota"),
     "step_to": re.compile("^must be >= step_from$"),
-    # JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
-    "steps": re.compile("^expected an integer$"),
+    # [5.0] (as steps); two schedules unless a sweep, at most 4 runs in all (schedules x values;
+    # rules across fields); the config's fit
+    "schedules": re.compile(r"^required: a list of integer schedule ids$|^pick at least two schedules|"
+                            "runs: pick at most|^does not fit the experiment's config"),
+    "overrides": re.compile(""),  # config paths and values, validated by learner.config
+    # a sweep's field and values, validated like overrides
+    "sweep": re.compile(""), "sweep_field": re.compile(""), "sweep_values": re.compile(""),
 }
 
 
+# JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
+NOT_COERCED = "expected an integer"
+
+
 def refused_for_a_documented_reason(errors: dict) -> bool:
-    return all(field in BEYOND_THE_SCHEMA and BEYOND_THE_SCHEMA[field].search(reason)
+    return all(reason == NOT_COERCED or (field in BEYOND_THE_SCHEMA and BEYOND_THE_SCHEMA[field].search(reason))
                for field, reason in errors.items())
 
 

@@ -127,6 +127,8 @@ def test_a_sweep_launches_one_run_per_value_and_schedule_as_one_comparison(alice
     ({"sweep": {"field": "train.lr", "values": [1, 2]}, "overrides": {"train.lr": 1}}, "sweep_field",
      "both swept and overridden"),
     ({"sweep": {"field": "train.steps", "values": [3, 4]}}, "sweep_field", "use the steps field"),
+    ({"schedules": {"sync": 1}}, "schedules", "expected a JSON array"),  # was a KeyError, a 500
+    ({"schedules": [1.0, 2]}, "schedules", "a list of integer schedule ids"),
 ])
 def test_a_bad_sweep_names_the_field_and_stores_nothing(alice_client, alice_experiment, presets, more, field, reason):
     response = post_json(alice_client, "/api/comparisons/", {**sweep_body(alice_experiment, presets), **more})
