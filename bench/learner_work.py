@@ -44,6 +44,7 @@ WORKLOADS: dict[str, tuple[str, Callable[[RunConfig], None] | None]] = {
     "bench": ("configs/bench.yaml", None),
     "bench-kl": ("configs/bench.yaml", _kl),
     "bench-kl-16x8": ("configs/bench.yaml", _kl_16),
+    "long-prompt": ("configs/long-prompt.yaml", None),  # a 796-token shared prompt, shared_prompt_backward on
 }
 
 

@@ -12,8 +12,9 @@ must have drawn spans (``#spans-drawn``) or the run does not count.
 Arms: ``none``; ``viewer``; ``viewer_nice``, the same chromium at nice 19, so that where the run
 shares its cores with the browser (here: 2 cores), the browser's own rendering yields to the
 learner, as it would on the researcher's own machine. Per run the CPU seconds of chromium (its
-whole process tree) and of daphne are recorded beside the step median, to say where a slowdown
-comes from: the browser's work or the app's serving of it.
+whole process tree; of which opening the page: loading plotly and the first draw) and of daphne
+are recorded beside the step median, to say where a slowdown comes from: the browser's work or
+the app's serving of it.
 
 A run's figure is its median ``timing_s/step`` over steps 1.. (step 0 is a warm-up); an arm's is
 the median of its runs; ratio = arm / none. Config: configs/bench.yaml with train.steps 8,
@@ -56,24 +57,25 @@ def small_config() -> dict:
 
 
 @contextmanager
-def chromium(tmp: Path, nice: int = 0):
-    """One headless chromium for every viewer run of an arm (closed on every exit path); at
-    ``nice`` through a wrapper, so its renderers, forked from it, inherit the niceness."""
+def chromiums(tmp: Path, nices: dict[str, int]):
+    """{arm: a headless chromium at that niceness} for every viewer run of the arm (all closed on
+    every exit path); a niced one starts through a wrapper, so its renderers, forked from it,
+    inherit the niceness."""
     from playwright.sync_api import sync_playwright
 
     from tests.harness.web_harness import CHROMIUM, CHROMIUM_ARGS
 
-    executable = CHROMIUM
-    if nice:
-        executable = tmp / f"chromium-nice-{nice}"
-        executable.write_text(f'#!/bin/sh\nexec nice -n {nice} {CHROMIUM} "$@"\n')
-        executable.chmod(0o755)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with sync_playwright() as playwright, ExitStack() as stack:
+        browsers = {}
+        for arm, nice in nices.items():
+            executable = Path(CHROMIUM)
+            if nice:
+                executable = tmp / f"chromium-nice-{nice}"
+                executable.write_text(f'#!/bin/sh\nexec nice -n {nice} {CHROMIUM} "$@"\n')
+                executable.chmod(0o755)
+            browsers[arm] = playwright.chromium.launch(executable_path=str(executable), args=CHROMIUM_ARGS)
+            stack.callback(browsers[arm].close)
+        yield browsers
 
 
 def cpu_seconds(match: str) -> float:
@@ -119,9 +121,11 @@ def one_run(app, schedule_id: int, browser=None) -> dict:
             page.on("pageerror", lambda err: problems.append(str(err)))
             page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
             page.goto(f"{app.base}/runs/{run['id']}/", timeout=PAGE_TIMEOUT_MS)
-            page.wait_for_selector("#gantt", timeout=PAGE_TIMEOUT_MS)
+            page.wait_for_function("window.Plotly && document.querySelector('#gantt .main-svg')", timeout=PAGE_TIMEOUT_MS)
+        loaded = cpu_seconds("chromium") - cpu0["chromium"]  # opening the page: plotly parsed, first draw
         wait_run(app, run["id"])
         cpu = {f"{name}_cpu_s": cpu_seconds(name) - cpu0[name] for name in cpu0}  # the run's own, not the tail
+        cpu["chromium_page_load_cpu_s"] = loaded
         if browser is not None:
             try:  # the last frames and the throttled redraw land after the run ends
                 page.wait_for_function("Number(document.getElementById('gantt').dataset.drawnSpans || 0) > 0",
@@ -143,8 +147,7 @@ def measure(rounds: int, tmp: Path) -> dict:
         app = production_app(stack, tmp)
         app.experiment = app.call("POST", "/api/experiments/", name="viewer overhead", config=small_config())["id"]
         schedule = app.call("POST", "/api/schedules/", name=f"viewer-overhead {SCHEDULE}", kind=SCHEDULE)["id"]
-        browsers = {"none": None, "viewer": stack.enter_context(chromium(tmp)),
-                    "viewer_nice": stack.enter_context(chromium(tmp, nice=19))}
+        browsers = {"none": None, **stack.enter_context(chromiums(tmp, {"viewer": 0, "viewer_nice": 19}))}
         one_run(app, schedule)  # untimed: model cache, warm runner ready
         for n in range(rounds):
             shift = n % len(ARMS)
@@ -153,7 +156,8 @@ def measure(rounds: int, tmp: Path) -> dict:
                 out["runs"][arm].append(row)
                 drawn = f"; {row['spans_drawn']} spans drawn" if row["spans_drawn"] else ""
                 print(f"round {n + 1} {arm:11s} step median {row['step_median_s']:.3f} s (load {row['load']:.1f}; "
-                      f"cpu s chromium {row['chromium_cpu_s']:.1f}, daphne {row['daphne_cpu_s']:.1f}{drawn})", flush=True)
+                      f"cpu s chromium {row['chromium_cpu_s']:.1f} ({row['chromium_page_load_cpu_s']:.1f} opening the "
+                      f"page), daphne {row['daphne_cpu_s']:.1f}{drawn})", flush=True)
     return out
 
 

@@ -112,7 +112,7 @@ def comparisons(request):
         raise ApiError(400, {"experiment": "required: one of your experiments' ids"})
     if not isinstance(body.get("schedules"), list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in body["schedules"]):
-        raise ApiError(400, {"schedules": "required: a list of schedule ids"})
+        raise ApiError(400, {"schedules": "required: a list of integer schedule ids"})
     if not 1 <= body["experiment"] <= INT32_MAX or not all(1 <= i <= INT32_MAX for i in body["schedules"]):
         raise ApiError(404, {"experiment": "no such experiment or schedule"})
     experiment = get_object_or_404(Experiment, pk=body["experiment"], owner=request.user)

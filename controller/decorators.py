@@ -34,7 +34,7 @@ def api_view(*methods: str):
     return decorate
 
 
-JSON_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object"}
+JSON_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object", list: "a JSON array"}
 def read_json(request, fields: dict[str, tuple[type, ...]]) -> dict:
     """The request body as a JSON object whose keys are in ``fields`` and whose values have
     one of the listed JSON types (no silent coercion: 5.0 is not an integer); else ApiError."""

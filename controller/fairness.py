@@ -57,6 +57,12 @@ def warnings(runs: list[Run], steps_done: dict[int, int]) -> list[str]:
         found.append(f"Different seeds ({_listing(runs, seeds)}): the runs saw different prompts and samples.")
     allowed = OWN_PATHS | schedule_paths(runs)
     other = [row["path"] for row in config_diff(runs) if row["path"] not in allowed]
+    launched = {p for r in runs for p in r.overrides}  # set at launch: a sweep's field, an override
+    swept = [p for p in other if p in launched]
+    if swept:
+        found.append(f"Launched with different overrides ({', '.join(swept[:5])}): a ratio between these runs "
+                     "measures the field as well as the schedule.")
+    other = [p for p in other if p not in launched]
     if other:
         shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
         found.append(f"The configs differ beyond the schedule: {shown}.")
@@ -64,7 +70,7 @@ def warnings(runs: list[Run], steps_done: dict[int, int]) -> list[str]:
     if short:
         found.append(f"Too few steps to measure ({_listing(short, [steps_done[r.pk] for r in short])} steps; "
                      f"at least {MIN_STEPS} for a median).")
-    kinds = [r.schedule.kind for r in runs]
+    kinds = [(r.schedule.kind, repr(sorted(r.overrides.items()))) for r in runs]
     if len(set(kinds)) < len(kinds):
         found.append("Two runs share a schedule: the comparison is between repeats, not schedules.")
     return found

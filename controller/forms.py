@@ -213,7 +213,7 @@ class ComparisonForm(forms.Form):
 
     def check_run_count(self, data):
         schedules, values = data.get("schedules"), data.get("sweep_values")
-        if not schedules or self.errors:
+        if not schedules or any(f in self.errors for f in ("schedules", "sweep_field", "sweep_values")):
             return
         runs = len(schedules) * (len(values) if isinstance(values, list) and values else 1)
         if not isinstance(values, list) or not values:

@@ -10,15 +10,17 @@ from django.utils import timezone
 
 from . import live, ownership
 from .config_merge import run_config
-from .broker import enqueue_or_withdraw
+from .broker import enqueue, enqueue_or_withdraw
 from .models import Comparison, Experiment, Run, Schedule
+from .outages import OUTAGE_ERRORS
 from .overrides import format_override
 from .quotas import check_config, check_queue
 from .frames import status_frame
 
 
 def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "",
-               comparison: Comparison | None = None, overrides: dict[str, Any] | None = None) -> Run:
+               comparison: Comparison | None = None, overrides: dict[str, Any] | None = None,
+               enqueue_on_commit: bool = True) -> Run:
     """Store a queued run with its merged config and enqueue its task once the row commits.
 
     ``steps`` defaults to the experiment's train.steps; ``overrides`` are dotted config fields
@@ -38,7 +40,8 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id,
             comparison=comparison, overrides=overrides,
         )
-        transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
+        if enqueue_on_commit:  # else the caller sends it (a comparison sends all its runs' at once)
+            transaction.on_commit(partial(enqueue_or_withdraw, run.pk, task_id))
     return run
 
 
@@ -57,6 +60,7 @@ def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: 
     none are queued: a ConfigError or QuotaExceeded (as launch_run) of any run rolls every row
     back, and the owner's row lock (quotas.check_queue) is held until the last one is counted."""
     values = [(None, {})] if sweep is None else [(v, {sweep.field: v}) for v in sweep.values]
+    runs = []
     with transaction.atomic():
         comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps,
                                                sweep_field=sweep.field if sweep else "",
@@ -65,9 +69,24 @@ def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: 
         for value, swept in values:
             for schedule in schedules:
                 run_name = f"{label} · {schedule.name}" + (f" · {format_override(sweep.field, value)}" if sweep else "")
-                launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
-                           overrides={**(overrides or {}), **swept})
+                runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
+                                       overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
+        transaction.on_commit(partial(enqueue_all_or_withdraw, comparison.pk, [(r.pk, r.celery_task_id) for r in runs]))
     return comparison
+
+
+def enqueue_all_or_withdraw(comparison_id: int, runs: list[tuple[int, str]]) -> None:
+    """A comparison's messages once its rows commit. If the broker is down, every one of its runs
+    still queued and the comparison itself are deleted and the error raised (the request answers
+    503): no comparison is left half launched. A message already sent for a withdrawn run is a
+    slot that finds no run of it to start (controller/dispatch.py)."""
+    try:
+        for run_id, task_id in runs:
+            enqueue(run_id, task_id)
+    except OUTAGE_ERRORS:
+        Run.objects.filter(pk__in=[run_id for run_id, _ in runs], status=Run.Status.QUEUED).delete()
+        Comparison.objects.filter(pk=comparison_id, runs__isnull=True).delete()
+        raise
 
 
 def request_cancel(run: Run) -> bool:

@@ -8,6 +8,7 @@ launch (controller/config_merge.py, ``run_config``), so both say it the same way
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -42,9 +43,14 @@ def parse_value(text: str, path: str) -> Any:
             raise OverrideError(f"{path}: {text!r} is not a finite number")
         return value
     try:
-        return load_yaml(text, MAX_VALUE_CHARS)
+        value = load_yaml(text, MAX_VALUE_CHARS)
     except (UnsafeYamlError, ValueError) as err:
         raise OverrideError(f"{path}: cannot read the value {text!r}: {err}") from None
+    try:  # YAML's dates and the like are not config values (nor JSON): the text as written is
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return text
+    return value
 
 
 def check_path(path: Any) -> str:

@@ -132,13 +132,32 @@ def _commit(tmp: Path) -> None:
         os.fsync(fh.fileno())
 
 
+LEGACY_FILES = ("model.safetensors", "optimizer.pt", "state.json")
+
+
 def committed(path: Path) -> bool:
     """Whether checkpoint directory ``path`` was committed whole: its marker is there and
-    every file it lists has the size written."""
+    every file it lists has the size written. A directory without any marker was written
+    before markers existed, also by a temporary directory and a rename, so it counts when
+    its files are all there and its state parses (``_legacy_whole``): resuming never deletes
+    a user's older checkpoints."""
+    if not (path / COMMITTED).exists():
+        return _legacy_whole(path)
     try:
         sizes = json.loads((path / COMMITTED).read_text())["files"]
         return "state.json" in sizes and all((path / name).stat().st_size == size for name, size in sizes.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _legacy_whole(path: Path) -> bool:
+    """A marker-less checkpoint: whole unless a kill halfway through deleting it took files."""
+    try:
+        if not all((path / name).is_file() and (path / name).stat().st_size > 0 for name in LEGACY_FILES):
+            return False
+        json.loads((path / "state.json").read_text())["steps_done"]
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 

@@ -89,6 +89,10 @@ class TaskConfig(Strict):
     tool_latency: ToolLatency = Field(default_factory=ToolLatency)
     tool_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
                                   description="a tool call still running after this is abandoned; its observation says so")
+    prompt_preamble: str | None = Field(
+        None, min_length=1, max_length=20_000,
+        description="arith-tool: text every prompt starts with, in the first user turn (a long tool description or "
+                    "system prompt, the same for every member of a group); data tasks: task.system_prompt")
     # tasks from data (task.name: dataset; docs/tasks.md)
     path: str | None = Field(None, max_length=4096,
                              description="JSONL/Parquet/CSV file or a `datasets` save_to_disk directory")
@@ -132,6 +136,12 @@ class TaskConfig(Strict):
             raise ValueError("datasets: a reasoning-gym task needs at least one dataset (name and weight)")
         if self.reward == "regex" and not self.reward_pattern:
             raise ValueError("reward_pattern: reward 'regex' needs a pattern whose group 1 is the answer")
+        return self
+
+    @model_validator(mode="after")
+    def _preamble_is_arith_tool(self) -> "TaskConfig":
+        if self.prompt_preamble is not None and self.name != "arith-tool":
+            raise ValueError(f"task.prompt_preamble: arith-tool only; task {self.name} has task.system_prompt")
         return self
 
 

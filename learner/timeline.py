@@ -68,6 +68,7 @@ class Metric:
     SPECULATIVE_TRAJECTORIES = "learner/speculative_trajectories"
     MICRO_BATCHES = "learner/micro_batches"
     PADDING_SHARE = "learner/padding_share"  # padded token slots / all slots of the learner's micro-batches
+    SHARED_PROMPT_ROWS = "learner/shared_prompt_rows"  # rows learnt against their group's shared prompt
     OPEN_ROW_COST = "learner/open_row_cost"  # an open-group row's backward time / a known row's (docs/learner.md)
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step

@@ -10,9 +10,6 @@ from collections.abc import Sequence
 from learner.timeline import Metric
 from learner.trajectory import Trajectory
 
-LOSS_STATS = (("pg_loss", Metric.PG_LOSS), ("entropy", Metric.ENTROPY), ("kl_ref", Metric.KL_REF))
-
-
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) by linear interpolation between closest ranks (numpy's default)."""
     pos = q * (len(sorted_values) - 1)
@@ -35,10 +32,22 @@ def trajectory_curves(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def learner_curves(learner_stats: dict, lr: float | None) -> dict[str, float]:
+def learner_curves(per_rank: Sequence[dict], lr: float | None) -> dict[str, float]:
     """Policy loss, entropy and KL to the reference as the learner tallied them
-    (``learner.grad.loss_tally``; absent when it did not), and the step's learning rate."""
-    values = {name: float(learner_stats[stat]) for stat, name in LOSS_STATS if stat in learner_stats}
+    (``learner.grad.loss_tally``; absent when it did not), and the step's learning rate.
+
+    ``per_rank``: the learner's stats, one per data-parallel rank (one for a single learner).
+    Each rank normalised its share by the whole batch's normaliser, so the loss is their sum;
+    the entropy and KL are means over each rank's tokens, combined by those counts."""
+    values = {}
+    losses = [s["pg_loss"] for s in per_rank if "pg_loss" in s]
+    if losses:
+        values[Metric.PG_LOSS] = float(sum(losses))
+    for stat, count, name in (("entropy", "entropy_tokens", Metric.ENTROPY), ("kl_ref", "kl_tokens", Metric.KL_REF)):
+        weighted = [(s[stat], s.get(count, 1.0)) for s in per_rank if stat in s]
+        total = sum(n for _, n in weighted)
+        if weighted and total > 0:
+            values[name] = sum(v * n for v, n in weighted) / total
     if lr is not None:
         values[Metric.LR] = float(lr)
     return values

@@ -116,8 +116,9 @@ class Trainer:
         """Reward spread, response lengths, loss terms, learning rate and the processes' CPU and
         memory over the step (learner/driver/curves.py, system_metrics.py)."""
         groups = self.parts.optimizer.param_groups if self.parts.optimizer is not None else []
-        values = {**trajectory_curves(rec.trajs),
-                  **learner_curves(rec.learner_stats, groups[0]["lr"] if groups else None)}
+        ranks = getattr(self.parts.learner, "rank_stats", None)  # data-parallel: every rank's share
+        per_rank = list(ranks.values()) if ranks else [rec.learner_stats]
+        values = {**trajectory_curves(rec.trajs), **learner_curves(per_rank, groups[0]["lr"] if groups else None)}
         values.update(self.processes.sample(self.run_pids()))
         values.update(gpu_metrics(self.parts.params[0].device))
         return values

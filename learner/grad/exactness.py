@@ -284,8 +284,9 @@ def main(json_out: bool = False) -> int:
               f"{'acc':6} {'rel_error':>10} {'tol':>7}  ok")
         for c in cases:
             cap = "-" if c["open_group_cap"] is None else c["open_group_cap"]
+            learner = c["learner"] + ("+prompt" if c.get("shared_prompt") else "")  # learner.shared_prompt_backward
             print(
-                f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} {c['learner']:14} "
+                f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} {learner:14} "
                 f"{cap:>4} {c['accumulator_device']:6} {c['rel_error']:10.2e} {c['tol']:7.0e}  "
                 f"{'yes' if c['passed'] else 'NO'}"
             )
@@ -293,6 +294,9 @@ def main(json_out: bool = False) -> int:
             for objective in sorted({c["objective"] for c in cases}):
                 worst = max(c["rel_error"] for c in cases if c["dtype"] == dtype and c["objective"] == objective)
                 print(f"max rel_error {dtype} {objective}: {worst:.2e}")
+            shared = [c["rel_error"] for c in cases if c["dtype"] == dtype and c.get("shared_prompt")]
+            if shared:
+                print(f"max rel_error {dtype} shared prompt: {max(shared):.2e} ({len(shared)} cases)")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
         print_cases(drafts)
     return 0 if all(c["passed"] for c in cases + drafts) else 1

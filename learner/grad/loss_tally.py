@@ -57,11 +57,12 @@ class LossTally:
 
     def stats(self, normaliser: float) -> dict[str, float]:
         """``pg_loss`` (normalised as the gradient is), ``entropy`` and ``kl_ref`` (per scored
-        token forwarded; absent when no token was)."""
+        token forwarded; absent when no token was), with the token counts they are means over
+        (data-parallel ranks' means combine by them: ``learner.driver.curves``)."""
         out = {"pg_loss": normaliser * float(self.pg)}
         tokens = float(self.tokens)
         if tokens:
-            out["entropy"] = float(self.entropy) / tokens
+            out["entropy"], out["entropy_tokens"] = float(self.entropy) / tokens, tokens
         if self.kl_tokens:
-            out["kl_ref"] = float(self.kl) / self.kl_tokens
+            out["kl_ref"], out["kl_tokens"] = float(self.kl) / self.kl_tokens, float(self.kl_tokens)
         return out

@@ -407,8 +407,11 @@ class OnPolicyBackward:
     def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
-        t0 = time.monotonic()
+        t_start = time.monotonic()
         past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
+        # a group's prompt forward (once per group, at its first micro-batch: work the sync does as
+        # well) is in the span, not in this micro-batch's per-row cost that the drain policy weighs
+        t0 = time.monotonic()
         fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True, past=past)
         for b, row in enumerate(fwd.rows):
             self.logprobs.keep(row.traj, fwd.row_logp(b))
@@ -427,7 +430,7 @@ class OnPolicyBackward:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-        report_micro_batch(state, rows, grid, t0, t1, on_phase)
+        report_micro_batch(state, rows, grid, t_start, t1, on_phase)
 
 
 def gradients_into(acc, prompts: SharedPrompts | None, pg: torch.Tensor, aux: torch.Tensor | None,

@@ -175,12 +175,14 @@ class ArithToolEnv:
         for _ in range(n_ops):
             parts += [rng.choice("+-*"), str(rng.randint(1, self.config.max_operand))]
         expression = "".join(parts)
+        question = f"{expression}=?" if self.config.prompt_preamble is None else \
+            f"{self.config.prompt_preamble}\n{expression}=?"
         return Task(
-            prompt_text=f"{BOS}Q:{expression}=?\n",
+            prompt_text=f"{BOS}Q:{question}\n",
             answer=evaluate(expression),
             expression=expression,
             max_turns=self.config.max_turns,
-            messages=[{"role": "user", "content": f"{expression}=?"}],
+            messages=[{"role": "user", "content": question}],
         )
 
     def parse_turn(self, task: Task, turn_text: str) -> TurnResult:

@@ -57,6 +57,13 @@ BUILTIN_RECIPES: dict[str, BuildRecipe] = {
 }
 
 
+# Built-ins that are another built-in's weights with a longer context limit: RoPE positions are
+# not parameters, so only config.json's max_position_embeddings (the rollout's limit on a
+# prompt plus its turns) differs. ``tiny-long`` is the policy of configs/long-prompt.yaml, whose
+# prompts start with a ~600-token tool description.
+LONG_CONTEXT: dict[str, tuple[str, int]] = {"tiny-long": ("tiny", 2048)}
+
+
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "thundersync"
 
@@ -72,10 +79,12 @@ def resolve_model_dir(spec: str, cache_dir: str | None = None, seed: int = 0) ->
     holding config.json, weights and tokenizer files; built-ins are built on first use."""
     if spec.startswith(BUILTIN_PREFIX):
         name = spec.removeprefix(BUILTIN_PREFIX)
-        if name not in BUILTIN_RECIPES:
-            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_RECIPES)
+        if name not in BUILTIN_RECIPES and name not in LONG_CONTEXT:
+            known = ", ".join(BUILTIN_PREFIX + n for n in [*BUILTIN_RECIPES, *LONG_CONTEXT])
             raise ValueError(f"model spec {spec!r}: unknown built-in model (known: {known})")
         root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        if name in LONG_CONTEXT:
+            return _long_context(name, root / "models", seed)
         return _cached_build(name, root / "models", seed)
     path = Path(spec).expanduser()
     if not path.is_dir():
@@ -161,6 +170,29 @@ def _cached_build(name: str, models_dir: Path, seed: int) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    return final
+
+
+def _long_context(name: str, models_dir: Path, seed: int) -> Path:
+    """The ``LONG_CONTEXT`` built-in ``name``: a copy of its base with the longer limit."""
+    base_name, limit = LONG_CONTEXT[name]
+    base = _cached_build(base_name, models_dir, seed)
+    final = models_dir / f"{name}-{base.name.rsplit('-', 1)[1]}-{limit}"
+    if is_model_dir(final):
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=models_dir))
+    try:
+        shutil.copytree(base, tmp, dirs_exist_ok=True)
+        config = json.loads((tmp / "config.json").read_text())
+        config["max_position_embeddings"] = limit
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tmp.chmod(0o755)
+        os.replace(tmp, final)
+    except OSError:
+        if not is_model_dir(final):  # not another process that built it first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

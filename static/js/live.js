@@ -172,11 +172,13 @@ async function drawGantt() {
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
 }
 // During a replay the frames arrive back to back: draw only to show progress on a replay that
-// takes long, then at once on replay_done, then live at most four times a second. A redraw of
-// ~20k bars costs ~50-150 ms of this thread on a 2-core machine (mostly plotly's axes), during
-// which websocket frames wait.
+// takes long, then at once on replay_done, then live at most four times a second, and within
+// DRAW_SHARE of one core. A redraw of ~20k bars costs ~50-150 ms of this thread on a 2-core
+// machine (mostly plotly's axes), during which websocket frames wait; the share bounds what a
+// page left open takes from a run on the same cores (docs/pages.md, "A viewer beside a run").
 const REPLAY_PROGRESS_MS = 3000;
-const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY_PROGRESS_MS));
+const DRAW_SHARE = 0.15;
+const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY_PROGRESS_MS), { share: DRAW_SHARE });
 
 el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
 el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
@@ -270,7 +272,7 @@ const requestMetrics = throttledRedraw(async () => {
   chartsDrawnMs = epochMs();
   const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
   await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
-}, 400);
+}, 400, { share: DRAW_SHARE });
 
 // ---- Progress and log --------------------------------------------------------------------
 const clock = (ms) => { // m:ss or h:mm:ss

@@ -17,15 +17,23 @@ export const plotlyLoaded = window.Plotly ? Promise.resolve() : new Promise((res
 /**
  * Calls ``draw`` (sync or async) from requestAnimationFrame, at most once per ``minIntervalMs``
  * (a number or a function returning one), however often ``request`` is called: bursts of
- * websocket frames cost one redraw, and a redraw never overlaps the previous one.
+ * websocket frames cost one redraw, and a redraw never overlaps the previous one. ``share``
+ * (0-1] bounds the time spent drawing: after a draw of c ms the next waits at least
+ * c × (1/share − 1) (a moving average of c), so that a page left open draws within that share
+ * of one core however slow the machine, and a run on the same cores keeps the rest.
  */
-export function throttledRedraw(draw, minIntervalMs = 250) {
-  const interval = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
+export function throttledRedraw(draw, minIntervalMs = 250, { share = 1 } = {}) {
+  const base = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
+  let cost = 0; // ms per draw, moving average
+  const interval = () => Math.max(base(), cost * (1 / share - 1));
   // ``last`` starts now: the first redraw also waits an interval unless requested with ``now``.
   let pending = false, last = performance.now(), running = false, again = false;
   const run = async () => {
     running = true;
+    const started = performance.now();
     try { await draw(); } finally {
+      const took = performance.now() - started;
+      cost = cost ? 0.7 * cost + 0.3 * took : took;
       running = false; last = performance.now(); pending = false;
       if (again) { again = false; request(); }
     }

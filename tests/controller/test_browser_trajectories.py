@@ -70,6 +70,8 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
     page.select_option("#metric-smoothing", "0.8")  # smoothing over the raw line, which stays
     chart = "#metric-charts [data-metric='system/rollout_0/rss_mb']"
     page.wait_for_function(f"document.querySelector(\"{chart}\").data.length === 2")
+    page.fill("#metric-search", "")
+    page.dispatch_event("#metric-search", "input")
     pick_metrics(page, ["actor/entropy", "actor/kl_loss", "response_length/p90", "system/driver/cpu_percent"])
     page.wait_for_function("document.querySelectorAll('#metric-charts [data-metric]').length === 4")
     page.locator("#metric-charts").scroll_into_view_if_needed()

@@ -19,6 +19,7 @@ def test_override_lines_parse_to_typed_values():
     assert found == {"train.lr": 3e-4, "algorithm.kl_coef": 0.04, "rollout.workers": 2, "rollout.engine": "torch",
                      "algorithm.use_kl_loss": True}
     assert isinstance(found["rollout.workers"], int)
+    assert parse_overrides("task.name=2020-01-01") == {"task.name": "2020-01-01"}  # a YAML date stays text
     assert parse_overrides({"train.lr": 1e-3}) == {"train.lr": 1e-3}
     assert parse_sweep_values("train.lr", "1e-4, 3e-4") == [1e-4, 3e-4]
 
@@ -111,6 +112,10 @@ def test_a_sweep_launches_one_run_per_value_and_schedule_as_one_comparison(alice
     # the compare page of the sweep lists the swept field among the config differences
     page = alice_client.get(f"/comparisons/{comparison.pk}/").content.decode()
     assert "train.lr" in page and "Swept train.lr" in page
+    # the compare summary says the sweep's runs differ by the field, not that they repeat a schedule
+    warnings = alice_client.get(f"/api/compare/?runs={runs[1].pk},{runs[3].pk}").json()["warnings"]
+    assert any("Launched with different overrides (train.lr)" in w for w in warnings)
+    assert not any("share a schedule" in w or "beyond the schedule" in w for w in warnings)
 
 
 @pytest.mark.parametrize("more, field, reason", [
@@ -122,6 +127,8 @@ def test_a_sweep_launches_one_run_per_value_and_schedule_as_one_comparison(alice
     ({"sweep": {"field": "train.lr", "values": [1, 2]}, "overrides": {"train.lr": 1}}, "sweep_field",
      "both swept and overridden"),
     ({"sweep": {"field": "train.steps", "values": [3, 4]}}, "sweep_field", "use the steps field"),
+    ({"schedules": {"sync": 1}}, "schedules", "expected a JSON array"),  # was a KeyError, a 500
+    ({"schedules": [1.0, 2]}, "schedules", "a list of integer schedule ids"),
 ])
 def test_a_bad_sweep_names_the_field_and_stores_nothing(alice_client, alice_experiment, presets, more, field, reason):
     response = post_json(alice_client, "/api/comparisons/", {**sweep_body(alice_experiment, presets), **more})
@@ -151,3 +158,27 @@ def test_a_sweep_from_the_experiment_page(alice_client, alice_experiment, preset
     comparison = Comparison.objects.get()
     assert good.status_code == 302 and good.url == f"/comparisons/{comparison.pk}/"
     assert sorted(r.config["algorithm"]["kl_coef"] for r in comparison.runs.all()) == [0.0, 0.04]
+
+
+def test_a_sweep_whose_messages_the_broker_refuses_is_withdrawn_whole(
+        alice_client, alice_experiment, presets, monkeypatch, django_capture_on_commit_callbacks):
+    """The broker goes down after the first of four messages: no run and no comparison remain."""
+    import kombu.exceptions
+    from celery import current_app
+
+    sent = []
+
+    def send_task(name, args=None, **kwargs):
+        if sent:
+            raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        sent.append(args)
+
+    monkeypatch.setattr(current_app, "send_task", send_task)
+    # the test's transaction never commits: the on-commit callback runs as the capture ends, and
+    # its error is what the outage handler turns into a 503 on a real commit (test_outages.py)
+    with pytest.raises(kombu.exceptions.OperationalError):
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            response = post_json(alice_client, "/api/comparisons/", sweep_body(alice_experiment, presets))
+            assert response.status_code == 201 and Run.objects.count() == 4
+    assert len(callbacks) == 1  # one callback sends the comparison's four messages
+    assert len(sent) == 1 and Run.objects.count() == 0 and Comparison.objects.count() == 0

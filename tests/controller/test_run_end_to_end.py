@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from controller.asgi import application
-from controller.models import Experiment, Run, Span, StepMetric
+from controller.models import Experiment, Run, Span, StepMetric, TrajectoryRecord
 
 from .conftest import QUICKSTART, post_json, wait_for_status
 from .test_consumers import session_headers
@@ -49,6 +49,11 @@ async def test_a_launched_run_trains_and_streams_every_span_once(
                                                         for s in f["spans"]}
     metrics = await database_sync_to_async(lambda: list(StepMetric.objects.filter(run_id=run_id)))()
     assert [m.step for m in metrics] == [0] and "timing_s/step" in metrics[0].values
+    # every trajectory's record, with its text, came through the same stream before the end
+    records = await database_sync_to_async(lambda: list(TrajectoryRecord.objects.filter(run_id=run_id)))()
+    trained = {s["traj"] for f in frames if f["type"] == "spans" for s in f["spans"] if s["kind"] == "rollout.verify"}
+    assert {r.traj for r in records} == trained and all(r.segments[0]["role"] == "prompt" for r in records)
+    assert {"type": "trajectories", "steps": [0]} in frames  # the page is told when they are stored
     statuses = [f["status"] for f in frames if f["type"] == "status"]
     assert statuses[-1] == "succeeded" and "running" in statuses
 

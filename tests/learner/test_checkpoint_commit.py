@@ -30,12 +30,23 @@ def test_a_torn_or_unmarked_checkpoint_is_not_one_and_is_removed(tmp_path):
     assert latest_checkpoint(tmp_path) == third and json.loads((third / COMMITTED).read_text())["files"]
     with open(third / "model.safetensors", "r+b") as f:  # torn: shorter than committed
         f.truncate(10)
-    (second / COMMITTED).unlink()  # never committed
+    (second / COMMITTED).unlink()  # no marker, and a file gone: a kill while deleting it
+    (second / "optimizer.pt").unlink()
     half = tmp_path / "checkpoints" / ".tmp-step-000003-4242"
     half.mkdir()
     assert list_checkpoints(tmp_path) == [first]
     assert remove_uncommitted(tmp_path) == [".tmp-step-000003-4242", second.name, third.name]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [first.name]
+
+
+def test_a_whole_checkpoint_from_before_markers_still_counts_and_is_kept(tmp_path):
+    first, second = tiny_checkpoints(tmp_path, 2)
+    for path in (first, second):
+        (path / COMMITTED).unlink()  # as written before commit markers existed
+    assert list_checkpoints(tmp_path) == [first, second]
+    assert remove_uncommitted(tmp_path) == [] and latest_checkpoint(tmp_path) == second
+    (second / "state.json").write_text("{")  # unreadable state: not a checkpoint
+    assert list_checkpoints(tmp_path) == [first]
 
 
 def test_a_discarded_checkpoint_leaves_the_step_names_at_once(tmp_path):

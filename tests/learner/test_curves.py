@@ -167,3 +167,27 @@ def test_entropy_past_its_cap_is_taken_at_evenly_strided_scored_positions(monkey
     some = ~strided.isnan()
     assert 6 <= int(some.sum()) <= 8 and bool((at.bool() | ~some).all())  # only scored positions
     assert torch.allclose(strided[some], full[some], rtol=1e-5)
+
+
+def test_data_parallel_ranks_shares_combine_into_the_single_learners_curves():
+    """Two learners each fed half of the groups, normalised by the whole batch (as data-parallel
+    ranks are), give the curves of one learner fed everything."""
+    from learner.driver.curves import learner_curves
+
+    trajs = random_batch(random.Random(11))
+    groups = sorted({t.group for t in trajs})
+    algo = AlgorithmConfig(kl_coef=0.1)
+    ref = tiny_llama(torch.float32, seed=1)
+    _, whole = trained(StreamingLearner, "adaptive", algo, ref, trajs, trajs)
+    totals = (sum(t.n_scored for t in trajs), len(trajs))
+    shares = []
+    for half in (groups[::2], groups[1::2]):
+        mine = [t for t in trajs if t.group in half]
+        learner = StreamingLearner(tiny_llama(torch.float32, seed=0), algo, ref_model=ref, options=LearnerOptions())
+        learner.begin_batch({g: sum(t.group == g for t in mine) for g in half})
+        learner.learn(mine)
+        shares.append(learner.finish_batch(totals=totals))
+    single, combined = learner_curves([whole], None), learner_curves(shares, None)
+    assert combined.keys() == single.keys() == {Metric.PG_LOSS, Metric.ENTROPY, Metric.KL_REF}
+    for name in single:
+        assert combined[name] == pytest.approx(single[name], rel=1e-5, abs=1e-7), name

@@ -104,3 +104,40 @@ def test_unsupported_paths_are_refused_naming_the_field(overrides, names):
     with pytest.raises(ConfigError, match=f"learner.shared_prompt_backward: .*{names}"):
         parse_config(data)
     assert parse_config({"learner": {"shared_prompt_backward": True}}).learner.shared_prompt_backward
+
+
+def test_the_preamble_starts_every_arith_tool_prompt_and_only_there():
+    from learner.config import TaskConfig
+    from learner.rollout.env import ArithToolEnv
+
+    task = ArithToolEnv(TaskConfig(prompt_preamble="Tools follow")).sample_task(random.Random(0))
+    assert task.prompt_text.startswith("<bos>Q:Tools follow\n") and task.messages[0]["content"].startswith("Tools")
+    with pytest.raises(ConfigError, match="task.prompt_preamble: arith-tool only"):
+        parse_config({"task": {"name": "dataset", "path": "configs/data/math.jsonl", "prompt_preamble": "x"}})
+
+
+@pytest.mark.slow
+def test_the_long_prompt_config_trains_with_shared_prompts_and_its_dump_passes_the_audit(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = yaml.safe_load(open("configs/long-prompt.yaml"))
+    assert len(cfg["task"]["prompt_preamble"]) >= 512  # the built-in tokenizer: one token per character
+    cfg["train"].update(prompts_per_step=2, group_size=4)
+    cfg["learner"]["shared_prompt_backward"] = True
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    dump, events = tmp_path / "dump", tmp_path / "events.jsonl"
+    cli = [sys.executable, "-m", "learner.cli"]
+    r = subprocess.run(cli + ["train", "--config", str(tmp_path / "c.yaml"), "--steps", "2", "--dump-step", str(dump),
+                              "--dump-at", "1", "--events", str(events), "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    steps = [json.loads(line)["values"] for line in events.read_text().splitlines() if '"metrics"' in line]
+    assert [s["learner/shared_prompt_rows"] for s in steps] == [8.0, 8.0]
+    grads = torch.load(dump / "grad.pt", weights_only=True)
+    assert sum(float(g.square().sum()) for g in grads.values()) > 0
+    audit = subprocess.run(cli + ["audit", str(dump)], capture_output=True, text=True, timeout=600)
+    assert audit.returncode == 0 and json.loads(audit.stdout)["passed"], audit.stdout + audit.stderr
