@@ -135,7 +135,8 @@ class SharedPrompts:
         self.shared_groups = self.shared_rows = 0
 
     def cut(self, row):
-        """``row`` without its group's shared prompt (``row.prompt`` = P), or unchanged."""
+        """``row`` (a ``learner.grad.microbatch.Row``, not imported: that module imports this one)
+        without its group's shared prompt (``row.prompt`` = P), or unchanged."""
         if row.group not in self.states:
             p = prompt_cut(row.ids, row.mask)
             fits = p >= 1 and self.kept_tokens + p <= self.max_tokens

@@ -16,7 +16,7 @@ export class TrajectoryRecords {
     if (!this.asked.has(step)) {
       this.asked.add(step);
       getJSON(`${this.apiBase}trajectories/?step=${step}`).then((body) => {
-        if (!body.trajectories.length) { this.asked.delete(step); return; } // not recorded yet: a frame says when
+        if (!body.trajectories.length) return; // not recorded yet: the server's trajectories frame says when
         this.steps.set(step, new Map(body.trajectories.map((t) => [t.traj, t])));
         this.onStep(step);
       }).catch(() => this.asked.delete(step));

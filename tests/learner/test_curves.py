@@ -51,17 +51,18 @@ def trained(learner_cls, path, algo, ref, trajs, order):
 
 
 @pytest.mark.parametrize("path", ["per-trajectory", "micro-batched", "adaptive"])
-@pytest.mark.parametrize("kl", [False, True])
-def test_on_policy_loss_entropy_and_kl_equal_the_formulas(path, kl):
+@pytest.mark.parametrize("aux", ["none", "kl", "entropy"])
+def test_on_policy_loss_entropy_and_kl_equal_the_formulas(path, aux):
     rng = random.Random(3)
     trajs = random_batch(rng)
     order = rng.sample(trajs, len(trajs))  # arrival order: per-trajectory keeps groups open (running sums)
+    kl = aux == "kl"
     ref = tiny_llama(torch.float32, seed=1) if kl else None
-    algo = AlgorithmConfig(kl_coef=0.1 if kl else 0.0)
+    algo = AlgorithmConfig(kl_coef=0.1 if kl else 0.0, entropy_coef=0.01 if aux == "entropy" else 0.0)
     model0 = tiny_llama(torch.float32, seed=0)
     adv = batch_advantages(trajs, algo.advantage)
-    # without a KL term a zero-advantage trajectory has no forward: not in the entropy mean
-    forwarded = {t.id for t in trajs if kl or adv[t.id] != 0.0}
+    # without a KL or entropy term a zero-advantage trajectory has no forward: not in the entropy mean
+    forwarded = {t.id for t in trajs if aux != "none" or adv[t.id] != 0.0}
     pg, entropy, kl_ref = direct(model0, ref, trajs, algo, forwarded)
     _, stats = trained(StreamingLearner, path, algo, ref, trajs, order)
     assert stats["pg_loss"] == pytest.approx(pg, rel=1e-5, abs=1e-7)
