@@ -5,7 +5,10 @@ from its start (the dispatch, under sync) to its last trajectory's reward
     .venv/bin/python -m bench.draft_rollout_time [--config configs/bench.yaml] [--steps 5] [--rounds 2]
 
 Runs ``thundersync train`` with ``rollout.speculation.enabled`` off and on, alternated, ``--rounds``
-times; prints the median per arm over all rounds' steps and the on/off ratio.
+times; prints the median per arm over all rounds' steps and the on/off ratio, and where the
+current step's loops waited: per step, the seconds from a loop's modelled tool wait ending to
+its next turn starting (summed over loops), and of those the part while the engine ran a draft
+(``rollout.draft``) or a verification forward (``rollout.draft_verify``).
 """
 
 from __future__ import annotations
@@ -20,16 +23,39 @@ from pathlib import Path
 
 import yaml
 
-from learner.timeline import Metric
+from learner.timeline import Kind, Metric, union_length
 
 
-def rollout_times(config: dict, steps: int, schedule: str, workdir: Path) -> list[float]:
+def rollout_times(config: dict, steps: int, schedule: str, workdir: Path) -> tuple[list[float], list[list[float]]]:
+    """Per step 1..: the current step's rollout time, and its waits (``waits``)."""
     path, events = workdir / "config.yaml", workdir / "events.jsonl"
     path.write_text(yaml.safe_dump(config))
     subprocess.run([sys.executable, "-m", "learner.cli", "train", "--config", str(path), "--steps", str(steps),
                     "--schedule", schedule, "--events", str(events), "--quiet"], check=True, timeout=1800)
-    values = [e["values"] for e in map(json.loads, events.read_text().splitlines()) if e.get("type") == "metrics"]
-    return [v[Metric.LAST_REWARD_T] - v[Metric.T_START] for v in values if Metric.LAST_REWARD_T in v][1:]
+    log = [json.loads(line) for line in events.read_text().splitlines()]
+    values = [e["values"] for e in log if e.get("type") == "metrics" and Metric.LAST_REWARD_T in e["values"]][1:]
+    spans = [e for e in log if e.get("type") == "span"]
+    return ([v[Metric.LAST_REWARD_T] - v[Metric.T_START] for v in values],
+            [waits(spans, v[Metric.T_START], v[Metric.LAST_REWARD_T]) for v in values])
+
+
+def waits(spans: list[dict], t0: float, t1: float) -> list[float]:
+    """[waited, of it while a draft ran, of it while a verification forward ran] (seconds, summed
+    over the loops whose tool wait ended in [t0, t1])."""
+    by_traj: dict[int, list[dict]] = {}
+    for s in spans:
+        if s["kind"] in (Kind.TOOL_WAIT, Kind.GENERATE):
+            by_traj.setdefault(s["traj"], []).append(s)
+    busy = {k: [(s["t0"], s["t1"]) for s in spans if s["kind"] == k] for k in (Kind.DRAFT, Kind.DRAFT_VERIFY)}
+    out = [0.0, 0.0, 0.0]
+    for seq in by_traj.values():
+        seq.sort(key=lambda s: s["t0"])
+        for a, b in zip(seq, seq[1:]):
+            if a["kind"] == Kind.TOOL_WAIT and b["kind"] == Kind.GENERATE and t0 <= a["t1"] <= t1:
+                out[0] += b["t0"] - a["t1"]
+                out[1] += union_length(busy[Kind.DRAFT], a["t1"], b["t0"])
+                out[2] += union_length(busy[Kind.DRAFT_VERIFY], a["t1"], b["t0"])
+    return out
 
 
 def main() -> None:
@@ -41,14 +67,19 @@ def main() -> None:
     args = parser.parse_args()
     base = yaml.safe_load(Path(args.config).read_text())
     times: dict[str, list[float]] = {"off": [], "on": []}
+    waited: dict[str, list[list[float]]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for arm in times:
                 config = {**base, "rollout": {**base.get("rollout", {}), "speculation": {"enabled": arm == "on"}}}
-                times[arm] += rollout_times(config, args.steps, args.schedule, Path(tmp))
+                t, w = rollout_times(config, args.steps, args.schedule, Path(tmp))
+                times[arm] += t
+                waited[arm] += w
     for arm, t in times.items():
+        w = [statistics.median(x[i] for x in waited[arm]) for i in range(3)]
         print(f"{arm:4s} current-step rollout s: median {statistics.median(t):.3f} over {len(t)} steps "
-              f"({', '.join(f'{x:.2f}' for x in t)})")
+              f"({', '.join(f'{x:.2f}' for x in t)}); loops waited {w[0]:.3f} s per step (median), "
+              f"{w[1]:.3f} s of it behind drafts, {w[2]:.3f} s behind verification")
     print(f"on / off: {statistics.median(times['on']) / statistics.median(times['off']):.3f}")
 
 

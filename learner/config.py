@@ -151,7 +151,8 @@ class SpeculationConfig(Strict):
     step k+1's weights once they are published, and only the rejected remainder is sampled."""
 
     enabled: bool = Field(False, description="draft the next steps' trajectories and verify them exactly")
-    lookahead: int = Field(1, ge=1, le=4, description="how many steps ahead the fleet drafts")
+    lookahead: int = Field(1, ge=1, le=4, description="how many steps ahead the fleet drafts "
+                           "(1 measures best on the bench workload: docs/speculation.md, Lookahead)")
     draft_token_budget: int = Field(
         65_536, ge=1, le=100_000_000, description="per worker: the drafts' contexts hold at most this many "
         "tokens (a draft's next turn waits while they exceed it), bounding draft memory")

@@ -28,7 +28,7 @@ def speculation_metrics(trajs: list[Trajectory], spans: list, t_start: float, t_
     drafted = [t for t in trajs if t.drafted_tokens]
     tokens = sum(t.drafted_tokens for t in drafted)
     verify = [(_get(s, "t0"), _get(s, "t1")) for s in spans if _get(s, "kind") == Kind.DRAFT_VERIFY]
-    return {
+    return by_distance(drafted) | {
         Metric.DRAFTED_TOKENS: float(tokens),
         Metric.KEPT_TOKEN_SHARE: sum(t.kept_tokens for t in drafted) / tokens if tokens else 0.0,
         Metric.WHOLE_DRAFT_SHARE: sum(t.kept_tokens == t.drafted_tokens for t in drafted) / len(drafted)
@@ -36,3 +36,20 @@ def speculation_metrics(trajs: list[Trajectory], spans: list, t_start: float, t_
         Metric.VERIFY_S: union_length(verify, t_start, t_end),
         Metric.REMAINDER_TOKENS: float(sum(t.n_scored - t.kept_tokens for t in drafted)),
     }
+
+
+def ahead(t: Trajectory) -> int:
+    """How many steps ahead the draft was started: its step less the version that drafted its first turn."""
+    return t.step - min(v for v in t.drafted_versions if v >= 0) if any(v >= 0 for v in t.drafted_versions) else 1
+
+
+def by_distance(drafted: list[Trajectory]) -> dict[str, float]:
+    """The kept-token share of the drafts started 1 step ahead and of those started 2+ steps ahead
+    (``rollout.speculation.lookahead`` > 1), with their drafted tokens, where there are any."""
+    out: dict[str, float] = {}
+    for name, group in (("1", [t for t in drafted if ahead(t) <= 1]), ("2+", [t for t in drafted if ahead(t) > 1])):
+        tokens = sum(t.drafted_tokens for t in group)
+        if tokens:
+            out[Metric.DRAFTED_AHEAD + name] = float(tokens)
+            out[Metric.KEPT_SHARE_AHEAD + name] = sum(t.kept_tokens for t in group) / tokens
+    return out
