@@ -56,3 +56,27 @@ def test_a_bad_nice_value_is_refused_with_its_name():
     done = subprocess.run([sys.executable, "-c", "import controller.settings.base"], capture_output=True, text=True,
                           env={**os.environ, "THUNDERSYNC_APP_NICE": "high"}, timeout=60)
     assert done.returncode != 0 and "THUNDERSYNC_APP_NICE: expected a nice value 0-19, got 'high'" in done.stderr
+
+
+LOWER_SESSION = """
+import subprocess, sys
+from django.conf import settings
+settings.configure(THUNDERSYNC_APP_NICE=11)
+from controller.priority import AUTOGROUP, lower_session
+restore = lower_session()
+print(AUTOGROUP.read_text().split()[-1])
+run = [sys.executable, "-c", "print(open('/proc/self/autogroup').read().split()[-1])"]
+print(subprocess.run(run, start_new_session=True, capture_output=True, text=True, timeout=60).stdout.strip())
+restore()
+print(AUTOGROUP.read_text().split()[-1])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no scheduler autogroups here")
+def test_the_apps_session_is_lowered_and_restored_while_a_run_session_starts_at_zero():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", LOWER_SESSION], capture_output=True, text=True, timeout=120,
+                          start_new_session=True)  # a session of its own: the test's is left alone
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["11", "0", "0"]  # the app's session, a run's new session, after restore
