@@ -25,7 +25,7 @@ from .serializers import SPAN_FIELDS
 log = logging.getLogger(__name__)
 
 OPTIONAL_INT_FIELDS = ("traj", "group", "turn", "policy_version")
-MIN_FLUSH_S = 0.05  # at most ~20 transactions (and frames) a second, whatever the learner's write rate
+MIN_FLUSH_S = 0.02  # at most ~50 transactions a second for a run that writes line by line
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
