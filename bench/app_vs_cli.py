@@ -15,7 +15,8 @@ read back from ``/api/runs/<id>/metrics/`` (``timing_s/step``); each app shape g
 run first (model cache, warm runner), and every timed app run must have been forked by the warm
 runner (its log's first line). The CLI's step times are its per-step lines (10 ms resolution).
 A run's figure is its median step over steps 1.. (step 0 is a warm-up); an arm's is the median
-of its runs; ratio = app / cli. Config: configs/bench.yaml with algorithm.kl_coef 0.04,
+of its runs; ratio = app / cli. Each app run also reports the CPU seconds per step of the app's
+servers (every process in their sessions; a run leads its own). Config: configs/bench.yaml with algorithm.kl_coef 0.04,
 task.tool_latency.scale 0.3, train.prompts_per_step 16, train.steps 8. Target: <= 1.05.
 
     .venv/bin/python -m bench.app_vs_cli [--rounds 3] [--shapes embedded production] [--json FILE]
