@@ -1,6 +1,6 @@
 """Kept-token share by how far ahead a draft was started (docs/speculation.md, "Lookahead"):
 ``thundersync train`` with ``rollout.speculation.lookahead`` 1, 2, ... alternated per round;
-per run the step metrics ``speculation/kept_token_share_ahead_1`` / ``_2+`` (drafts whose first
+per run the step metrics ``speculation/kept_token_share_ahead_1`` / ``_2plus`` (drafts whose first
 turn was drafted 1 / 2+ steps before their step) weighted by their drafted tokens, and the
 current step's rollout time (``step/last_reward_t - step/t_start``, steps 1..).
 
@@ -35,7 +35,7 @@ def run(config: dict, steps: int, schedule: str, workdir: Path) -> list[dict]:
 
 def summary(steps: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {}
-    for name in ("1", "2+"):
+    for name in ("1", "2plus"):
         tokens = sum(v.get(Metric.DRAFTED_AHEAD + name, 0.0) for v in steps)
         kept = sum(v.get(Metric.DRAFTED_AHEAD + name, 0.0) * v.get(Metric.KEPT_SHARE_AHEAD + name, 0.0) for v in steps)
         out[f"drafted_{name}"], out[f"kept_{name}"] = tokens, kept / tokens if tokens else float("nan")
@@ -65,7 +65,7 @@ def main() -> None:
     for k, s in steps.items():
         m = summary(s)
         print(f"lookahead {k}: kept {m['kept_all']:.3f} overall; 1 ahead {m['kept_1']:.3f} of {m['drafted_1']:.0f} "
-              f"tokens; 2+ ahead {m['kept_2+']:.3f} of {m['drafted_2+']:.0f} tokens; "
+              f"tokens; 2+ ahead {m['kept_2plus']:.3f} of {m['drafted_2plus']:.0f} tokens; "
               f"current-step rollout median {m['rollout_s']:.3f} s")
 
 

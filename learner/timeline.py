@@ -88,8 +88,8 @@ class Metric:
     DRAFTED_TOKENS = "speculation/drafted_tokens"  # sampled tokens of the step's drafts (docs/speculation.md)
     KEPT_TOKEN_SHARE = "speculation/kept_token_share"  # of the drafted tokens, the share verification kept
     WHOLE_DRAFT_SHARE = "speculation/whole_draft_share"  # of the drafts, the share kept token for token
-    KEPT_SHARE_AHEAD = "speculation/kept_token_share_ahead_"  # + 1 or 2+: of drafts first drafted that many steps ahead
-    DRAFTED_AHEAD = "speculation/drafted_tokens_ahead_"  # + 1 or 2+: their drafted tokens
+    KEPT_SHARE_AHEAD = "speculation/kept_token_share_ahead_"  # + "1" or "2plus": of drafts first drafted that many steps ahead
+    DRAFTED_AHEAD = "speculation/drafted_tokens_ahead_"  # + "1" or "2plus": their drafted tokens
     VERIFY_S = "speculation/verify_s"  # seconds of verification forwards in the step's window
     REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
     ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers

@@ -44,10 +44,11 @@ def ahead(t: Trajectory) -> int:
 
 
 def by_distance(drafted: list[Trajectory]) -> dict[str, float]:
-    """The kept-token share of the drafts started 1 step ahead and of those started 2+ steps ahead
-    (``rollout.speculation.lookahead`` > 1), with their drafted tokens, where there are any."""
+    """The kept-token share of the drafts started 1 step ahead (``..._1``) and of those started 2+
+    steps ahead (``..._2plus``, ``rollout.speculation.lookahead`` > 1), with their drafted tokens,
+    where there are any."""
     out: dict[str, float] = {}
-    for name, group in (("1", [t for t in drafted if ahead(t) <= 1]), ("2+", [t for t in drafted if ahead(t) > 1])):
+    for name, group in (("1", [t for t in drafted if ahead(t) <= 1]), ("2plus", [t for t in drafted if ahead(t) > 1])):
         tokens = sum(t.drafted_tokens for t in group)
         if tokens:
             out[Metric.DRAFTED_AHEAD + name] = float(tokens)

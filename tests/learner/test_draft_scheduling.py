@@ -99,4 +99,4 @@ def test_kept_share_by_how_far_ahead_the_draft_started() -> None:
 
     out = by_distance([traj(5, [4, 4], 20, 20), traj(5, [4, -1], 10, 5), traj(5, [3, 4], 30, 15)])
     assert out[Metric.DRAFTED_AHEAD + "1"] == 30 and out[Metric.KEPT_SHARE_AHEAD + "1"] == 25 / 30
-    assert out[Metric.DRAFTED_AHEAD + "2+"] == 30 and out[Metric.KEPT_SHARE_AHEAD + "2+"] == 0.5
+    assert out[Metric.DRAFTED_AHEAD + "2plus"] == 30 and out[Metric.KEPT_SHARE_AHEAD + "2plus"] == 0.5
