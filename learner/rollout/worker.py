@@ -124,7 +124,10 @@ class AgentWorker:
         return True
 
     def release(self, lp: LoopState) -> None:
+        """The loop ended (or its draft was dropped): its slot and its kept keys/values go."""
         del self.loops[lp.traj]
+        if getattr(self.engine, "prefixes", None) is not None:
+            self.engine.prefixes.drop(lp.traj)
         heapq.heappush(self.free_slots, lp.slot)
 
     def next_due(self) -> float:
