@@ -15,7 +15,8 @@ read back from ``/api/runs/<id>/metrics/`` (``timing_s/step``); each app shape g
 run first (model cache, warm runner), and every timed app run must have been forked by the warm
 runner (its log's first line). The CLI's step times are its per-step lines (10 ms resolution).
 A run's figure is its median step over steps 1.. (step 0 is a warm-up); an arm's is the median
-of its runs; ratio = app / cli. Config: configs/bench.yaml with algorithm.kl_coef 0.04,
+of its runs; ratio = app / cli. Each app run also reports the CPU seconds per step of the app's
+servers (every process in their sessions; a run leads its own). Config: configs/bench.yaml with algorithm.kl_coef 0.04,
 task.tool_latency.scale 0.3, train.prompts_per_step 16, train.steps 8. Target: <= 1.05.
 
     .venv/bin/python -m bench.app_vs_cli [--rounds 3] [--shapes embedded production] [--json FILE]
@@ -95,6 +96,21 @@ def wait_for(check, what: str, procs: list[subprocess.Popen], log: Path, timeout
         time.sleep(0.2)
 
 
+def session_cpu_s(sessions: list[int]) -> float:
+    """CPU seconds (user + system) so far of every live process in these sessions: the app's
+    servers and their threads and pool children, not the runs (a run leads a session of its own)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) in sessions:
+                total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def listening(port: int) -> bool:
     try:
         return requests.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=2).status_code == 200
@@ -105,8 +121,9 @@ def listening(port: int) -> bool:
 class AppClient:
     """A logged-in user of the app's JSON API."""
 
-    def __init__(self, base: str, username: str, password: str, run_dir: Path):
-        self.base, self.run_dir, self.http = base, run_dir, requests.Session()
+    def __init__(self, base: str, username: str, password: str, run_dir: Path, servers: list[int]):
+        self.base, self.run_dir, self.http, self.servers = base, run_dir, requests.Session(), servers
+        self.app_cpu_per_step: list[float] = []  # the servers' CPU seconds per step of each run
         self.http.get(f"{base}/accounts/login/", timeout=30)
         answer = self.http.post(f"{base}/accounts/login/", timeout=30, allow_redirects=False, data={
             "username": username, "password": password, "csrfmiddlewaretoken": self.http.cookies["csrftoken"]},
@@ -129,6 +146,7 @@ class AppClient:
 
     def run(self, schedule: str) -> tuple[list[float], bool]:
         """Launch one run and wait for it: (its step times, whether the warm runner forked it)."""
+        cpu_before = session_cpu_s(self.servers)
         run = self.call("POST", "/api/runs/", experiment=self.experiment, schedule=self.schedules[schedule])
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while run["status"] not in ("succeeded", "failed", "cancelled"):
@@ -140,6 +158,7 @@ class AppClient:
         if run["status"] != "succeeded":
             raise SystemExit(f"run {run['id']} {run['status']}: {run['error'][:1000]}")
         metrics = self.call("GET", f"/api/runs/{run['id']}/metrics/")["metrics"]
+        self.app_cpu_per_step.append((session_cpu_s(self.servers) - cpu_before) / max(len(metrics), 1))
         log = (self.run_dir / f"run-{run['id']}" / "learner.stderr.log").read_text()
         return [m["values"]["timing_s/step"] for m in metrics], log.startswith("boot: forked from the warm runner")
 
@@ -153,7 +172,7 @@ def embedded_app(stack: ExitStack, tmp: Path) -> AppClient:
                                        stop_signal=signal.SIGINT))  # Ctrl-C: it stops its worker and runs
     wait_for(lambda: listening(port), "the embedded server", [demo], log)
     password = re.search(r"^password: (\S+)$", log.read_text(), re.M).group(1)
-    return AppClient(f"http://127.0.0.1:{port}", "demo", password, run_dir)
+    return AppClient(f"http://127.0.0.1:{port}", "demo", password, run_dir, [demo.pid])
 
 
 def free_redis_index() -> int:
@@ -201,7 +220,7 @@ def production_app(stack: ExitStack, tmp: Path) -> AppClient:
     web = stack.enter_context(process([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                        "controller.asgi:application"], env, web_log))
     wait_for(lambda: listening(port), "daphne", [worker, web], web_log)
-    return AppClient(f"http://127.0.0.1:{port}", "bench", password, run_dir)
+    return AppClient(f"http://127.0.0.1:{port}", "bench", password, run_dir, [worker.pid, web.pid])
 
 
 def cli_run(config_path: Path, schedule: str, cwd: Path) -> list[float]:
@@ -238,9 +257,11 @@ def measure(shapes: list[str], rounds: int, tmp: Path) -> dict:
                         if not forked:
                             raise SystemExit(f"{arm}: a timed run started cold, not from the warm runner")
                     runs[arm][schedule].append(step_median(steps))
+                    app_cpu = "" if arm == "cli" else f", app CPU {apps[arm].app_cpu_per_step[-1]:.3f} s/step"
                     print(f"round {n + 1} {schedule:9s} {arm:10s} step median {runs[arm][schedule][-1]:.3f} s "
-                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    return runs
+                          f"(load {os.getloadavg()[0]:.1f}{app_cpu})", flush=True)
+        app_cpu = {shape: app.app_cpu_per_step[1:] for shape, app in apps.items()}  # timed runs only
+    return runs, app_cpu
 
 
 def main() -> int:
@@ -253,8 +274,9 @@ def main() -> int:
     out = {"config": "configs/bench.yaml + kl_coef 0.04, tool_latency.scale 0.3, prompts_per_step 16, steps 8",
            "rounds": args.rounds, "cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
-        runs = measure(args.shapes, args.rounds, Path(tmp))
+        runs, app_cpu = measure(args.shapes, args.rounds, Path(tmp))
     out["step_medians_s"] = runs
+    out["app_cpu_s_per_step"] = app_cpu  # per timed app run, in launch order (sync, streaming per round)
     out["ratios"] = {shape: {s: statistics.median(runs[shape][s]) / statistics.median(runs["cli"][s])
                              for s in SCHEDULES} for shape in args.shapes}
     for shape, ratios in out["ratios"].items():

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import deque
+from typing import NamedTuple
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
@@ -56,6 +57,14 @@ def finite_or_none(values: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
 
 
+class Parsed(NamedTuple):
+    """One decoded stdout line: the event (and its span row), or why it is not one."""
+    event: dict | None
+    span: Span | None = None
+    error: str = ""
+    text: str = ""
+
+
 class RunIngestor:
     """Buffers one run's events and writes them out every ``flush_s`` or ``flush_spans``."""
 
@@ -77,16 +86,36 @@ class RunIngestor:
         self.rejected: list[str] = []  # lines that were not valid events, for the error text
 
     def feed(self, line: str) -> None:
+        self.take(self.parse(line))
+
+    def parse(self, line: str) -> "Parsed | None":
+        """Decode and validate one line, touching no state of the ingestor: the supervisor's
+        stdout reader calls it in its own (lowered-priority) thread; None for a blank line."""
         line = line.strip()
         if not line:
-            return
+            return None
         try:
             event = json.loads(line)
             if not isinstance(event, dict):
                 raise ValueError("not a JSON object")
-            self._take(event)
+            span = span_from_event(self.run_id, event) if event.get("type") == "span" else None
+            return Parsed(event, span, "", "" if span is not None else line[:200])
         except ValueError as err:
-            self.rejected.append(f"{err}: {line[:200]}")
+            return Parsed(None, None, str(err), line[:200])
+
+    def take(self, parsed: "Parsed | None") -> None:
+        """Buffer one parsed line for the next flush (the supervisor's loop calls it)."""
+        if parsed is None:
+            return
+        try:
+            if parsed.error:
+                raise ValueError(parsed.error)
+            if parsed.span is not None:
+                self._spans.append(parsed.span)
+            else:
+                self._take(parsed.event)
+        except ValueError as err:
+            self.rejected.append(f"{err}: {parsed.text}")
             log.warning("run %s: ignored an event line: %s", self.run_id, err)
 
     def _take(self, event: dict) -> None:

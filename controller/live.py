@@ -10,6 +10,8 @@ import time
 
 from channels.layers import get_channel_layer
 
+from .priority import yield_to_runs
+
 log = logging.getLogger(__name__)
 _outage: dict[str, float] = {}  # "since": when publishing started to fail
 PUBLISH_TIMEOUT_S = 5.0
@@ -25,9 +27,14 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
     with _publisher_lock:
         if _publisher.get("pid") != os.getpid():  # first use, or a forked child (a Celery pool process)
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="live-publisher", daemon=True).start()
+            threading.Thread(target=_serve, args=(loop,), name="live-publisher", daemon=True).start()
             _publisher.update(pid=os.getpid(), loop=loop)
         return _publisher["loop"]
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    yield_to_runs()  # frames are best effort: the run being published comes first (controller/priority.py)
+    loop.run_forever()
 
 
 def _group_send(layer, group: str, message: dict) -> None:

@@ -33,6 +33,7 @@ from learner.stopping import sweep_semaphores
 from . import liveness, nodes, ownership, runlog, warm
 from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
+from .priority import yield_to_runs
 from .runlog import LOG_NAME, count_lines
 from .models import Run
 from .resuming import commit_point, output_dir, remove_half_written, resume_arguments
@@ -51,7 +52,8 @@ class LearnerProcess:
     disk) is recorded in ``reader_error``, for the supervisor to fail the run with."""
 
     def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
-                 on_log: Callable[[int, str], None] = lambda number, line: None, env: dict[str, str] | None = None):
+                 on_log: Callable[[int, str], None] = lambda number, line: None, env: dict[str, str] | None = None,
+                 parse: Callable[[str], object] = lambda line: line):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         # forked by this worker's warm runner if it has one (controller/warm.py), else cold
         self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
@@ -61,17 +63,21 @@ class LearnerProcess:
         self.pid = self.proc.pid
         self.stderr_tail: deque[str] = deque(maxlen=stderr_lines)
         self.reader_error = ""
-        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._lines: queue.Queue = queue.Queue()
         self._stdout_done = False
-        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stdout, args=(parse,), daemon=True).start()
         self._stderr_reader = threading.Thread(target=self._read_stderr, args=(cwd / LOG_NAME, on_log),
                                                daemon=True)
         self._stderr_reader.start()
 
-    def _read_stdout(self) -> None:
+    def _read_stdout(self, parse: Callable[[str], object]) -> None:
+        """Reads and decodes (``parse``) each line at the app's lower priority (controller/priority.py)."""
+        yield_to_runs()
         try:
             for line in self.proc.stdout:
-                self._lines.put(line)
+                parsed = parse(line)
+                if parsed is not None:  # None: a blank line
+                    self._lines.put(parsed)
         except (OSError, ValueError) as err:  # undecodable output and the like
             self.reader_error = self.reader_error or f"could not read the learner's events: {err}"
         finally:
@@ -80,6 +86,7 @@ class LearnerProcess:
     def _read_stderr(self, log_path: Path, on_log: Callable[[int, str], None]) -> None:
         """Appends each line to the log file and hands it, numbered as in the file, to ``on_log``
         (the run page's log panel, controller/runlog.py)."""
+        yield_to_runs()
         log_file, number = None, count_lines(log_path)
         try:
             log_file = open(log_path, "a")
@@ -106,8 +113,9 @@ class LearnerProcess:
                 except OSError as err:
                     self.reader_error = self.reader_error or f"cannot write {log_path}: {err.strerror}"
 
-    def next_line(self, timeout: float) -> str | None:
-        """The next stdout line, '' if none arrived within ``timeout``, None once stdout closed."""
+    def next_line(self, timeout: float):
+        """The next stdout line as ``parse`` made it, '' if none arrived within ``timeout``, None once
+        stdout closed."""
         if self._stdout_done:
             try:
                 self.proc.wait(timeout)
@@ -181,7 +189,7 @@ def supervise(run: Run) -> Run:
     with ownership.supervising(run.pk):
         try:
             child = LearnerProcess(command, run_dir, settings.THUNDERSYNC_STDERR_TAIL_LINES, on_log=ingestor.add_log,
-                                   env=env)
+                                   env=env, parse=ingestor.parse)
         except OSError as err:
             return finish_run(run.pk, Run.Status.FAILED, f"could not start the learner {command[0]}: {err}")
         Run.objects.filter(pk=run.pk).update(pids=[child.pid], supervisor=me(), heartbeat=timezone.now())
@@ -263,7 +271,7 @@ class RunWatch:
             line = child.next_line(timeout=self.ingestor.wait_s())
             now = time.monotonic()
             if line:
-                self.ingestor.feed(line)
+                self.ingestor.take(line)
                 self.last_event = now
             if now >= self.next_alive:  # liveness through the run directory, whatever the database does
                 self.next_alive = now + settings.THUNDERSYNC_HEARTBEAT_S

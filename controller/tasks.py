@@ -102,6 +102,7 @@ def start_reaping(**_):
     periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
     _reaper["stop"] = ownership.start_reaper()
     warm.start()  # runs fork from it (controller/warm.py)
+    _reaper["restore_priority"] = priority.lower_session()  # runs lead sessions of their own: they come first
 
 
 @worker_shutdown.connect
@@ -109,3 +110,4 @@ def stop_reaping(**_):
     if "stop" in _reaper:
         _reaper.pop("stop").set()
     warm.stop()
+    _reaper.pop("restore_priority", lambda: None)()

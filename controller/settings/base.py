@@ -112,6 +112,12 @@ THUNDERSYNC_REWARD_FUNCTIONS = [f for f in os.environ.get("THUNDERSYNC_REWARD_FU
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
 THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
+# The app's per-run threads (the learner's output readers, the live publisher) run at this nice
+# value, so the CPU they take while a run trains is the run's idle time (controller/priority.py).
+THUNDERSYNC_APP_NICE = os.environ.get("THUNDERSYNC_APP_NICE", "10")
+if not THUNDERSYNC_APP_NICE.isdigit() or int(THUNDERSYNC_APP_NICE) > 19:
+    raise SystemExit(f"THUNDERSYNC_APP_NICE: expected a nice value 0-19, got {THUNDERSYNC_APP_NICE!r}")
+THUNDERSYNC_APP_NICE = int(THUNDERSYNC_APP_NICE)
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
 # A viewer with more unacknowledged websocket bytes than this is closed (4408) and resumes with

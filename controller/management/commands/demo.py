@@ -111,7 +111,10 @@ class Command(BaseCommand):
 
         from controller.ownership import start_reaper
 
+        from controller.priority import lower_session
+
         worker = EmbeddedWorker(app, queues=["runs"]).start()
+        restore_priority = lower_session()  # the runs (sessions of their own) come first (controller/priority.py)
         requeued = recover_runs()
         stop_reaper = start_reaper()  # no run without an owner, here too (controller/ownership.py)
         self.stdout.write(f"embedded Celery worker started (queue 'runs', {requeued} run(s) re-queued); "
@@ -123,3 +126,4 @@ class Command(BaseCommand):
             # The worker thread dies with this process: stop its run rather than orphan it.
             Run.objects.filter(status__in=[Run.Status.STARTING, Run.Status.RUNNING]).update(cancel_requested=True)
             worker.stop(timeout=settings.THUNDERSYNC_CANCEL_GRACE_S + 30)
+            restore_priority()
