@@ -8,7 +8,8 @@ Runs ``thundersync train`` with ``rollout.speculation.enabled`` off and on, alte
 times; prints the median per arm over all rounds' steps and the on/off ratio, and where the
 current step's loops waited: per step, the seconds from a loop's modelled tool wait ending to
 its next turn starting (summed over loops), and of those the part while the engine ran a draft
-(``rollout.draft``) or a verification forward (``rollout.draft_verify``).
+(``rollout.draft``) or a verification forward (``rollout.draft_verify``); and the engine's busy
+seconds per step (its generate, draft and verification calls, start of a step to the next's).
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from pathlib import Path
 
 import yaml
 
+from learner.driver.speculation_metrics import busy_share
 from learner.timeline import Kind, Metric, union_length
 
 
-def rollout_times(config: dict, steps: int, schedule: str, workdir: Path) -> tuple[list[float], list[list[float]]]:
-    """Per step 1..: the current step's rollout time, and its waits (``waits``)."""
+def rollout_times(config: dict, steps: int, schedule: str,
+                  workdir: Path) -> tuple[list[float], list[list[float]], list[float], list[int]]:
+    """Per step 1..: the current step's rollout time, its waits (``waits``), and the engine's busy
+    seconds from its start to the next step's (``rollouter/busy_share`` x that window: drafts and
+    verification included; the last step has none), and the draft turns resumed after a cut in
+    that window (``_resumed_drafts``)."""
     path, events = workdir / "config.yaml", workdir / "events.jsonl"
     path.write_text(yaml.safe_dump(config))
     subprocess.run([sys.executable, "-m", "learner.cli", "train", "--config", str(path), "--steps", str(steps),
@@ -35,8 +41,24 @@ def rollout_times(config: dict, steps: int, schedule: str, workdir: Path) -> tup
     log = [json.loads(line) for line in events.read_text().splitlines()]
     values = [e["values"] for e in log if e.get("type") == "metrics" and Metric.LAST_REWARD_T in e["values"]][1:]
     spans = [e for e in log if e.get("type") == "span"]
+    resumed = _resumed_drafts(spans)
+    workers = config.get("rollout", {}).get("workers", 1)
+    busy = [busy_share(spans, a[Metric.T_START], b[Metric.T_START], workers) * (b[Metric.T_START] - a[Metric.T_START])
+            * workers for a, b in zip(values, values[1:])]
+    resumes = [sum(a[Metric.T_START] <= t < b[Metric.T_START] for t in resumed) for a, b in zip(values, values[1:])]
     return ([v[Metric.LAST_REWARD_T] - v[Metric.T_START] for v in values],
-            [waits(spans, v[Metric.T_START], v[Metric.LAST_REWARD_T]) for v in values])
+            [waits(spans, v[Metric.T_START], v[Metric.LAST_REWARD_T]) for v in values], busy, resumes)
+
+
+def _resumed_drafts(spans: list[dict]) -> list[float]:
+    """When each draft turn resumed after a cut: a ``rollout.draft`` span of a (trajectory, turn)
+    that already had one (a cut ends a span, its resume starts the next)."""
+    seen, out = set(), []
+    for s in sorted((s for s in spans if s["kind"] == Kind.DRAFT), key=lambda s: s["t0"]):
+        if (s["traj"], s["turn"]) in seen:
+            out.append(s["t0"])
+        seen.add((s["traj"], s["turn"]))
+    return out
 
 
 def waits(spans: list[dict], t0: float, t1: float) -> list[float]:
@@ -68,18 +90,24 @@ def main() -> None:
     base = yaml.safe_load(Path(args.config).read_text())
     times: dict[str, list[float]] = {"off": [], "on": []}
     waited: dict[str, list[list[float]]] = {"off": [], "on": []}
+    busy: dict[str, list[float]] = {"off": [], "on": []}
+    resumes: dict[str, list[int]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for arm in times:
                 config = {**base, "rollout": {**base.get("rollout", {}), "speculation": {"enabled": arm == "on"}}}
-                t, w = rollout_times(config, args.steps, args.schedule, Path(tmp))
+                t, w, b, r = rollout_times(config, args.steps, args.schedule, Path(tmp))
+                resumes[arm] += r
                 times[arm] += t
                 waited[arm] += w
+                busy[arm] += b
     for arm, t in times.items():
         w = [statistics.median(x[i] for x in waited[arm]) for i in range(3)]
         print(f"{arm:4s} current-step rollout s: median {statistics.median(t):.3f} over {len(t)} steps "
               f"({', '.join(f'{x:.2f}' for x in t)}); loops waited {w[0]:.3f} s per step (median), "
-              f"{w[1]:.3f} s of it behind drafts, {w[2]:.3f} s behind verification")
+              f"{w[1]:.3f} s of it behind drafts, {w[2]:.3f} s behind verification; engine busy "
+              f"{statistics.median(busy[arm]) if busy[arm] else float('nan'):.3f} s per step (median), "
+              f"{sum(resumes[arm])} draft turns resumed after a cut in {len(resumes[arm])} steps")
     print(f"on / off: {statistics.median(times['on']) / statistics.median(times['off']):.3f}")
 
 

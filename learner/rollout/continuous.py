@@ -60,7 +60,7 @@ def generate_continuous(engine, prompts: list[list[int]], params: SamplingParams
             since_join += 1
             new = admit(1 if since_join >= ADMIT_WAIT_STEPS or not run.alive else max(1, run.alive // ADMIT_SHARE))
         if cut is not None:
-            _cut(run, set(cut()), rows, on_done)
+            _cut(engine, run, set(cut()), rows, on_done)
         ended = len(run.rows) - run.alive
         if ended and (new or not run.alive or ended * 4 >= len(run.rows)):
             keep = [j for j, i in enumerate(run.rows) if i >= 0]
@@ -158,7 +158,19 @@ def _decode_step(engine, run: "_Running", step_tok: list[int]) -> None:
         engine.step_cost.decode.add(len(run.rows), time.perf_counter() - t0)
 
 
-def _cut(run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | None) -> None:
+def _cut(engine, run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | None) -> None:
+    """End the rows in ``cut`` (partial completions). Their keys/values are kept as an ending row's
+    are (``_sample_step``): the row resumes later with this context plus its partial turn as its
+    prompt, and without them its whole context was prefilled again at every resume."""
+    store, ending = engine.prefixes, []
+    for j, i in enumerate(run.rows):
+        if i >= 0 and i in cut:
+            if (store is not None and rows.prefix_keys[i] is not None and rows.tokens[i]
+                    and len(rows.fed[i]) + len(rows.tokens[i]) - 1 >= store.min_tokens):
+                ending.append((i, j, rows.fed[i] + rows.tokens[i][:-1]))  # (the last token is not fed yet)
+    if ending:  # copied before on_done extends a prompt and before the batch changes
+        store.keep([rows.prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
+                   [j for _, j, _ in ending], run.attn)
     for j, i in enumerate(run.rows):
         if i >= 0 and i in cut:
             run.rows[j] = -1

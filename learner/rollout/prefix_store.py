@@ -78,6 +78,10 @@ class PrefixStore:
         self.tokens_reused += n
         return entry
 
+    def drop(self, key: Hashable) -> None:
+        """Forget ``key``'s entry (its loop ended or its draft was dropped: nothing asks for it again)."""
+        self._entries.pop(key, None)
+
     def clear(self) -> None:
         self._entries.clear()
 

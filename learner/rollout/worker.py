@@ -72,8 +72,7 @@ class AgentWorker:
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
         self.follow_latest = cfg.train.schedule == "fully-async"
         self.commands_waiting = lambda: False  # a driver command is queued (``Commands``: drafts yield then)
-        # speculation (rollout/drafts.py): drafts wait from a Load to its step's Work (next under sync
-        # and streaming); adopted drafts are verified a chunk at a time
+        # speculation (rollout/drafts.py): drafts wait from a Load to its step's Work; adopted ones are verified by chunk
         self.drafts_held, self.unverified, self.verifying = False, deque(), set()
 
     def now(self) -> float:
@@ -123,9 +122,10 @@ class AgentWorker:
             start_loops(self, cmd.step, [item for item in cmd.items if item.traj not in kept])
         return True
 
-    def release(self, lp: LoopState) -> None:
+    def release(self, lp: LoopState) -> None:  # the loop ended or its draft was dropped
         del self.loops[lp.traj]
         heapq.heappush(self.free_slots, lp.slot)
+        forget_kv(self.engine, lp.traj)
 
     def next_due(self) -> float:
         """When the next loop may generate (drafts only within their budget) or a tool times out."""
@@ -205,6 +205,13 @@ class AgentWorker:
                 self.step_loops()
         finally:
             self.tools.close()
+
+
+def forget_kv(engine, traj: int) -> None:
+    """A loop that ended (or a draft dropped) never asks for its kept keys/values again: they go
+    now, not when ``PrefixStore.MAX_ENTRIES`` newer ones pushed them out."""
+    if getattr(engine, "prefixes", None) is not None:
+        engine.prefixes.drop(traj)
 
 
 def start_loops(worker: AgentWorker, step: int, items: list[WorkItem], draft: bool = False) -> None:

@@ -10,7 +10,7 @@ from learner.config import ConfigError, parse_config
 from learner.rollout.engine import TorchEngine
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.prefix_store import MIN_TOKENS, PrefixStore, past_cache
-from learner.rollout.sampling import SamplingParams
+from learner.rollout.sampling import SamplingParams, Stream
 
 
 class _Layer:
@@ -84,6 +84,46 @@ def test_an_engine_forgets_kept_keys_and_values_when_its_weights_change():
     # a short context is not worth keeping
     engine.generate([prompt[:MIN_TOKENS - 4]], SamplingParams(4, []), seeds=[3], keys=["short"])
     assert len(engine.prefixes) == 0
+
+
+def test_a_row_cut_mid_turn_resumes_from_its_kept_keys_and_values_and_samples_the_same_tokens():
+    """A draft cut to yield the engine (``cut``) keeps its keys/values as an ending row does: its
+    resume forwards only the token it sampled last, and samples what the uncut row sampled."""
+    policy = resolve_model_dir("builtin:tiny")
+    tok = load_tokenizer(policy)
+    model = load_model(policy)
+    prompts = [tok("12+7=" * 13)["input_ids"], tok("3*4=" * 17)["input_ids"]]  # >= MIN_TOKENS: kept
+    params = SamplingParams(12, [], temperature=1.0)
+    whole = TorchEngine(model, tok.pad_token_id, continuous_batching=True, reuse_kv=True).generate(
+        prompts, params, seeds=[5, 6], keys=["a", "b"])
+    engine = TorchEngine(model, tok.pad_token_id, continuous_batching=True, reuse_kv=True)
+    steps = iter(range(100))
+    part = engine.generate(prompts, params, seeds=[5, 6], keys=["a", "b"], cut=lambda: [0, 1] if next(steps) == 4 else [])
+    assert [len(c.token_ids) for c in part] == [5, 5] and not any(c.stopped for c in part)
+    assert [len(engine.prefixes._entries[k].tokens) for k in "ab"] == [len(p) + 4 for p in prompts]
+    forwarded: list[int] = []
+    forward = engine.model.forward
+
+    def recording_forward(*args, **kwargs):
+        forwarded.append(int(kwargs["input_ids"].shape[1]))
+        return forward(*args, **kwargs)
+
+    engine.model.forward = recording_forward
+    rest = engine.generate([p + c.token_ids for p, c in zip(prompts, part)], params,
+                           seeds=[Stream(5, 5), Stream(6, 5)], keys=["a", "b"])
+    assert forwarded[0] == 1  # the resume's prefill: the last sampled token only, not the contexts
+    assert engine.stats.extra["prefill_tokens_reused"] == sum(len(p) + 4 for p in prompts)
+    for w, p, r in zip(whole, part, rest):
+        assert p.token_ids + r.token_ids == w.token_ids
+        assert max(abs(x - y) for x, y in zip(p.logprobs + r.logprobs, w.logprobs)) < 5e-5
+
+
+def test_a_loop_that_ends_drops_its_kept_keys_and_values():
+    store = PrefixStore()
+    store.keep(["a", "b"], [[1, 2], [3, 4]], _Cache(rows=2), [0, 1], _mask(2, 6, {0: [4, 5], 1: [4, 5]}))
+    store.drop("a")
+    store.drop("missing")  # (a loop that never kept any)
+    assert len(store) == 1 and store.take("b", [3, 4, 5]) is not None
 
 
 @pytest.mark.parametrize("value", ["yes please", [True]])
