@@ -85,7 +85,10 @@ def pick(worker: LoopHost, first: Callable[[list], list], running: set[int] | fr
     if worker.drafts_held or worker.unverified or worker.commands_waiting():
         return []
     now = worker.now()
-    rows, left, cost = first(_eligible(worker, set(running), now)), time_left(worker, now), worker.engine.step_cost
+    rows = first(_eligible(worker, set(running), now))
+    if not rows:  # (also every run without speculation, whose engine may have no cost model)
+        return []
+    left, cost = time_left(worker, now), worker.engine.step_cost
     n = len(rows)
     while n and not _fits(cost.call(len(running) + n, n, max(len(lp.ids) for lp in rows[:n])), left,
                           len(running) + n):
@@ -99,8 +102,11 @@ def runnable_due(worker: LoopHost) -> list[float]:
     that loop instead)."""
     if worker.drafts_held or worker.unverified:
         return []
-    now, cost = worker.now(), worker.engine.step_cost
+    now = worker.now()
     waiting = _eligible(worker, set(), math.inf)
+    if not waiting:  # (also every run without speculation, whose engine may have no cost model)
+        return []
+    cost = worker.engine.step_cost
     due = [lp.ready_at for lp in waiting]
     # (the longest context: whichever draft the call takes first, one row of it then fits too)
     if due and not _fits(cost.call(1, 1, max(len(lp.ids) for lp in waiting)),
