@@ -33,7 +33,7 @@ def tiny_bench(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     (d / "tiny.yaml").write_text(TINY)
     rc = main(["bench", "--config", str(d / "tiny.yaml"), "--schedules", "streaming,async,fully-async", "--steps", "2",
-               "--scale", "1", "--no-speculation", "--json", str(d / "out.json"), "--html", str(d / "out.html"),
+               "--scale", "1", "--rounds", "1", "--no-speculation", "--json", str(d / "out.json"), "--html", str(d / "out.html"),
                "--events-dir", str(d / "ev")])
     assert rc == 0
     return json.loads((d / "out.json").read_text()), (d / "out.html").read_text(), d / "ev"
@@ -54,7 +54,7 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     for name, r in doc["schedules"].items():
         for field in FIELDS:
             assert isinstance(r[field], (int, float)), (name, field)
-        assert r["steps_measured"] == 2 and r["runs"] == 2  # one measured step in each of two rounds
+        assert r["steps_measured"] == 1 and r["runs"] == 1  # one round (test_rounds_pool_their_steps_... checks how rounds pool)
         # definitions, not timings (one 4-trajectory step is all noise on a shared machine)
         assert r["efficiency"] == pytest.approx(r["bound_s"] / r["step_mean_s"])
         # on these recorded runs, as on every one: the bound is work some row did, so no row beats it
@@ -68,7 +68,7 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     rows = [r for name, r in doc["schedules"].items() if name != "sync-per-trajectory"]  # that one: its own work
     assert sync["bound_engine_s"] == min(r["engine_busy_s"] for r in rows)
     assert sync["bound_learner_s"] == min(r["learner_work_s"] for r in rows)
-    assert doc["workload"]["trajectory_time"]["trajectories"] == 8  # the measured step of each of the two sync runs
+    assert doc["workload"]["trajectory_time"]["trajectories"] == 4  # the measured step of the sync run
     assert doc["speculation"]["overlap_factor"] == pytest.approx(sync["step_s"] / doc["schedules"]["streaming"]["step_s"])
     assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
     # what the sync runs' arrival times leave the streaming learner (bench/arrival_bound.py's replay)
