@@ -455,6 +455,12 @@ if (DEBUG) window.__thundersync = {
   frames: () => frameLog,
   draws: () => drawLog,
   barsByKind: () => gantt.barsByKind(),
+  // the bars the chart's current axes show (what the canvas and a download paint), per kind
+  shownByKind: () => {
+    const shown = {};
+    for (const { kind, rects } of gantt.barRects().kinds) shown[kind] = (shown[kind] ?? 0) + rects.length;
+    return shown;
+  },
   dimmed: () => Boolean(gantt.overlay?.dim), // a followed trajectory fades the rest of the chart
 };
 

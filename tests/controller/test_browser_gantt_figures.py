@@ -42,6 +42,9 @@ def test_the_gantt_downloads_png_and_svg_with_its_bars(live_url, browser_page, a
     page, errors = browser_page
     open_run_page(page, live_url, run)
     page.hover("#gantt")
+    # every bar on screen: the chart has grown to every lane (a download paints what is shown)
+    page.wait_for_function("Object.entries(window.__thundersync.barsByKind()).every("
+                           "([kind, n]) => window.__thundersync.shownByKind()[kind] === n)", timeout=30_000)
     assert page.locator(modebar_button("#gantt", "Download plot as a png")).count() == 0  # plotly's own: no bars
     png = Image.open(io.BytesIO(download(page, modebar_button("#gantt", "Download PNG")))).convert("RGB")
     backward = sum(1 for p in png.get_flattened_data() if p == BACKWARD_RGB)

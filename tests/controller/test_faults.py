@@ -248,7 +248,10 @@ def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset
     while Run.objects.get(pk=run_id).status not in Run.FINISHED and time.monotonic() < deadline:
         for pid in sandbox_processes(pgid):  # every tool process hangs (SIGSTOP: alive, never answers)
             if pid not in stopped:
-                os.kill(pid, signal.SIGSTOP)
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:  # the call ended between the listing and the signal
+                    continue
                 stopped.add(pid)
         time.sleep(0.02)
     run = wait_final(run_id, BOUND_S)
