@@ -41,6 +41,7 @@ import requests
 import yaml
 
 from bench.load_report import finish
+from controller.processes import proc_stats
 from tests.harness.web_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,16 +100,8 @@ def wait_for(check, what: str, procs: list[subprocess.Popen], log: Path, timeout
 def session_cpu_s(sessions: list[int]) -> float:
     """CPU seconds (user + system) so far of every live process in these sessions: the app's
     servers and their threads and pool children, not the runs (a run leads a session of its own)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[3]) in sessions:
-                total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(fields[11]) + int(fields[12])) / tick for _, fields in proc_stats() if int(fields[3]) in sessions)
 
 
 def listening(port: int) -> bool:

@@ -60,7 +60,7 @@ def lower_session() -> Callable[[], None]:
             return lambda: None
         AUTOGROUP.write_text(str(target))
     except (OSError, ValueError, IndexError) as err:
-        log.debug("cannot lower this session's CPU priority: %s", err)
+        log.debug("cannot lower the process session's CPU priority: %s", err)
         return lambda: None
 
     def restore() -> None:

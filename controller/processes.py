@@ -31,18 +31,20 @@ def process_start(pid: int) -> str:
     return "" if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited: not an owner
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``, from /proc."""
-    found = []
+def proc_stats():
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every process now; one
+    that exits while being read is left out."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                yield int(entry.name), (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-                found.append(int(entry.name))
-    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    return [pid for pid, fields in proc_stats() if fields[0] not in ("Z", "X") and int(fields[2]) == pgid]
 
 
 def works_in(pid: int, directory: Path) -> bool:
