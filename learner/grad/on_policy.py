@@ -96,6 +96,13 @@ class _Batch:
     open_s: float = 0.0
     known_rows: int = 0
     known_s: float = 0.0
+    # load-independent measures of the work done, to tell work from contention: this thread's CPU
+    # seconds in forwards and backwards (one torch thread: the learner's own compute, whatever else
+    # runs on the machine), and the known micro-batches run before the batch's last arrival
+    cpu_s: float = 0.0
+    open_micro_batches: int = 0
+    early_micro_batches: int = 0
+    early_rows: int = 0
     tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
 
     def open_row_cost(self) -> float | None:
@@ -279,6 +286,9 @@ class StreamingLearner(InProcessLearner):
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
                 **state.tally.stats(normaliser),
                 **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
+                "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
+                "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
+                "early_rows": state.early_rows,
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -407,7 +417,7 @@ class OnPolicyBackward:
     def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
                      on_phase: PhaseCallback | None) -> None:
         """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
-        t_start = time.monotonic()
+        t_start, cpu0 = time.monotonic(), time.thread_time()
         past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
         # a group's prompt forward (once per group, at its first micro-batch: work the sync does as
         # well) is in the span, not in this micro-batch's per-row cost that the drain policy weighs
@@ -425,11 +435,15 @@ class OnPolicyBackward:
         grid = fwd.layout
         del fwd, pg, aux, past
         t1 = time.monotonic()
+        state.cpu_s += time.thread_time() - cpu0
         self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
+            if self.algo.objective == "grpo" and not state.planner.all_arrived():
+                state.early_micro_batches, state.early_rows = state.early_micro_batches + 1, state.early_rows + len(rows)
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
+            state.open_micro_batches += 1
         report_micro_batch(state, rows, grid, t_start, t1, on_phase)
 
 
