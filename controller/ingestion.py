@@ -21,7 +21,7 @@ from . import live, trajectories
 from .models import Checkpoint, Run, StepMetric
 from .frames import log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
 from .serializers import SPAN_FIELDS
-from .span_writes import write_spans
+from .bulk_writes import write_spans, write_trajectories
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class RunIngestor:
                     update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
                 )
                 Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
-                trajectories.store(trajs)
+                write_trajectories(trajs)
                 if became_running:
                     Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
         except DatabaseError:  # nothing was written: keep it all for the supervisor's next try

@@ -148,13 +148,13 @@ def test_span_from_event_keeps_every_field():
 def test_both_span_writes_store_every_field_and_skip_a_stored_seq(alice_run, vendor, monkeypatch):
     """The PostgreSQL array insert and the bulk_create elsewhere store the same rows; a seq stored
     already keeps its first row (a re-ingested line is harmless)."""
-    from controller import span_writes
+    from controller import bulk_writes
 
     if vendor == "sqlite":  # the test database is PostgreSQL: take the other branch on it
-        monkeypatch.setattr(span_writes.connection, "vendor", "sqlite")
+        monkeypatch.setattr(bulk_writes.connection, "vendor", "sqlite")
     rows = [span_from_event(json.loads(span_line(seq, step=seq // 2, turn=None if seq % 2 else 1, kind=f"k{seq}")))
             for seq in range(5)]
-    span_writes.write_spans(alice_run.pk, rows[:3])
-    span_writes.write_spans(alice_run.pk, [{**rows[1], "kind": "rewritten"}, *rows[3:]])
+    bulk_writes.write_spans(alice_run.pk, rows[:3])
+    bulk_writes.write_spans(alice_run.pk, [{**rows[1], "kind": "rewritten"}, *rows[3:]])
     stored = list(Span.objects.filter(run=alice_run).order_by("seq").values(*rows[0]))
     assert stored == rows
