@@ -52,9 +52,12 @@ function choice(name, checked) {
 }
 
 export class MetricPanel {
-  /** ``root``: an element holding #metric-search, #metric-picker, #metric-smoothing, #metric-axis and #metric-charts. */
-  constructor(root) {
+  /** ``root``: an element holding #metric-search, #metric-picker, #metric-smoothing, #metric-axis and
+   * #metric-charts. ``onScreen``: an OnScreen (static/js/onscreen.js) to draw each chart only
+   * while it is in view; without it every picked chart draws on every update. */
+  constructor(root, { onScreen = null } = {}) {
     this.root = root;
+    this.onScreen = onScreen;
     this.search = root.querySelector("#metric-search");
     this.picker = root.querySelector("#metric-picker");
     this.smoothing = root.querySelector("#metric-smoothing");
@@ -113,6 +116,7 @@ export class MetricPanel {
       hint.textContent = "Tick metrics in the list (search to narrow it).";
       divs.push(hint);
     }
+    if (this.onScreen) for (const old of this.charts.querySelectorAll(".chart")) if (!divs.includes(old)) this.onScreen.forget(old);
     this.charts.replaceChildren(...divs);
     this.root.dataset.picked = keys.join(",");
     await Promise.all(keys.map((key, i) => {
@@ -132,7 +136,7 @@ export class MetricPanel {
         yRange: scale === 100 ? [0, 100] : null,
       });
       divs[i].dataset.exportName = key;
-      return drawFigure(divs[i], figure);
+      return this.onScreen ? this.onScreen.draw(divs[i], () => drawFigure(divs[i], figure)) : drawFigure(divs[i], figure);
     }));
   }
 }
