@@ -41,16 +41,20 @@ export class DrawBudget {
  * (a number or a function returning one), however often ``request`` is called: bursts of
  * websocket frames cost one redraw, and a redraw never overlaps the previous one. ``budget``
  * (a DrawBudget, shared by the page's loops; else one of ``share`` for this loop alone) bounds
- * the time spent drawing. ``request({now: true})`` skips the interval but not the budget.
+ * the time spent drawing. ``request({now: true})`` (a user's zoom, a new view) draws at once,
+ * interval and budget skipped; its time is booked all the same.
  */
 export function throttledRedraw(draw, minIntervalMs = 250, { share = 1, budget = new DrawBudget(share) } = {}) {
   const base = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
   // ``last`` starts now: the first redraw also waits an interval unless requested with ``now``.
-  let pending = false, last = performance.now(), running = false, again = false;
+  let pending = false, last = performance.now(), running = false, again = false, urgent = false;
   const run = async () => {
     // another loop of the budget may have drawn since this one was scheduled
-    if (performance.now() < budget.readyAt) { timer = setTimeout(() => requestAnimationFrame(run), budget.readyAt - performance.now()); return; }
-    running = true;
+    if (!urgent && performance.now() < budget.readyAt) {
+      timer = setTimeout(() => requestAnimationFrame(run), budget.readyAt - performance.now());
+      return;
+    }
+    running = true; urgent = false;
     await plotlyLoaded.catch(() => {}); // waiting for plotly.js to load is no drawing time
     const started = performance.now();
     try { await draw(); } finally {
@@ -66,8 +70,8 @@ export function throttledRedraw(draw, minIntervalMs = 250, { share = 1, budget =
     if (pending && !now) return;
     clearTimeout(timer);
     pending = true;
-    const due = now ? 0 : last + base();
-    const wait = Math.max(0, due - performance.now(), budget.readyAt - performance.now());
+    urgent = urgent || now;
+    const wait = now ? 0 : Math.max(0, last + base() - performance.now(), budget.readyAt - performance.now());
     timer = setTimeout(() => requestAnimationFrame(run), wait);
   }
   return request;
