@@ -273,12 +273,18 @@ async function drawMetrics() {
   ]);
 }
 const metricPanel = new MetricPanel($("metric-panel"), { onScreen });
-const requestMetrics = throttledRedraw(async () => {
+const panelRuns = () => [{ name: root.dataset.runName, colour: "#2457c5",
+  metrics: [...metrics.entries()].map(([step, values]) => ({ step, values })) }];
+const drawCharts = throttledRedraw(async () => {
   await drawMetrics();
   chartsDrawnMs = epochMs();
-  const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
-  await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
+  await metricPanel.update(panelRuns());
 }, 400, { budget: drawBudget });
+/** New metrics: the panel's list of names at once, the charts when the draw budget allows. */
+function requestMetrics() {
+  metricPanel.list(panelRuns());
+  drawCharts();
+}
 
 // ---- Progress and log --------------------------------------------------------------------
 const clock = (ms) => { // m:ss or h:mm:ss

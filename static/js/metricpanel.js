@@ -80,12 +80,18 @@ export class MetricPanel {
 
   /** New data (every run's metrics so far); refreshes the picker's names and the charts. */
   update(runs) {
+    this.list(runs);
+    return this.draw();
+  }
+
+  /** New data without drawing: the picker lists every name at once, while the charts' redraw
+   * may wait for the page's draw budget (static/js/plots.js). */
+  list(runs) {
     this.runs = runs;
     const names = new Set();
     for (const r of runs) for (const m of r.metrics) for (const k of Object.keys(m.values)) names.add(k);
     const sorted = [...names].sort();
     if (sorted.join("\n") !== this.names.join("\n")) this.setNames(sorted);
-    return this.draw();
   }
 
   setNames(names) {
