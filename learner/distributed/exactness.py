@@ -76,7 +76,7 @@ def dist_cases() -> list[DistCase]:
     cases += [DistCase("opd", m, "none") for m in OPD_LOSS_AGG_MODES]
     cases += [DistCase("grpo", "token-mean", "unbiased", few_groups=True)]
     return cases + [DistCase("grpo", "token-mean", "unbiased", shared_prompt=True),
-                    DistCase("grpo", "seq-mean-token-mean", "biased", shared_prompt=True),
+                    DistCase("grpo", "seq-mean-token-mean", "population", shared_prompt=True),
                     DistCase("grpo", "seq-mean-token-sum", "unbiased", shared_prompt=True, learner="micro-batched")]
 
 
