@@ -105,7 +105,8 @@ def test_unsupported_paths_are_refused_naming_the_field(overrides, names):
 
 
 @pytest.mark.parametrize("overrides", [{"model": {"lora": {"rank": 4}}}, {"learner": {"world_size": 2}},
-                                       {"learner": {"world_size": 2}, "train": {"schedule": "sync"}}])
+                                       {"learner": {"world_size": 2}, "train": {"schedule": "sync"}},
+                                       {"learner": {"world_size": 2, "engine": "deepspeed", "zero_stage": 2}}])
 def test_lora_and_data_parallel_ranks_take_the_shared_prompt_backward(overrides):
     data = {"learner": {"shared_prompt_backward": True}}
     for section, values in overrides.items():
