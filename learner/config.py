@@ -294,8 +294,9 @@ class LearnerConfig(Strict):
     drain_policy: Literal["cost-aware", "finished-groups-first", "closed-groups"] = Field(
         "cost-aware", description="adaptive learner: when work the micro-batched sync would not do runs before "
                                   "the groups close (open groups' buckets, unfilled micro-batches): cost-aware: "
-                                  "when its measured premium fits in early_work_share and the rollout is near its "
-                                  "end; finished-groups-first: whenever the learner would idle; closed-groups: "
+                                  "an unfilled micro-batch only in place of sync's own, an open bucket only when "
+                                  "its measured premium is below the tail it saves, fits in early_work_share, the "
+                                  "rollout is near its end and the bucket ends before it; finished-groups-first: whenever the learner would idle; closed-groups: "
                                   "never (docs/learner.md)")
     early_work_share: float = Field(
         0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "

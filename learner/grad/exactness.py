@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.grad.cost_model import DRAIN_POLICIES
+from learner.grad.cost_model import DRAIN_POLICIES, BackwardCosts
 from learner.grad.deterministic import on_policy_learner
 from learner.grad.learner_common import LEARNER_PATHS, LearnerOptions
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
@@ -115,15 +115,26 @@ def arrival_chunks(items: list, learner_path: str, rng: random.Random) -> list[l
     return chunks
 
 
+def early_work_everywhere() -> BackwardCosts:
+    """A ``cost-aware`` fit under which its early work runs wherever its rules allow it: a second
+    per token slot (whatever waits would spill far past the rollout's end) at a nanosecond per row
+    (an open bucket ends long before the last arrival, its premium fits any allowance)."""
+    costs = BackwardCosts()
+    costs.observe(100, 10**11, 100.0, open_group=False)
+    return costs
+
+
 def streamed_gradient(
     model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory],
-    rng: random.Random, options: LearnerOptions | None = None,
+    rng: random.Random, options: LearnerOptions | None = None, costs: BackwardCosts | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Feed the batch in a random order (adaptive: random drains, and ``idle_work`` called at random
     between them, as a driver with an empty queue would); returns (p.grad by name, batch stats +
-    the most groups open at once)."""
+    the most groups open at once). ``costs``: the drain policy's measurements to start from."""
     options = options or LearnerOptions(path="per-trajectory")
     learner = on_policy_learner(model, algo, ref_model, options)
+    if costs is not None:
+        learner.policy.costs = costs
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     if algo.objective == "grpo":
         items = rng.sample(trajs, len(trajs))
@@ -166,6 +177,7 @@ class CaseSpec:
     drain: str = "finished-groups-first"
     pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
     shared_prompt: bool = False  # learner.shared_prompt_backward, on batches whose groups share prompts
+    early: bool = False  # cost-aware from ``early_work_everywhere``: its rules decide, not a cold start's "never"
     lora: tuple[str, ...] | None = None  # model.lora: adapters on these modules (only they train)
 
     def seed_key(self, seed: int, k: int) -> str:
@@ -173,7 +185,8 @@ class CaseSpec:
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
                ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "") + \
-               ("/shared-prompt" if self.shared_prompt else "") + (f"/lora={','.join(self.lora)}" if self.lora else "")
+               ("/shared-prompt" if self.shared_prompt else "") + ("/early" if self.early else "") + \
+               (f"/lora={','.join(self.lora)}" if self.lora else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -208,7 +221,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
                              drain_policy=spec.drain, pack_rows=spec.pack, shared_prompt_backward=spec.shared_prompt,
                              shared_prompt_max_tokens=rng.choice((12, 32768)) if spec.shared_prompt else 32768)
-    g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
+    g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options,
+                                        early_work_everywhere() if spec.early else None)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
     tol = TOLERANCE[spec.dtype]
@@ -218,6 +232,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
         "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt, "lora": ",".join(spec.lora or ()),
+        "early_work": spec.early,
+        "open_rows": stats.get("open_rows", 0), "early_micro_batches": stats.get("early_micro_batches", 0),
         "shared_prompt_rows": stats.get("shared_prompt_rows", 0),
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
@@ -233,7 +249,8 @@ def case_specs() -> list[CaseSpec]:
     """Conventions × every learner path, and streaming's deterministic learner; K ∈ {0, 1, 2,
     unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
     the adaptive drain's early work forced never (closed-groups) and always (finished-groups-first,
-    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited}; rows
+    the default of the other cases) and as measured (cost-aware: from a cold start and from a fit
+    under which its rules decide, padded and packed), K ∈ {0, 2, unlimited}; rows
     packed into micro-batch lines (micro-batched and adaptive, every convention); the shared-prompt
     backward (``shared_prompt_specs``); GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
@@ -248,6 +265,8 @@ def case_specs() -> list[CaseSpec]:
                   for learner in LEARNER_PATHS for aux in ("off", "on")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain=drain)
                   for drain in DRAIN_POLICIES[1:] + DRAIN_POLICIES[:1] for cap in (0, 2, None) for aux in ("off", "on")]
+        specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain="cost-aware",
+                           pack=pack, early=True) for cap in (0, 2, None) for aux in ("off", "on") for pack in (False, True)]
         specs += [CaseSpec(o, m, s, dtype, learner, pack=True) for o, m, s in combos
                   for learner in ("micro-batched", "adaptive")]
         specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
