@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -108,11 +108,56 @@ def screenshot(page, name: str) -> Path:
 
 # -- pytest fixtures for tests/controller/test_browser_*.py (import them into the test module) --
 
+class SharedAsgiServer:
+    """One daphne process for the tests of a pytest process, started again only when the
+    environment it would be started with differs (a test that sets THUNDERSYNC_RUN_DIR or
+    another setting's variable gets a server of its own) or when it has exited. Each test
+    still has a database of its own (transactional_db empties every table after it), and
+    the server keeps no state of its own between requests: starting daphne and importing
+    the app took seconds of every browser test."""
+
+    IGNORED = ("PYTEST_CURRENT_TEST",)  # pytest rewrites it for every test phase
+
+    def __init__(self):
+        self.stack, self.key, self.base_url = ExitStack(), None, None
+
+    def environment(self) -> tuple:
+        return tuple(sorted((k, v) for k, v in os.environ.items() if k not in self.IGNORED))
+
+    def url(self) -> str:
+        key = self.environment()
+        if key != self.key or not self._answers():
+            self.close()
+            self.base_url = self.stack.enter_context(asgi_server())
+            self.key = key
+        return self.base_url
+
+    def _answers(self) -> bool:
+        if self.base_url is None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", int(self.base_url.rsplit(":", 1)[1])), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.stack.close()
+        self.stack, self.key, self.base_url = ExitStack(), None, None
+
+
+@pytest.fixture(scope="session")
+def asgi_servers(django_db_setup):
+    """The pytest process's daphne (SharedAsgiServer), stopped before the test database is dropped."""
+    servers = SharedAsgiServer()
+    yield servers
+    servers.close()
+
+
 @pytest.fixture
-def live_url(transactional_db):
+def live_url(transactional_db, asgi_servers):
     """Base URL of a daphne process serving the app on this test's (committed) database."""
-    with asgi_server() as url:
-        yield url
+    return asgi_servers.url()
 
 
 @pytest.fixture
