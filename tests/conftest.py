@@ -27,10 +27,13 @@ def _process_cores_and_threads_restored():
 
 
 def shares_setup(item) -> bool:
-    """Whether the test uses a fixture set up once for its module or class (a trained run, a
-    bench, an engine): split across two workers, that setup would run on both."""
+    """Whether the test uses a fixture of this test tree set up once for its module or class (a
+    trained run, a bench, an engine): split across two workers, that setup would run on both.
+    Plugins' fixtures (an empty baseid, e.g. pytest-django's class-scoped autouse one) do no
+    such work."""
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    return any(defs.get(name) and defs[name][-1].scope in SHARED_SCOPES for name in item.fixturenames)
+    return any(defs.get(name) and defs[name][-1].scope in SHARED_SCOPES and defs[name][-1].baseid
+               for name in item.fixturenames)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
