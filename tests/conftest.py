@@ -33,23 +33,23 @@ def shares_setup(item) -> bool:
     such work."""
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     return any(defs.get(name) and defs[name][-1].scope in SHARED_SCOPES and defs[name][-1].baseid
-               for name in item.fixturenames)
+               for name in getattr(item, "fixturenames", ()))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(config, items):
-    """The modules that hold slow tests (real runs, servers, browsers) go first, each in its own
-    order, so that no minutes-long test is left for the end of a worker.
-
-    ``./run test`` schedules with ``--dist loadgroup``: each test goes to whichever worker is
+def pytest_itemcollected(item):
+    """``./run test`` schedules with ``--dist loadgroup``: each test goes to whichever worker is
     free, except that the tests of a module sharing a module- or class-scoped fixture go to one
-    worker together (one xdist_group per such module). The default ``load`` scheduling handed
-    each worker a fixed first chunk of consecutive tests: with the slow modules first, one
-    worker's chunk held most of the slow tests while the other ran out of work."""
+    worker together (an xdist_group per such module, marked here, before pytest-xdist reads the
+    marks). The default ``load`` scheduling handed each worker a fixed first chunk of a quarter
+    of its share of consecutive tests: with the slow modules first, one worker's chunk held
+    every slow controller test while the other ran out of work."""
+    if shares_setup(item):
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules that hold slow tests (real runs, servers, browsers) go first, each in its
+    own order, so that no minutes-long test is left for the end of a worker."""
     heavy = {item.module.__name__ for item in items
              if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
     items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: order kept within each part
-    grouped = {item.module.__name__ for item in items if shares_setup(item)}
-    for item in items:
-        if item.module.__name__ in grouped:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
