@@ -38,9 +38,9 @@ def shares_setup(item) -> bool:
 
 def pytest_itemcollected(item):
     """``./run test`` schedules with ``--dist loadgroup``: each test goes to whichever worker is
-    free, except that the tests of a module sharing a module- or class-scoped fixture go to one
-    worker together (an xdist_group per such module, marked here, before pytest-xdist reads the
-    marks). The default ``load`` scheduling handed each worker a fixed first chunk of a quarter
+    free, except that the tests using one of their module's module- or class-scoped fixtures go
+    to one worker together (an xdist_group per such module, marked here, before pytest-xdist
+    reads the marks). The default ``load`` scheduling handed each worker a fixed first chunk of a quarter
     of its share of consecutive tests: with the slow modules first, one worker's chunk held
     every slow controller test while the other ran out of work."""
     if shares_setup(item):
