@@ -65,7 +65,8 @@ def speculation_cases(seed: int = 0) -> list[dict]:
 
 
 def print_cases(cases: list[dict]) -> None:
-    print(f"{'speculation':11} {'T':>4} {'top_p':>5} {'drift':>5} {'kept':>6} {'rows equal':>10}  ok")
+    print(f"{'speculation':11} {'T':>4} {'top_p':>5} {'drift':>5} {'kept':>6} {'rows equal':>10} {'kv reused':>9}  ok")
     for c in cases:
         print(f"{'verify':11} {c['temperature']:4.1f} {c['top_p']:5.2f} {c['drift']:5.2f} "
-              f"{c['kept_token_share']:6.1%} {c['rows_equal']:>5}/{c['rows']:<4}  {'yes' if c['passed'] else 'NO'}")
+              f"{c['kept_token_share']:6.1%} {c['rows_equal']:>5}/{c['rows']:<4} {c['kv_reused_tokens']:>9}  "
+              f"{'yes' if c['passed'] else 'NO'}")

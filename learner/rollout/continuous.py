@@ -122,6 +122,7 @@ def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, o
     tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
     step_tok = [engine.pad_id] * len(run.rows)
     ending: list[tuple[int, int, list[int]]] = []  # (row, batch row, context) of rows whose keys/values are kept
+    ended: list[tuple[int, bool]] = []  # (row, stopped): told to on_done once their keys/values are kept
     for k, j in enumerate(live):
         i = run.rows[j]
         rows.tokens[i].append(tok_row[k])
@@ -134,12 +135,14 @@ def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, o
                 ending.append((i, j, rows.fed[i] + rows.tokens[i][:-1]))
             run.rows[j] = -1  # ended: masked padding from now on
             run.alive -= 1
-            rows.end(i, hit, on_done)
+            ended.append((i, hit))
         else:
             step_tok[j] = tok_row[k]
     if ending:  # copied before the batch changes: one copy per layer for all of them
         store.keep([rows.prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
                    [j for _, j, _ in ending], run.attn)
+    for i, hit in ended:  # after the keep: a loop that ends here drops its entry (worker.forget_kv), none is left behind
+        rows.end(i, hit, on_done)
     return step_tok
 
 

@@ -43,7 +43,7 @@ class KeepKV:
     unfinished: list[bool] | None = None
 
 
-def keep_rejected(keep: KeepKV, keys: list[Hashable], unfinished: list[bool], drafts: list, verdicts: list, cache,
+def keep_contexts(keep: KeepKV, keys: list[Hashable], unfinished: list[bool], drafts: list, verdicts: list, cache,
                   columns: Callable[[int, int], list[int]]) -> None:
     """Keep, of one verification forward (``cache``: its rows are ``drafts``; ``columns(b, n)``:
     the cache columns of row b's first n positions), each rejected draft's kept context (and an
@@ -60,11 +60,9 @@ def keep_rejected(keep: KeepKV, keys: list[Hashable], unfinished: list[bool], dr
         return
     cand = cand[:n]
     width, dev = cand[-1][0], cache.layers[0].keys.device
-    index = torch.zeros((n, width), dtype=torch.long, device=dev)
-    mask = torch.zeros((n, width), dtype=torch.long, device=dev)
-    for k, (length, b) in enumerate(cand):  # right-aligned: row k's context ends at the last column
-        index[k, width - length:] = torch.tensor(columns(b, length), device=dev)
-        mask[k, width - length:] = 1
+    # right-aligned: row k's context ends at the last column (its padding gathers column 0, masked)
+    index = torch.tensor([[0] * (width - length) + columns(b, length) for length, b in cand], device=dev)
+    mask = torch.tensor([[0] * (width - length) + [1] * length for length, _ in cand], device=dev)
     rows = torch.tensor([b for _, b in cand], device=dev)
     layers = []
     for layer in cache.layers:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.rollout.kv_keep import KeepKV, keep_rejected
+from learner.rollout.kv_keep import KeepKV, keep_contexts
 from learner.rollout.sampling import Stream, keyed_sample, row_keys
 
 LOGIT_ELEMENTS_PER_FORWARD = 1 << 26  # rows x length x vocab of one verification forward (256 MB of fp32 logits)
@@ -61,7 +61,7 @@ def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, to
         chunk_verdicts = _verdicts(chunk, at, temperature, top_p)
         if keep is not None:
             unfinished = [bool(keep.unfinished and keep.unfinished[i]) for i in index]
-            keep_rejected(keep, [keep.keys[i] for i in index], unfinished, chunk, chunk_verdicts, cache, columns)
+            keep_contexts(keep, [keep.keys[i] for i in index], unfinished, chunk, chunk_verdicts, cache, columns)
         for i, v in zip(index, chunk_verdicts):
             verdicts[i] = v
         start += rows

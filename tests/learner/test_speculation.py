@@ -214,7 +214,7 @@ def test_a_rejected_drafts_remainder_starts_from_the_verification_kv() -> None:
         assert_same(ref, got[keep])
         assert len(engine.prefixes) == 0 and engine.prefixes.held_tokens() == 0  # every entry taken or dropped
     rejected = [t for t in got[True] if t.drafted_tokens and t.kept_tokens < t.drafted_tokens]
-    assert sum(t.verified_kv_tokens > 0 for t in rejected) >= 3 and not any(t.verified_kv_tokens for t in got[False])
+    assert any(t.verified_kv_tokens for t in rejected) and not any(t.verified_kv_tokens for t in got[False])
     # after the load the calls differ only in the remainders' first prefill (a remainder that ended
     # with its corrected token used nothing and counts 0)
     assert reused[True] - reused[False] == sum(t.verified_kv_tokens for t in got[True]) > 0
