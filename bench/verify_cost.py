@@ -62,11 +62,14 @@ def timed_verify(model, views: list[Sampled], pad_id: int, share_prefix: bool) -
 
 
 def timed_remainders(model, pad_id: int, views: list[Sampled], params: SamplingParams, keep_kv: bool,
-                     min_tokens: int) -> tuple[float, float, int, list]:
-    """(verification s, remainders s, prefill tokens reused, the remainders' tokens): the drafts
-    verified in chunks, then each rejected one's turn from its corrected token on, in one call."""
+                     min_tokens: int) -> tuple[float, float, float, int, list]:
+    """(verification s, remainders s, of it their prefill s, prefill tokens reused, the remainders'
+    tokens): the drafts verified in chunks, then each rejected one's turn from its corrected token
+    on, in one call (its prefill timed as the engine's cost model times it)."""
     engine = TorchEngine(model, pad_id, reuse_kv=True)
     engine.prefixes.min_tokens = min_tokens
+    prefill, add = [], engine.step_cost.prefill.add
+    engine.step_cost.prefill.add = lambda size, seconds: (prefill.append(seconds), add(size, seconds))
     t0, verdicts = time.perf_counter(), []
     for first in range(0, len(views), VERIFY_CHUNK):
         chunk = views[first:first + VERIFY_CHUNK]
@@ -81,7 +84,7 @@ def timed_remainders(model, pad_id: int, views: list[Sampled], params: SamplingP
             seeds.append(Stream(stream.seed, stream.start + 1))
             keys.append(b)
     out = engine.generate(prompts, params, seeds=seeds, keys=keys)
-    return t1 - t0, time.perf_counter() - t1, engine.prefixes.tokens_reused, [c.token_ids for c in out]
+    return t1 - t0, time.perf_counter() - t1, sum(prefill), engine.prefixes.tokens_reused, [c.token_ids for c in out]
 
 
 def remainders_main(args, model, tok, views) -> None:
@@ -95,15 +98,15 @@ def remainders_main(args, model, tok, views) -> None:
             runs[name].append(timed_remainders(model, tok.pad_token_id, views, params, keep, args.min_tokens))
     mean_len = statistics.mean(len(v.ids) for v in views)
     print(f"{len(views)} drafts ({args.prompts} prompts x {args.group_size}), {args.turns} turns, {mean_len:.0f} tokens "
-          f"each, {len(runs['verified kv'][0][3])} remainders; min-tokens {args.min_tokens}; median of {args.repeats} (seconds)")
-    med = {name: [statistics.median(r[i] for r in rs) for i in range(2)] for name, rs in runs.items()}
-    for name, (v, r) in med.items():
-        print(f"{name:15s} verify {v:8.4f}  remainders {r:8.4f}  both {v + r:8.4f}  prefill tokens reused "
-              f"{runs[name][0][2]}")
+          f"each, {len(runs['verified kv'][0][4])} remainders; min-tokens {args.min_tokens}; median of {args.repeats} (seconds)")
+    med = {name: [statistics.median(r[i] for r in rs) for i in range(3)] for name, rs in runs.items()}
+    for name, (v, r, p) in med.items():
+        print(f"{name:15s} verify {v:8.4f}  remainders {r:8.4f} (prefill {p:7.4f})  verify + remainders {v + r:8.4f}  "
+              f"prefill tokens reused {runs[name][0][3]}")
     after, before = med["verified kv"], med["prefill again"]
-    print(f"verified / again: verify {after[0] / before[0]:.3f}, remainders {after[1] / before[1]:.3f}, "
-          f"both {sum(after) / sum(before):.3f}   remainders' tokens equal: "
-          f"{runs['verified kv'][0][3] == runs['prefill again'][0][3]}")
+    print(f"verified / again: verify {after[0] / before[0]:.3f}, remainders {after[1] / before[1]:.3f}, their prefill "
+          f"{after[2] / before[2]:.3f}, verify + remainders {(after[0] + after[1]) / (before[0] + before[1]):.3f}   "
+          f"remainders' tokens equal: {runs['verified kv'][0][4] == runs['prefill again'][0][4]}")
 
 
 def fixed_drafts(prompts_n: int, group_size: int, turns: int, preamble: int = 0):
