@@ -70,6 +70,14 @@ class Metric:
     PADDING_SHARE = "learner/padding_share"  # padded token slots / all slots of the learner's micro-batches
     SHARED_PROMPT_ROWS = "learner/shared_prompt_rows"  # rows learnt against their group's shared prompt
     OPEN_ROW_COST = "learner/open_row_cost"  # an open-group row's backward time / a known row's (docs/learner.md)
+    # the learner's work, load-independent: token slots forwarded and back-propagated, its own CPU
+    # seconds in them, rows and micro-batches into open groups' sums, known micro-batches run
+    # before the batch's last arrival (docs/learner.md)
+    TOKEN_SLOTS = "learner/token_slots"
+    LEARNER_CPU_S = "learner/cpu_s"
+    OPEN_ROWS = "learner/open_rows"
+    OPEN_MICRO_BATCHES = "learner/open_micro_batches"
+    EARLY_MICRO_BATCHES = "learner/early_micro_batches"
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
     PEAK_RSS_MB = "memory/peak_rss_mb"
