@@ -43,7 +43,7 @@ def visit_run_page(page, url: str, spans: int) -> dict:
     page.wait_for_function("window.__thundersync.state().chartsDrawnMs !== null", timeout=60_000)
     return page.evaluate("""() => {
         const nav = performance.getEntriesByType('navigation')[0];
-        const plotly = performance.getEntriesByType('resource').find(e => e.name.endsWith('/plotly.min.js'));
+        const plotly = performance.getEntriesByType('resource').find(e => /\/plotly(-basic)?\.min\.js$/.test(e.name));
         const frames = window.__thundersync.frames();
         const drawn = Math.max(...frames.map(f => f.drawnMs)) - performance.timeOrigin;
         const draws = window.__thundersync.draws();

@@ -18,7 +18,7 @@ from .forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
 from .launch_input import launch_error, sweep_of
 from .launching import launch_comparison, launch_run, request_cancel
 from .limits import INT32_MAX
-from .models import Experiment, Run, Schedule, Span
+from .models import Comparison, Experiment, Run, Schedule, Span
 from .resuming import ResumeRefused, request_resume
 from .openapi import schema
 from .quotas import QuotaExceeded
@@ -103,10 +103,17 @@ def comparison_input(request) -> dict:
     return body
 
 
-@api_view("POST")
+@api_view("GET", "POST")
 def comparisons(request):
-    """Launch a comparison (the experiment under 2-4 schedules) or a small sweep (one field over
-    2-4 values x the schedules, 4 runs at most): all runs queued, or none."""
+    """GET: your comparisons, newest first (``?experiment=`` for one experiment's). POST: launch a
+    comparison (the experiment under 2-4 schedules) or a small sweep (one field over 2-4 values x
+    the schedules, 4 runs at most): all runs queued, or none."""
+    if request.method == "GET":
+        owned = Comparison.objects.filter(experiment__owner=request.user)
+        experiment_id = int_param(request, "experiment", None, 1, INT32_MAX)
+        if experiment_id is not None:
+            owned = owned.filter(experiment_id=experiment_id)
+        return JsonResponse({"comparisons": [comparison_json(c) for c in owned]})
     body = comparison_input(request)
     if "experiment" not in body:
         raise ApiError(400, {"experiment": "required: one of your experiments' ids"})
@@ -127,6 +134,20 @@ def comparisons(request):
         field, status, reason = launch_error(err, "schedules", data)
         raise ApiError(status, {field: reason}) from None
     return JsonResponse(comparison_json(comparison), status=201)
+
+
+@api_view("GET")
+def comparison_detail(request, comparison_id: int):
+    """One comparison with its runs and the compare page's summary of them (``?reward=``,
+    ``?smoothing=`` as for /api/compare/); ``summary`` is null once none of its runs is left."""
+    found = get_object_or_404(Comparison, pk=comparison_id, experiment__owner=request.user)
+    try:
+        level = parse_reward_level(request.GET.get("reward", ""))
+        weight = parse_smoothing(request.GET.get("smoothing", ""))
+    except CompareError as err:
+        raise ApiError(400, {err.field: str(err)}) from None
+    runs = list(found.runs.select_related("experiment", "schedule").order_by("id"))
+    return JsonResponse({**comparison_json(found), "summary": compare_summary(runs, level, weight) if runs else None})
 
 
 @api_view("GET")

@@ -18,9 +18,10 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from . import live, trajectories
-from .models import Checkpoint, Run, Span, StepMetric
+from .models import Checkpoint, Run, StepMetric
 from .frames import log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
 from .serializers import SPAN_FIELDS
+from .bulk_writes import write_spans, write_trajectories
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ def is_int32(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and INT32_MIN <= value <= INT32_MAX
 
 
-def span_from_event(run_id: int, event: dict) -> Span:
-    """Validate one span event; raises ValueError naming the bad field."""
+def span_from_event(event: dict) -> dict:
+    """Validate one span event: its row (``SPAN_FIELDS``); raises ValueError naming the bad field."""
     values = {name: event.get(name) for name in SPAN_FIELDS}
     values["tokens"] = event.get("tokens", 0)
     for name in ("seq", "step", "tokens", *OPTIONAL_INT_FIELDS):
@@ -49,7 +50,7 @@ def span_from_event(run_id: int, event: dict) -> Span:
     for name in ("kind", "lane"):
         if not isinstance(values[name], str) or not 0 < len(values[name]) <= 64:
             raise ValueError(f"span.{name}: expected a string of 1-64 characters")
-    return Span(run_id=run_id, **values)
+    return values
 
 
 def finite_or_none(values: dict) -> dict:
@@ -60,7 +61,7 @@ def finite_or_none(values: dict) -> dict:
 class Parsed(NamedTuple):
     """One decoded stdout line: the event (and its span row), or why it is not one."""
     event: dict | None
-    span: Span | None = None
+    span: dict | None = None  # a span event's validated row
     error: str = ""
     text: str = ""
 
@@ -72,7 +73,7 @@ class RunIngestor:
         self.run_id = run_id
         self.flush_s = flush_s
         self.flush_spans = flush_spans
-        self._spans: list[Span] = []
+        self._spans: list[dict] = []  # validated span rows
         self._metrics: dict[int, dict] = {}
         self._checkpoints: list[Checkpoint] = []
         self._trajectories: list = []  # TrajectoryRecord, after their step (controller/trajectories.py)
@@ -98,7 +99,7 @@ class RunIngestor:
             event = json.loads(line)
             if not isinstance(event, dict):
                 raise ValueError("not a JSON object")
-            span = span_from_event(self.run_id, event) if event.get("type") == "span" else None
+            span = span_from_event(event) if event.get("type") == "span" else None
             return Parsed(event, span, "", "" if span is not None else line[:200])
         except ValueError as err:
             return Parsed(None, None, str(err), line[:200])
@@ -121,7 +122,7 @@ class RunIngestor:
     def _take(self, event: dict) -> None:
         kind = event.get("type")
         if kind == "span":
-            self._spans.append(span_from_event(self.run_id, event))
+            self._spans.append(span_from_event(event))
         elif kind == "metrics":
             if not is_int32(event.get("step")) or not isinstance(event.get("values"), dict):
                 raise ValueError("metrics: expected an integer step and a values object")
@@ -180,13 +181,13 @@ class RunIngestor:
         self._last_flush = time.monotonic()
         try:
             with transaction.atomic():
-                Span.objects.bulk_create(spans, ignore_conflicts=True, batch_size=1000)
+                write_spans(self.run_id, spans)
                 StepMetric.objects.bulk_create(
                     [StepMetric(run_id=self.run_id, step=step, values=values) for step, values in metrics.items()],
                     update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
                 )
                 Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
-                trajectories.store(trajs)
+                write_trajectories(trajs)
                 if became_running:
                     Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
         except DatabaseError:  # nothing was written: keep it all for the supervisor's next try
@@ -198,9 +199,7 @@ class RunIngestor:
         if became_running:
             live.publish(self.run_id, status_frame(Run.objects.get(pk=self.run_id)))
         if spans:
-            frame_spans = sorted(({name: getattr(s, name) for name in SPAN_FIELDS} for s in spans),
-                                 key=lambda s: s["seq"])
-            live.publish(self.run_id, spans_frame(frame_spans))
+            live.publish(self.run_id, spans_frame(sorted(spans, key=lambda s: s["seq"])))
         if metrics:
             live.publish(self.run_id, metrics_frame(
                 [{"step": step, "values": values} for step, values in sorted(metrics.items())]))

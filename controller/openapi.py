@@ -165,6 +165,8 @@ SCHEMAS = {
             "id": {"type": "integer"}, "name": {"type": "string"}, "experiment": {"type": "integer"},
             "steps": {"type": "integer"}, "url": {"type": "string", "description": "its compare page"},
             "sweep": {"type": ["object", "null"], "properties": {"field": {"type": "string"}, "values": {"type": "array"}}},
+            "note": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+            "created": {"type": "string", "format": "date-time"},
             "runs": {"type": "array", "items": ref("Run")},
         },
     },
@@ -294,6 +296,11 @@ def list_of(key: str, item: str) -> dict:
 
 
 RUN_ID = int_path("run_id")
+REWARD_LEVEL = {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
+                "description": "smoothed reward/mean level for time_to_reward_s (default: the highest every run reached)"}
+SMOOTHING = {"name": "smoothing", "in": "query", "required": False,
+             "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+             "description": "EMA weight of reward/mean for time_to_reward_s (default 0.8; 0: raw)"}
 PATHS = {
     "/api/openapi.json": {"get": operation("This schema", json_body({"type": "object"}, "OpenAPI 3.1 document"))},
     "/api/experiments/": {
@@ -319,10 +326,19 @@ PATHS = {
                               "429": json_body(ref("Errors"), "your queued-runs quota is full")}),
     },
     "/api/comparisons/": {
+        "get": operation("Your comparisons and sweeps, newest first", json_body(list_of("comparisons", "Comparison"),
+                                                                              "comparisons"),
+                         [int_query("experiment", "only this experiment's comparisons", minimum=1)]),
         "post": operation("Launch a comparison (2-4 schedules) or a small sweep (one field x values x schedules) "
                           "as one comparison: every run queued, or none (config or quota refusal)",
                           json_body(ref("Comparison"), "queued"), body=ref("ComparisonInput"), ok_status="201",
                           more_responses={"429": json_body(ref("Errors"), "your queued-runs quota cannot take them all")}),
+    },
+    "/api/comparisons/{comparison_id}/": {
+        "get": operation("One comparison with its runs and their compare summary (null once no run is left)",
+                         json_body({"allOf": [ref("Comparison"), {"type": "object", "properties": {
+                             "summary": {"oneOf": [ref("Compare"), {"type": "null"}]}}}]}, "comparison"),
+                         [int_path("comparison_id"), REWARD_LEVEL, SMOOTHING]),
     },
     "/api/runs/{run_id}/": {"get": operation("One run", json_body(ref("Run"), "run"), [RUN_ID])},
     "/api/runs/{run_id}/cancel/": {
@@ -376,11 +392,7 @@ PATHS = {
               "description": f"comma-separated run ids ({MIN_COMPARED}-{MAX_COMPARED}, distinct)",
               "schema": {"type": "array", "minItems": MIN_COMPARED, "maxItems": MAX_COMPARED, "uniqueItems": True,
                          "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX}}},
-             {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
-              "description": "smoothed reward/mean level for time_to_reward_s (default: the highest every run reached)"},
-             {"name": "smoothing", "in": "query", "required": False,
-              "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-              "description": "EMA weight of reward/mean for time_to_reward_s (default 0.8; 0: raw)"}],
+             REWARD_LEVEL, SMOOTHING],
         ),
     },
 }

@@ -65,6 +65,7 @@ def comparison_json(comparison: Comparison) -> dict:
     sweep = {"field": comparison.sweep_field, "values": comparison.sweep_values} if comparison.sweep_field else None
     return {"id": comparison.pk, "name": str(comparison), "experiment": comparison.experiment_id,
             "steps": comparison.steps, "sweep": sweep, "url": f"/comparisons/{comparison.pk}/",
+            "note": comparison.note, "tags": comparison.tag_list(), "created": iso(comparison.created),
             "runs": [run_json(r) for r in runs]}
 
 

@@ -62,13 +62,6 @@ def record_from_event(run_id: int, event: dict) -> TrajectoryRecord:
     )
 
 
-def store(records: list[TrajectoryRecord]) -> None:
-    """Idempotent by (run, traj): a resumed run's re-sent records replace the first ones."""
-    TrajectoryRecord.objects.bulk_create(
-        records, update_conflicts=True, unique_fields=["run", "traj"],
-        update_fields=[f for f in SUMMARY_FIELDS if f != "traj"] + ["segments"], batch_size=500)
-
-
 def summary_json(rec: TrajectoryRecord) -> dict:
     return {name: getattr(rec, name) for name in SUMMARY_FIELDS}
 

@@ -27,6 +27,7 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/metrics.csv", api.run_metrics_csv, name="api-run-metrics-csv"),
     path("api/compare/", api.compare, name="api-compare"),
     path("api/comparisons/", api.comparisons, name="api-comparisons"),
+    path("api/comparisons/<int:comparison_id>/", api.comparison_detail, name="api-comparison"),
 ]
 
 urlpatterns = [

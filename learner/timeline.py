@@ -70,6 +70,14 @@ class Metric:
     PADDING_SHARE = "learner/padding_share"  # padded token slots / all slots of the learner's micro-batches
     SHARED_PROMPT_ROWS = "learner/shared_prompt_rows"  # rows learnt against their group's shared prompt
     OPEN_ROW_COST = "learner/open_row_cost"  # an open-group row's backward time / a known row's (docs/learner.md)
+    # the learner's work, load-independent: token slots forwarded and back-propagated, its own CPU
+    # seconds in them, rows and micro-batches into open groups' sums, known micro-batches run
+    # before the batch's last arrival (docs/learner.md)
+    TOKEN_SLOTS = "learner/token_slots"
+    LEARNER_CPU_S = "learner/cpu_s"
+    OPEN_ROWS = "learner/open_rows"
+    OPEN_MICRO_BATCHES = "learner/open_micro_batches"
+    EARLY_MICRO_BATCHES = "learner/early_micro_batches"
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
     PEAK_RSS_MB = "memory/peak_rss_mb"
@@ -92,6 +100,7 @@ class Metric:
     DRAFTED_AHEAD = "speculation/drafted_tokens_ahead_"  # + "1" or "2plus": their drafted tokens
     VERIFY_S = "speculation/verify_s"  # seconds of verification forwards in the step's window
     REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
+    VERIFIED_KV_TOKENS = "speculation/verified_kv_tokens"  # context tokens remainders did not prefill again
     ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers
     RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
     # the curves of an RL run (learner/driver/curves.py)

@@ -71,7 +71,10 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
                        ("speculative_trajectories", Metric.SPECULATIVE_TRAJECTORIES),
                        ("micro_batches", Metric.MICRO_BATCHES), ("peak_accumulator_mb", Metric.PEAK_ACCUMULATOR_MB),
                        ("open_row_cost", Metric.OPEN_ROW_COST), ("padding_share", Metric.PADDING_SHARE),
-                       ("shared_prompt_rows", Metric.SHARED_PROMPT_ROWS),
+                       ("shared_prompt_rows", Metric.SHARED_PROMPT_ROWS), ("token_slots", Metric.TOKEN_SLOTS),
+                       ("cpu_s", Metric.LEARNER_CPU_S), ("open_rows", Metric.OPEN_ROWS),
+                       ("open_micro_batches", Metric.OPEN_MICRO_BATCHES),
+                       ("early_micro_batches", Metric.EARLY_MICRO_BATCHES),
                        ("peak_memory_mb", Metric.PEAK_LEARNER_MEMORY_MB)):
         if stat in rec.learner_stats:
             values[name] = float(rec.learner_stats[stat])

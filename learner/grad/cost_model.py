@@ -4,23 +4,30 @@ policy (docs/learner.md).
 Early work is anything the micro-batched sync would not do: a backward of an open group's bucket
 (into its running sums; it costs ``open_ratio`` times a known row: a group's own micro-batch, and
 with a KL/entropy term two cotangents) or a known-advantage micro-batch run before it is full (one
-more backward's fixed cost). What it buys is a shorter tail: work that would otherwise wait for a
-group that closes at the end of the rollout. ``BackwardCosts`` fits, online and across batches, the
-seconds of a known micro-batch as a + b·(padded token slots) and the open/known ratio;
-``EarlyWorkBudget`` (one batch) lets early work run only when
+more backward's fixed cost, unless sync's plan has an unfilled one too). What it buys is a shorter
+tail: work that would otherwise wait for a group that closes at the end of the rollout.
+``BackwardCosts`` fits, online and across batches, the seconds of a known micro-batch as
+a + b·(padded token slots), the open/known ratio per row and the known micro-batches' padding;
+``EarlyWorkBudget`` (one batch) counts what ran against sync's plan of the whole batch. Early work
+runs only when
 
-  1. its premium (the seconds it costs beyond the same rows learnt in full known micro-batches)
-     fits in what is left of ``share`` × the batch's estimated micro-batched work, and
-  2. the rollout is near its end: the remaining arrivals, at the rate measured in this batch, are
-     predicted to take no longer than learning the rows that wait now, i.e. those rows would
-     otherwise spill into the tail.
+  1. an unfilled known micro-batch: it adds no micro-batch to the count sync's plan would run
+     (it stands in for sync's own unfilled one), so it costs no fixed cost sync does not pay;
+  2. an open bucket: its premium (the seconds it costs beyond the same rows in known
+     micro-batches) is no more than the tail seconds it saves, fits in what is left of
+     ``share`` × the batch's estimated micro-batched work, the rollout is near its end (the
+     remaining arrivals, at the rate measured in this batch, take no longer than learning the rows
+     that wait now) and the bucket ends before the predicted last arrival (no open bucket runs
+     late, into the tail).
 
-So a streaming step never does more than (1 + share) times the micro-batched sync's learner work
-(up to the estimate), and spends that margin only where it can shorten the tail.
+So a streaming step's learner does no more backwards than the micro-batched sync's and at most
+``share`` more seconds (up to the estimates), and spends that margin only where it shortens the
+tail by at least as much.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,6 +52,13 @@ class BackwardCosts:
     known_rows_s: float = 0.0
     open_rows: float = 0.0
     open_rows_s: float = 0.0
+    known_slots: float = 0.0  # decayed token slots and real tokens of known micro-batches: their padding
+    known_tokens: float = 0.0
+
+    @property
+    def slots_per_token(self) -> float:
+        """Token slots a known micro-batch spends per real token (1 + its padding), 1 until one ran."""
+        return max(self.known_slots / self.known_tokens, 1.0) if self.known_tokens else 1.0
 
     @property
     def known_row_s(self) -> float:
@@ -57,11 +71,14 @@ class BackwardCosts:
             return PRIOR_OPEN_RATIO
         return (self.open_rows_s / self.open_rows) / self.known_row_s
 
-    def observe(self, slots: int, rows: int, seconds: float, open_group: bool) -> None:
+    def observe(self, slots: int, rows: int, seconds: float, open_group: bool, tokens: int | None = None) -> None:
+        """One micro-batch: ``slots`` token slots (lines × width) holding ``tokens`` real tokens."""
         if open_group:
             self.open_rows, self.open_rows_s = DECAY * self.open_rows + rows, DECAY * self.open_rows_s + seconds
             return
         self.known_rows, self.known_rows_s = DECAY * self.known_rows + rows, DECAY * self.known_rows_s + seconds
+        self.known_slots = DECAY * self.known_slots + slots
+        self.known_tokens = DECAY * self.known_tokens + (slots if tokens is None else tokens)
         self.n, self.sx, self.sy = DECAY * self.n + 1, DECAY * self.sx + slots, DECAY * self.sy + seconds
         self.sxx, self.sxy = DECAY * self.sxx + slots * slots, DECAY * self.sxy + slots * seconds
 
@@ -90,14 +107,20 @@ class BackwardCosts:
 
 
 class EarlyWorkBudget:
-    """One batch's allowance of early work and the arrival rate it reads the rollout's progress from."""
+    """One batch's allowance of early work, the arrival rate it reads the rollout's progress from,
+    and the micro-batches run so far against those sync's plan of the whole batch would need."""
 
-    def __init__(self, costs: BackwardCosts, expected_rows: int, share: float):
+    def __init__(self, costs: BackwardCosts, expected_rows: int, share: float, micro_batch_tokens: int = 4096):
         self.costs, self.expected_rows, self.share = costs, expected_rows, share
+        self.micro_batch_tokens = micro_batch_tokens
         self.arrived = 0
         self.row_slots = 0  # token slots of the arrived rows (a row's length: what it adds to a full micro-batch)
         self.first_arrival: float | None = None
         self.spent_s = 0.0
+        self.micro_batches = 0  # run in this batch, known and open
+        self.learnt_slots = 0  # their token slots
+        self.closed_tokens = 0  # tokens of closed groups' members handed to the known path
+        self.learnt_tokens = 0  # of those, what takes a backward (A = 0 without KL/entropy: none; a cut shared prompt: less)
 
     def arrivals(self, n: int, slots: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -123,6 +146,36 @@ class EarlyWorkBudget:
         mean_slots = self.row_slots / self.arrived
         return self.share * self.costs.known_s(int(self.expected_rows * mean_slots))
 
+    def ran(self, slots: int) -> None:
+        """A micro-batch of ``slots`` token slots ran."""
+        self.micro_batches += 1
+        self.learnt_slots += slots
+
+    def closed(self, tokens: int, learnt_tokens: int) -> None:
+        """Members of closed groups of ``tokens`` tokens went to the known path, ``learnt_tokens`` of
+        them into rows (the rest skipped: A = 0 and nothing else to learn, or a shared prompt cut off)."""
+        self.closed_tokens += tokens
+        self.learnt_tokens += learnt_tokens
+
+    def expected_slots(self) -> float:
+        """Token slots of the whole batch in sync's plan: every expected row at the mean length so far,
+        less the share the closed groups so far did not learn, at the known micro-batches' padding."""
+        if not self.arrived:
+            return 0.0
+        learnt = self.learnt_tokens / self.closed_tokens if self.closed_tokens else 1.0
+        return self.expected_rows * (self.row_slots / self.arrived) * learnt * self.costs.slots_per_token
+
+    def sync_micro_batches(self) -> int:
+        """How many micro-batches sync's plan of the whole batch would run (at least one)."""
+        return max(1, math.ceil(self.expected_slots() / self.micro_batch_tokens))
+
+    def keeps_count(self, slots: int, parts: int = 1) -> bool:
+        """``parts`` micro-batches of ``slots`` token slots in all now, and the rest of the batch in full
+        ones after them, make no more micro-batches than sync's plan: only sync's own unfilled
+        micro-batch may run unfilled."""
+        rest = max(self.expected_slots() - self.learnt_slots - slots, 0.0)
+        return self.micro_batches + parts + math.ceil(rest / self.micro_batch_tokens) <= self.sync_micro_batches()
+
     def pays(self, premium_s: float, waiting_s: float, now: float | None = None) -> bool:
         """Early work costing ``premium_s`` beyond sync's, while ``waiting_s`` of known-row work waits."""
         if not self.within(premium_s):
@@ -144,8 +197,9 @@ DRAIN_POLICIES = ("cost-aware", "finished-groups-first", "closed-groups")
 
 class DrainPolicy:
     """When the adaptive learner does early work (``learner.drain_policy``): ``cost-aware`` (the
-    default: when ``EarlyWorkBudget.pays``), ``finished-groups-first`` (always, the earlier policy:
-    open buckets whenever it would idle, known rows once they add up to a quarter micro-batch) or
+    default: an unfilled known micro-batch where sync's plan has one too, ``partial_pays``; an open
+    bucket where ``open_pays``), ``finished-groups-first`` (always, the earlier policy: open buckets
+    whenever it would idle, known rows once they add up to a quarter micro-batch) or
     ``closed-groups`` (never: only full known micro-batches until the last arrival, as
     ``max_open_groups: 0``). Every choice is exact; only the learner's work and its timing differ."""
 
@@ -153,6 +207,7 @@ class DrainPolicy:
         if name not in DRAIN_POLICIES:
             raise ValueError(f"learner.drain_policy: {name!r} is not one of {', '.join(DRAIN_POLICIES)}")
         self.name, self.share = name, share
+        self.micro_batch_tokens = micro_batch_tokens
         self.min_partial_slots = micro_batch_tokens // 2
         self.costs = BackwardCosts()  # kept across batches: the model and the machine stay the same
 
@@ -161,37 +216,47 @@ class DrainPolicy:
         return self.name == "finished-groups-first"
 
     def begin(self, expected_rows: int) -> EarlyWorkBudget:
-        return EarlyWorkBudget(self.costs, expected_rows, self.share)
+        return EarlyWorkBudget(self.costs, expected_rows, self.share, self.micro_batch_tokens)
 
-    def observe(self, slots: int, rows: int, seconds: float, open_group: bool) -> None:
-        self.costs.observe(slots, rows, seconds, open_group)
+    def observe(self, slots: int, rows: int, seconds: float, open_group: bool, tokens: int | None = None) -> None:
+        self.costs.observe(slots, rows, seconds, open_group, tokens)
 
-    def _decide(self, budget: EarlyWorkBudget, premium_s: float, waiting_slots: int) -> bool:
+    def partial_pays(self, budget: EarlyWorkBudget, slots: int, parts: int = 1) -> bool:
+        """Known rows of ``slots`` token slots that do not fill a micro-batch (``parts``: the plan's
+        micro-batches, one unless rows cut after a shared prompt go apart), learnt now rather than
+        held for rows of later closes: only where that adds no micro-batch to sync's count
+        (``EarlyWorkBudget.keeps_count``: sync's plan of the whole batch has one unfilled micro-batch
+        too, and this one takes its place), so the learner runs no more backwards than sync's and
+        pays no fixed cost sync does not. And at least ``min_partial_slots`` (half a micro-batch):
+        the count is a prediction from the rows so far, and few large micro-batches are what sync
+        runs. Groups close in waves, so without this the rows of a whole wave would wait for the
+        end of the rollout when a full micro-batch forms only there."""
         if self.name != "cost-aware":
             return self.eager
-        if not budget.pays(premium_s, self.costs.known_s(waiting_slots)):
-            return False
-        budget.spend(premium_s)
-        return True
+        return slots >= self.min_partial_slots and budget.keeps_count(slots, parts)
 
-    def partial_pays(self, budget: EarlyWorkBudget, slots: int) -> bool:
-        """Known rows of ``slots`` token slots that do not fill a micro-batch: learnt now, they cost
-        one more backward's fixed cost than in a full one, and nothing else (their rows would take
-        the same per-slot work later). That pays where it is at most ``share`` of their own work and
-        fits in the batch's allowance: groups close in waves, so rows left for a full micro-batch
-        would otherwise wait for the end of the rollout. And at least ``min_partial_slots`` (half a
-        micro-batch): on a loaded machine the fit's fixed cost is hard to tell from noise, and that
-        bounds the extra backwards to one per half micro-batch whatever it says."""
+    def open_pays(self, budget: EarlyWorkBudget, rows: int, waiting_slots: int, now: float | None = None) -> bool:
+        """An open group's bucket of ``rows`` rows, at ``open_ratio`` known rows' seconds each. Only if
+
+        1. its premium ((``open_ratio`` − 1) known rows' seconds per row, beyond the same rows in a
+           known micro-batch) is at most what it takes off the tail (the known rows' seconds those
+           rows would take after the last arrival): no learner second spent for less than a second
+           of step (an open row at more than twice a known one: never, as with a KL term's second
+           cotangent on small buckets);
+        2. the premium fits in what is left of the batch's allowance (``share``);
+        3. the rollout is near its end (the remaining arrivals take no longer than learning what
+           waits now: earlier, these rows' groups close while it runs and join known micro-batches);
+        4. and the bucket ends before the predicted last arrival: one that runs late delays the
+           final drain by what is left of it, in the tail, where waiting costs nothing."""
         if self.name != "cost-aware":
             return self.eager
-        premium = self.costs.fixed_s
-        if slots < self.min_partial_slots or not budget.within(premium) or premium > self.share * self.costs.known_s(slots):
+        row_s, ratio = self.costs.known_row_s, self.costs.open_ratio
+        premium = max(ratio - 1.0, 0.0) * row_s * rows
+        if ratio > 2.0 or not budget.pays(premium, self.costs.known_s(waiting_slots), now):
             return False
-        budget.spend(premium)
-        return True
+        return ratio * row_s * rows <= budget.remaining_rollout_s(now)
 
-    def open_pays(self, budget: EarlyWorkBudget, rows: int, waiting_slots: int) -> bool:
-        """An open group's bucket of ``rows`` rows: (``open_ratio`` − 1) known rows' seconds each, beyond
-        the same rows in known micro-batches."""
-        premium = max(self.costs.open_ratio - 1.0, 0.0) * self.costs.known_row_s * rows
-        return self._decide(budget, premium, waiting_slots)
+    def charge_open(self, budget: EarlyWorkBudget, rows: int, seconds: float) -> None:
+        """An open bucket ran in ``seconds``: its measured premium (beyond its rows' known seconds)
+        comes off the allowance, so a bucket that cost more than predicted leaves less for the next."""
+        budget.spend(max(seconds - self.costs.known_row_s * rows, 0.0))

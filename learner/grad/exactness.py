@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import torch
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.grad.cost_model import DRAIN_POLICIES
+from learner.grad.cost_model import DRAIN_POLICIES, BackwardCosts
 from learner.grad.deterministic import on_policy_learner
 from learner.grad.learner_common import LEARNER_PATHS, LearnerOptions
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
 from learner.grad.reference import reference_gradient
 from learner.grad.speculation_exactness import print_cases, speculation_cases
-from learner.grad.tiny_models import INIT_STD, VOCAB, tiny_llama  # noqa: F401  (the tests' models, re-exported)
+from learner.grad.tiny_models import INIT_STD, VOCAB, tiny_llama, tiny_lora_llama  # noqa: F401  (the tests' models)
 from learner.trajectory import ScoredTurn, Trajectory
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
@@ -115,15 +115,26 @@ def arrival_chunks(items: list, learner_path: str, rng: random.Random) -> list[l
     return chunks
 
 
+def early_work_everywhere() -> BackwardCosts:
+    """A ``cost-aware`` fit under which its early work runs wherever its rules allow it: a second
+    per token slot (whatever waits would spill far past the rollout's end) at a nanosecond per row
+    (an open bucket ends long before the last arrival, its premium fits any allowance)."""
+    costs = BackwardCosts()
+    costs.observe(100, 10**11, 100.0, open_group=False)
+    return costs
+
+
 def streamed_gradient(
     model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory],
-    rng: random.Random, options: LearnerOptions | None = None,
+    rng: random.Random, options: LearnerOptions | None = None, costs: BackwardCosts | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Feed the batch in a random order (adaptive: random drains, and ``idle_work`` called at random
     between them, as a driver with an empty queue would); returns (p.grad by name, batch stats +
-    the most groups open at once)."""
+    the most groups open at once). ``costs``: the drain policy's measurements to start from."""
     options = options or LearnerOptions(path="per-trajectory")
     learner = on_policy_learner(model, algo, ref_model, options)
+    if costs is not None:
+        learner.policy.costs = costs
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
     if algo.objective == "grpo":
         items = rng.sample(trajs, len(trajs))
@@ -137,7 +148,7 @@ def streamed_gradient(
         while options.path == "adaptive" and rng.random() < 0.4 and learner.idle_work():
             max_open = max(max_open, len(learner.acc.open_groups))
     stats = learner.finish_batch()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}  # LoRA: adapters
     model.zero_grad(set_to_none=True)
     return grads, {**stats, "max_open_groups": max_open}
 
@@ -166,13 +177,16 @@ class CaseSpec:
     drain: str = "finished-groups-first"
     pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
     shared_prompt: bool = False  # learner.shared_prompt_backward, on batches whose groups share prompts
+    early: bool = False  # cost-aware from ``early_work_everywhere``: its rules decide, not a cold start's "never"
+    lora: tuple[str, ...] | None = None  # model.lora: adapters on these modules (only they train)
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
                ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "") + \
-               ("/shared-prompt" if self.shared_prompt else "")
+               ("/shared-prompt" if self.shared_prompt else "") + ("/early" if self.early else "") + \
+               (f"/lora={','.join(self.lora)}" if self.lora else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -197,7 +211,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         loss_agg_mode=spec.mode, loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=aux_coef(),
         entropy_coef=aux_coef(),
     )
-    model = tiny_llama(spec.dtype, rng.randrange(2**31))
+    seed = rng.randrange(2**31)
+    model = tiny_lora_llama(spec.dtype, seed, spec.lora) if spec.lora else tiny_llama(spec.dtype, seed)
     ref_model = tiny_llama(spec.dtype, rng.randrange(2**31))
     trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng, spec.shared_prompt)
     options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
@@ -206,7 +221,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
                              drain_policy=spec.drain, pack_rows=spec.pack, shared_prompt_backward=spec.shared_prompt,
                              shared_prompt_max_tokens=rng.choice((12, 32768)) if spec.shared_prompt else 32768)
-    g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options)
+    g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options,
+                                        early_work_everywhere() if spec.early else None)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
     tol = TOLERANCE[spec.dtype]
@@ -215,7 +231,9 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
-        "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt,
+        "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt, "lora": ",".join(spec.lora or ()),
+        "early_work": spec.early,
+        "open_rows": stats.get("open_rows", 0), "early_micro_batches": stats.get("early_micro_batches", 0),
         "shared_prompt_rows": stats.get("shared_prompt_rows", 0),
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
@@ -231,7 +249,8 @@ def case_specs() -> list[CaseSpec]:
     """Conventions × every learner path, and streaming's deterministic learner; K ∈ {0, 1, 2,
     unlimited} × device/host accumulators; zero-variance groups with and without KL/entropy;
     the adaptive drain's early work forced never (closed-groups) and always (finished-groups-first,
-    the default of the other cases) and as measured (cost-aware), K ∈ {0, 2, unlimited}; rows
+    the default of the other cases) and as measured (cost-aware: from a cold start and from a fit
+    under which its rules decide, padded and packed), K ∈ {0, 2, unlimited}; rows
     packed into micro-batch lines (micro-batched and adaptive, every convention); the shared-prompt
     backward (``shared_prompt_specs``); GRPO and OPD; float32 and float64."""
     combos = [("grpo", m, s) for m in LOSS_AGG_MODES for s in STD_MODES]
@@ -246,6 +265,8 @@ def case_specs() -> list[CaseSpec]:
                   for learner in LEARNER_PATHS for aux in ("off", "on")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain=drain)
                   for drain in DRAIN_POLICIES[1:] + DRAIN_POLICIES[:1] for cap in (0, 2, None) for aux in ("off", "on")]
+        specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, "device", aux, drain="cost-aware",
+                           pack=pack, early=True) for cap in (0, 2, None) for aux in ("off", "on") for pack in (False, True)]
         specs += [CaseSpec(o, m, s, dtype, learner, pack=True) for o, m, s in combos
                   for learner in ("micro-batched", "adaptive")]
         specs += [CaseSpec(o, m, s, dtype, "adaptive", deterministic=True) for o, m, s in combos]
@@ -255,13 +276,23 @@ def case_specs() -> list[CaseSpec]:
     return specs
 
 
+# LoRA targets of the shared-prompt cases: every layer's keys/values carry gradient; layer 0's
+# keys and values do not (their projections frozen: no cotangent for them); none does (an adapter
+# after the last attention: the prompt needs no backward at all)
+LORA_TARGETS = (("q_proj", "k_proj", "v_proj", "down_proj"), ("q_proj",), ("layers.1.mlp.down_proj",))
+
+
 def shared_prompt_specs(dtype: torch.dtype) -> list[CaseSpec]:
     """learner.shared_prompt_backward: every loss mode, micro-batched (sync), per-trajectory and
     adaptive with K ∈ {0, 2, unlimited}; the adaptive drain's early work also as measured
-    (cost-aware) and never (closed-groups)."""
+    (cost-aware) and never (closed-groups); under model.lora every path × ``LORA_TARGETS``, the
+    loss modes in turn."""
     paths = [("micro-batched", None), ("per-trajectory", None), ("adaptive", 0), ("adaptive", 2), ("adaptive", None)]
     specs = [CaseSpec("grpo", m, s, dtype, learner, cap, shared_prompt=True)
              for m in LOSS_AGG_MODES for s in ("unbiased",) for learner, cap in paths]
+    specs += [CaseSpec("grpo", LOSS_AGG_MODES[(i + j) % len(LOSS_AGG_MODES)], "unbiased", dtype, learner, cap,
+                       aux="on" if j % 2 else "random", shared_prompt=True, lora=targets)
+              for i, (learner, cap) in enumerate(paths) for j, targets in enumerate(LORA_TARGETS)]
     return specs + [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", 2, "device", "on", drain=drain,
                              shared_prompt=True) for drain in DRAIN_POLICIES if drain != "finished-groups-first"]
 
@@ -284,7 +315,7 @@ def main(json_out: bool = False) -> int:
               f"{'acc':6} {'rel_error':>10} {'tol':>7}  ok")
         for c in cases:
             cap = "-" if c["open_group_cap"] is None else c["open_group_cap"]
-            learner = c["learner"] + ("+prompt" if c.get("shared_prompt") else "")  # learner.shared_prompt_backward
+            learner = c["learner"] + ("+prompt" if c.get("shared_prompt") else "") + ("+lora" if c.get("lora") else "")
             print(
                 f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} {learner:14} "
                 f"{cap:>4} {c['accumulator_device']:6} {c['rel_error']:10.2e} {c['tol']:7.0e}  "
@@ -297,6 +328,9 @@ def main(json_out: bool = False) -> int:
             shared = [c["rel_error"] for c in cases if c["dtype"] == dtype and c.get("shared_prompt")]
             if shared:
                 print(f"max rel_error {dtype} shared prompt: {max(shared):.2e} ({len(shared)} cases)")
+            lora = [c["rel_error"] for c in cases if c["dtype"] == dtype and c.get("shared_prompt") and c.get("lora")]
+            if lora:
+                print(f"max rel_error {dtype} shared prompt + lora: {max(lora):.2e} ({len(lora)} cases)")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
         print_cases(drafts)
     return 0 if all(c["passed"] for c in cases + drafts) else 1

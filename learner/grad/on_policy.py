@@ -96,6 +96,13 @@ class _Batch:
     open_s: float = 0.0
     known_rows: int = 0
     known_s: float = 0.0
+    # load-independent measures of the work done, to tell work from contention: this thread's CPU
+    # seconds in forwards and backwards (one torch thread: the learner's own compute, whatever else
+    # runs on the machine), and the known micro-batches run before the batch's last arrival
+    cpu_s: float = 0.0
+    open_micro_batches: int = 0
+    early_micro_batches: int = 0
+    early_rows: int = 0
     tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
 
     def open_row_cost(self) -> float | None:
@@ -279,6 +286,9 @@ class StreamingLearner(InProcessLearner):
                 "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
                 **state.tally.stats(normaliser),
                 **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
+                "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
+                "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
+                "early_rows": state.early_rows,
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -337,6 +347,7 @@ class OnPolicyBackward:
                 if on_phase:
                     on_phase(Kind.GROUP_CLOSE, t0, time.monotonic(), None, task.group)
             elif isinstance(task, Known):
+                learnt = 0
                 for traj, adv in zip(task.trajs, task.advantages):
                     if adv == 0.0 and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0:
                         state.skipped += 1  # exactly zero gradient: nothing to back-propagate
@@ -345,6 +356,8 @@ class OnPolicyBackward:
                             self.prompts.learnt(traj.group)
                     else:
                         known.append(self._cut(grpo_row(traj, adv)))
+                        learnt += len(known[-1].ids)
+                state.budget.closed(sum(len(t.input_ids) for t in task.trajs), learnt)
         state.ready += known
         self.ready(state, on_phase, flush=state.planner.all_arrived())
         for task in tasks:
@@ -355,8 +368,8 @@ class OnPolicyBackward:
                     state.peak_buffers = max(state.peak_buffers, self.acc.buffer_count())
                 state.speculative += len(task.trajs) if task.speculative else 0
                 rows = [self._cut(grpo_row(t, 1.0)) for t in task.trajs]
-                for part in self._plan(rows):
-                    self._micro_batch(state, part, task, on_phase)
+                seconds = sum(self._micro_batch(state, part, task, on_phase) for part in self._plan(rows))
+                self.policy.charge_open(state.budget, len(rows), seconds)
         self.release_prompts(state, on_phase)
 
     def ready(self, state: _Batch, on_phase: PhaseCallback | None, flush: bool) -> None:
@@ -387,7 +400,7 @@ class OnPolicyBackward:
             return True
         parts = self._plan(state.ready)
         slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
-        return self.policy.partial_pays(state.budget, slots)
+        return self.policy.partial_pays(state.budget, slots, len(parts))
 
     def open_bucket_judge(self, state: _Batch):
         """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
@@ -405,9 +418,10 @@ class OnPolicyBackward:
         self.release_prompts(state, on_phase)
 
     def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
-                     on_phase: PhaseCallback | None) -> None:
-        """One forward + backward: known rows straight into G, a bucket's rows into its group's sums."""
-        t_start = time.monotonic()
+                     on_phase: PhaseCallback | None) -> float:
+        """One forward + backward: known rows straight into G, a bucket's rows into its group's sums;
+        returns its seconds (without a shared prompt's forward, as the drain policy weighs them)."""
+        t_start, cpu0 = time.monotonic(), time.thread_time()
         past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
         # a group's prompt forward (once per group, at its first micro-batch: work the sync does as
         # well) is in the span, not in this micro-batch's per-row cost that the drain policy weighs
@@ -425,12 +439,18 @@ class OnPolicyBackward:
         grid = fwd.layout
         del fwd, pg, aux, past
         t1 = time.monotonic()
-        self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None)
+        state.cpu_s += time.thread_time() - cpu0
+        self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None, tokens=sum(grid.lengths))
+        state.budget.ran(grid.slots)
         if bucket is None:
             state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
+            if self.algo.objective == "grpo" and not state.planner.all_arrived():
+                state.early_micro_batches, state.early_rows = state.early_micro_batches + 1, state.early_rows + len(rows)
         else:
             state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
+            state.open_micro_batches += 1
         report_micro_batch(state, rows, grid, t_start, t1, on_phase)
+        return t1 - t0
 
 
 def gradients_into(acc, prompts: SharedPrompts | None, pg: torch.Tensor, aux: torch.Tensor | None,

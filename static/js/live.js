@@ -2,7 +2,8 @@
 // spans and the per-step metric charts. Protocol: docs/web-contract.md, "Websocket".
 import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, WindowedBars, storeBarriers, windowRange } from "./gantt.js";
-import { drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+import { DrawBudget, drawFigure, metricSeries, seriesFigure, throttledRedraw } from "./plots.js";
+import { OnScreen } from "./onscreen.js";
 import { MetricPanel } from "./metricpanel.js";
 import { TrajectorySelection } from "./trajectory.js";
 import { trajectoryView, StepPicker } from "./bytraj.js";
@@ -178,7 +179,11 @@ async function drawGantt() {
 // page left open takes from a run on the same cores (docs/pages.md, "A viewer beside a run").
 const REPLAY_PROGRESS_MS = 3000;
 const DRAW_SHARE = 0.15;
-const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY_PROGRESS_MS), { share: DRAW_SHARE });
+// one budget for every redraw of the page (the Gantt's and the charts'): 15% of a core in all
+const drawBudget = new DrawBudget(DRAW_SHARE);
+const requestGantt = throttledRedraw(drawGantt, () => (replayDone ? 250 : REPLAY_PROGRESS_MS), { budget: drawBudget });
+// the metric charts draw only while on screen (static/js/onscreen.js)
+const onScreen = new OnScreen();
 
 el.windowSteps.addEventListener("change", () => { el.follow.checked = true; followEpoch++; requestGantt(); });
 el.follow.addEventListener("change", () => { if (el.follow.checked) followEpoch++; requestGantt(); });
@@ -252,27 +257,34 @@ function drawStats() {
 async function drawMetrics() {
   const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
   const s = (key, name, scale = 1, extra = {}) => ({ name, ...metricSeries(list, key, scale), ...extra });
+  const draw = (chart, figure) => onScreen.draw(chart, () => drawFigure(chart, figure));
   await Promise.all([
-    drawFigure(el.chartIdle, seriesFigure([
+    draw(el.chartIdle, seriesFigure([
       s(METRIC.TRAINER_IDLE, "learner idle", 100, { colour: "#e15759" }),
       s(METRIC.TRAINER_WAIT, "learner waiting for data", 100, { colour: "#f28e2b" }),
       s(METRIC.ROLLOUT_IDLE, "rollout idle", 100, { colour: "#4c78a8" }),
     ], { kind: "bar", yTitle: "idle %", yRange: [0, 100] })),
-    drawFigure(el.chartStepTime, seriesFigure([s(METRIC.STEP_S, "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
-    drawFigure(el.chartReward, seriesFigure([s(METRIC.REWARD_MEAN, METRIC.REWARD_MEAN, 1, { colour: "#59a14f" })], { yTitle: "mean reward" })),
-    drawFigure(el.chartStaleness, seriesFigure([
+    draw(el.chartStepTime, seriesFigure([s(METRIC.STEP_S, "step time", 1, { colour: "#222a38" })], { kind: "bar", yTitle: "seconds" })),
+    draw(el.chartReward, seriesFigure([s(METRIC.REWARD_MEAN, METRIC.REWARD_MEAN, 1, { colour: "#59a14f" })], { yTitle: "mean reward" })),
+    draw(el.chartStaleness, seriesFigure([
       s(METRIC.STALENESS_MEAN, "mean", 1, { colour: "#b07aa1" }),
       s(METRIC.STALENESS_MAX, "max", 1, { colour: "#b07aa1", dash: "dot" }),
     ], { yTitle: "policy versions" })),
   ]);
 }
-const metricPanel = new MetricPanel($("metric-panel"));
-const requestMetrics = throttledRedraw(async () => {
+const metricPanel = new MetricPanel($("metric-panel"), { onScreen });
+const panelRuns = () => [{ name: root.dataset.runName, colour: "#2457c5",
+  metrics: [...metrics.entries()].map(([step, values]) => ({ step, values })) }];
+const drawCharts = throttledRedraw(async () => {
   await drawMetrics();
   chartsDrawnMs = epochMs();
-  const list = [...metrics.entries()].map(([step, values]) => ({ step, values }));
-  await metricPanel.update([{ name: root.dataset.runName, colour: "#2457c5", metrics: list }]);
-}, 400, { share: DRAW_SHARE });
+  await metricPanel.update(panelRuns());
+}, 400, { budget: drawBudget });
+/** New metrics: the panel's list of names at once, the charts when the draw budget allows. */
+function requestMetrics() {
+  metricPanel.list(panelRuns());
+  drawCharts();
+}
 
 // ---- Progress and log --------------------------------------------------------------------
 const clock = (ms) => { // m:ss or h:mm:ss
@@ -443,7 +455,7 @@ function reconnect() {
 if (DEBUG) window.__thundersync = {
   reconnect,
   state: () => ({
-    spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq,
+    spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq, drawMs: drawBudget.spentMs,
     watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone, chartsDrawnMs,
     logLines: logLines.size, stepsDone: metrics.size, closeCodes,
     open: !!ws && ws.readyState === WebSocket.OPEN,
@@ -462,6 +474,8 @@ if (DEBUG) window.__thundersync = {
     return shown;
   },
   dimmed: () => Boolean(gantt.overlay?.dim), // a followed trajectory fades the rest of the chart
+  // the charts whose latest draw waits for them to scroll into view (static/js/onscreen.js)
+  waitingCharts: () => [...onScreen.waiting.keys()].map((c) => c.id || c.dataset.metric),
 };
 
 // One click must not end a long run: the cancel form asks first.

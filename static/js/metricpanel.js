@@ -52,9 +52,12 @@ function choice(name, checked) {
 }
 
 export class MetricPanel {
-  /** ``root``: an element holding #metric-search, #metric-picker, #metric-smoothing, #metric-axis and #metric-charts. */
-  constructor(root) {
+  /** ``root``: an element holding #metric-search, #metric-picker, #metric-smoothing, #metric-axis and
+   * #metric-charts. ``onScreen``: an OnScreen (static/js/onscreen.js) to draw each chart only
+   * while it is in view; without it every picked chart draws on every update. */
+  constructor(root, { onScreen = null } = {}) {
     this.root = root;
+    this.onScreen = onScreen;
     this.search = root.querySelector("#metric-search");
     this.picker = root.querySelector("#metric-picker");
     this.smoothing = root.querySelector("#metric-smoothing");
@@ -77,12 +80,18 @@ export class MetricPanel {
 
   /** New data (every run's metrics so far); refreshes the picker's names and the charts. */
   update(runs) {
+    this.list(runs);
+    return this.draw();
+  }
+
+  /** New data without drawing: the picker lists every name at once, while the charts' redraw
+   * may wait for the page's draw budget (static/js/plots.js). */
+  list(runs) {
     this.runs = runs;
     const names = new Set();
     for (const r of runs) for (const m of r.metrics) for (const k of Object.keys(m.values)) names.add(k);
     const sorted = [...names].sort();
     if (sorted.join("\n") !== this.names.join("\n")) this.setNames(sorted);
-    return this.draw();
   }
 
   setNames(names) {
@@ -113,6 +122,7 @@ export class MetricPanel {
       hint.textContent = "Tick metrics in the list (search to narrow it).";
       divs.push(hint);
     }
+    if (this.onScreen) for (const old of this.charts.querySelectorAll(".chart")) if (!divs.includes(old)) this.onScreen.forget(old);
     this.charts.replaceChildren(...divs);
     this.root.dataset.picked = keys.join(",");
     await Promise.all(keys.map((key, i) => {
@@ -132,7 +142,7 @@ export class MetricPanel {
         yRange: scale === 100 ? [0, 100] : null,
       });
       divs[i].dataset.exportName = key;
-      return drawFigure(divs[i], figure);
+      return this.onScreen ? this.onScreen.draw(divs[i], () => drawFigure(divs[i], figure)) : drawFigure(divs[i], figure);
     }));
   }
 }

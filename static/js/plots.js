@@ -4,36 +4,61 @@ import { exportConfig } from "./figureexport.js";
 export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
 
 /**
- * Resolves once plotly.js has run. The run page loads it with ``defer`` after its own module, so
- * the websocket replay is already on the wire while the browser evaluates the 4.8 MB script.
+ * Resolves once plotly.js has run. The run page loads it (the basic partial bundle,
+ * vendor/plotly-basic.min.js) with ``defer`` after its own module, so the websocket replay is
+ * already on the wire while the browser evaluates the script.
  */
 export const plotlyLoaded = window.Plotly ? Promise.resolve() : new Promise((resolve, reject) => {
-  const script = document.querySelector('script[src$="plotly.min.js"]');
-  if (!script) { reject(new Error("plotly.min.js is not on this page")); return; }
+  const script = document.querySelector('script[src$="plotly.min.js"], script[src$="plotly-basic.min.js"]');
+  if (!script) { reject(new Error("plotly.js is not on this page")); return; }
   script.addEventListener("load", () => resolve(), { once: true });
   script.addEventListener("error", () => reject(new Error("plotly.min.js failed to load")), { once: true });
 });
 
 /**
+ * A share (0-1] of one core that several redraw loops spend together: after a draw of c ms,
+ * every loop sharing it waits until c × (1/share − 1) ms have passed, so that the page's
+ * redraws (Gantt and charts alike) stay within that share however slow the machine, and a run
+ * on the same cores keeps the rest.
+ */
+export class DrawBudget {
+  constructor(share = 1) {
+    if (!(share > 0 && share <= 1)) throw new Error(`DrawBudget: share must be in (0, 1], got ${share}`);
+    this.share = share;
+    this.readyAt = 0; // performance.now() before which no loop of this budget draws
+    this.spentMs = 0; // every draw's time, for the debug hooks
+  }
+
+  /** Books a draw of ``took`` ms that ended now. */
+  spent(took) {
+    this.spentMs += took;
+    this.readyAt = Math.max(this.readyAt, performance.now()) + took * (1 / this.share - 1);
+  }
+}
+
+/**
  * Calls ``draw`` (sync or async) from requestAnimationFrame, at most once per ``minIntervalMs``
  * (a number or a function returning one), however often ``request`` is called: bursts of
- * websocket frames cost one redraw, and a redraw never overlaps the previous one. ``share``
- * (0-1] bounds the time spent drawing: after a draw of c ms the next waits at least
- * c × (1/share − 1) (a moving average of c), so that a page left open draws within that share
- * of one core however slow the machine, and a run on the same cores keeps the rest.
+ * websocket frames cost one redraw, and a redraw never overlaps the previous one. ``budget``
+ * (a DrawBudget, shared by the page's loops; else one of ``share`` for this loop alone) bounds
+ * the time spent drawing. ``request({now: true})`` (a user's zoom, a new view) draws at once,
+ * interval and budget skipped; its time is booked all the same.
  */
-export function throttledRedraw(draw, minIntervalMs = 250, { share = 1 } = {}) {
+export function throttledRedraw(draw, minIntervalMs = 250, { share = 1, budget = new DrawBudget(share) } = {}) {
   const base = typeof minIntervalMs === "function" ? minIntervalMs : () => minIntervalMs;
-  let cost = 0; // ms per draw, moving average
-  const interval = () => Math.max(base(), cost * (1 / share - 1));
   // ``last`` starts now: the first redraw also waits an interval unless requested with ``now``.
-  let pending = false, last = performance.now(), running = false, again = false;
+  let pending = false, last = performance.now(), running = false, again = false, urgent = false;
   const run = async () => {
-    running = true;
+    // another loop of the budget may have drawn since this one was scheduled
+    if (!urgent && performance.now() < budget.readyAt) {
+      timer = setTimeout(() => requestAnimationFrame(run), budget.readyAt - performance.now());
+      return;
+    }
+    running = true; urgent = false;
+    await plotlyLoaded.catch(() => {}); // waiting for plotly.js to load is no drawing time
     const started = performance.now();
     try { await draw(); } finally {
-      const took = performance.now() - started;
-      cost = cost ? 0.7 * cost + 0.3 * took : took;
+      budget.spent(performance.now() - started);
       running = false; last = performance.now(); pending = false;
       if (again) { again = false; request(); }
     }
@@ -45,7 +70,8 @@ export function throttledRedraw(draw, minIntervalMs = 250, { share = 1 } = {}) {
     if (pending && !now) return;
     clearTimeout(timer);
     pending = true;
-    const wait = now ? 0 : Math.max(0, last + interval() - performance.now());
+    urgent = urgent || now;
+    const wait = now ? 0 : Math.max(0, last + base() - performance.now(), budget.readyAt - performance.now());
     timer = setTimeout(() => requestAnimationFrame(run), wait);
   }
   return request;

@@ -32,7 +32,8 @@ def test_documented_methods_match_the_views(alice_client):
     """A method the schema does not list answers 405; one it lists does not."""
     schema = alice_client.get("/api/openapi.json").json()
     for path, operations in schema["paths"].items():
-        concrete = path.replace("{run_id}", "999999").replace("{experiment_id}", "999999").replace("{traj}", "0")
+        concrete = path.replace("{run_id}", "999999").replace("{experiment_id}", "999999").replace("{traj}", "0").replace(
+            "{comparison_id}", "999999")
         for method in ("get", "post"):
             response = getattr(alice_client, method)(concrete)
             assert (response.status_code == 405) == (method not in operations), (method, path)

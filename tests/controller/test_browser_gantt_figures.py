@@ -62,6 +62,7 @@ def test_the_gantt_downloads_png_and_svg_with_its_bars(live_url, browser_page, a
 def test_every_chart_downloads_png_and_svg(live_url, browser_page, alice, run):
     page, errors = browser_page
     open_run_page(page, live_url, run)
+    page.locator("#chart-step-time").scroll_into_view_if_needed()  # charts draw on screen only
     page.wait_for_function("document.getElementById('chart-step-time').data?.length > 0")
     page.hover("#chart-step-time")
     svg = download(page, modebar_button("#chart-step-time", "Download SVG")).decode()

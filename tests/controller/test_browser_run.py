@@ -68,7 +68,8 @@ def test_live_run_page_draws_every_span_once_across_reconnects(
     optimizer_steps = Span.objects.filter(run_id=run_id, kind="learner.optimizer").values("step").distinct().count()
     assert optimizer_steps == 6
     assert page.evaluate("document.getElementById('gantt').layout.shapes.length") == optimizer_steps
-    assert page.get_attribute("#chart-idle", "data-empty") == "0"
+    page.locator("#chart-idle").scroll_into_view_if_needed()  # charts draw on screen only
+    page.wait_for_function("document.getElementById('chart-idle').dataset.empty === '0'")
     last = StepMetric.objects.get(run_id=run_id, step=5).values
     assert page.inner_text("#idle-last") == f"{100 * last['trainer/idle_ratio']:.1f}%"
     assert page.is_hidden("#cancel-form")

@@ -138,6 +138,23 @@ def test_finish_run_summarises_metrics_and_never_rewrites_a_finished_run(alice_e
     assert again.status == "succeeded" and again.error == ""
 
 
-def test_span_from_event_keeps_every_field(alice_run):
-    span = span_from_event(alice_run.pk, json.loads(span_line(3, turn=2)))
-    assert (span.seq, span.kind, span.turn, span.tokens, span.t1) == (3, "learner.backward", 2, 7, pytest.approx(0.35))
+def test_span_from_event_keeps_every_field():
+    span = span_from_event(json.loads(span_line(3, turn=2)))
+    assert (span["seq"], span["kind"], span["turn"], span["tokens"], span["t1"]) == (
+        3, "learner.backward", 2, 7, pytest.approx(0.35))
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_both_span_writes_store_every_field_and_skip_a_stored_seq(alice_run, vendor, monkeypatch):
+    """The PostgreSQL array insert and the bulk_create elsewhere store the same rows; a seq stored
+    already keeps its first row (a re-ingested line is harmless)."""
+    from controller import bulk_writes
+
+    if vendor == "sqlite":  # the test database is PostgreSQL: take the other branch on it
+        monkeypatch.setattr(bulk_writes.connection, "vendor", "sqlite")
+    rows = [span_from_event(json.loads(span_line(seq, step=seq // 2, turn=None if seq % 2 else 1, kind=f"k{seq}")))
+            for seq in range(5)]
+    bulk_writes.write_spans(alice_run.pk, rows[:3])
+    bulk_writes.write_spans(alice_run.pk, [{**rows[1], "kind": "rewritten"}, *rows[3:]])
+    stored = list(Span.objects.filter(run=alice_run).order_by("seq").values(*rows[0]))
+    assert stored == rows

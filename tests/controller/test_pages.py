@@ -137,8 +137,8 @@ def test_compare_without_runs_shows_the_picker(alice_client, alice_run):
     assert response.status_code == 200 and response.context["runs"] == []
 
 
-async def test_plotly_js_is_served_over_asgi_from_the_plotly_package():
-    scope = {"type": "http", "method": "GET", "path": "/static/plotly.min.js", "query_string": b"", "headers": []}
+async def served_over_asgi(path: str) -> tuple[int, bytes]:
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": []}
     app = ApplicationCommunicator(application, scope)
     await app.send_input({"type": "http.request", "body": b""})
     start = await app.receive_output(timeout=30)
@@ -147,5 +147,22 @@ async def test_plotly_js_is_served_over_asgi_from_the_plotly_package():
         message = await app.receive_output(timeout=30)
         body += message.get("body", b"")
         more = message.get("more_body", False)
-    assert start["status"] == 200
+    return start["status"], body
+
+
+async def test_plotly_js_is_served_over_asgi_from_the_plotly_package():
+    status, body = await served_over_asgi("/static/plotly.min.js")
+    assert status == 200
     assert body == (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+
+
+async def test_the_basic_plotly_bundle_is_served_over_asgi():
+    status, body = await served_over_asgi("/static/vendor/plotly-basic.min.js")
+    assert status == 200 and body.startswith(b"/**\n* plotly.js (basic - minified) v")
+
+
+def test_the_run_page_loads_the_basic_plotly_bundle(alice_client, alice_run):
+    """All the run page draws is scatter and bar traces: the partial bundle costs a quarter of
+    the full one's evaluation (docs/pages.md, "A viewer beside a run")."""
+    page = alice_client.get(f"/runs/{alice_run.pk}/").content.decode()
+    assert "/static/vendor/plotly-basic.min.js" in page and "plotly.min.js\"" not in page

@@ -60,3 +60,24 @@ def test_a_bad_record_is_refused_naming_its_field(alice_run, bad, field):
     ing = fed(alice_run, [{**record_event(0), **bad}])
     assert TrajectoryRecord.objects.filter(run=alice_run).count() == 0
     assert ing.rejected and ing.rejected[0].startswith(field)
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_both_record_writes_store_every_field_and_replace_a_stored_trajectory(alice_run, vendor, monkeypatch):
+    """The PostgreSQL array upsert and the bulk_create elsewhere store the same records (JSON,
+    nulls, booleans and text with quotes included); a record sent again replaces the first."""
+    from controller import bulk_writes
+    from controller.trajectories import record_from_event
+
+    if vendor == "sqlite":  # the test database is PostgreSQL: take the other branch on it
+        monkeypatch.setattr(bulk_writes.connection, "vendor", "sqlite")
+    events = [record_event(t, advantage=None if t == 2 else 0.5, error='a "quoted" {error}' if t == 1 else None)
+              for t in range(3)]
+    bulk_writes.write_trajectories([record_from_event(alice_run.pk, e) for e in events])
+    again = record_event(1, reward=0.75, zero_gradient=True, segments=[{"role": "prompt", "text": "ünïcode ' \\ "}])
+    bulk_writes.write_trajectories([record_from_event(alice_run.pk, again)])
+    stored = {r.traj: r for r in TrajectoryRecord.objects.filter(run=alice_run)}
+    assert sorted(stored) == [0, 1, 2]
+    assert stored[2].advantage is None and stored[0].advantage == 0.5 and stored[0].segments == events[0]["segments"]
+    assert (stored[1].reward, stored[1].zero_gradient, stored[1].error) == (0.75, True, "")
+    assert stored[1].segments == [{"role": "prompt", "text": "ünïcode ' \\ "}] and stored[0].versions == [0, 0]

@@ -92,11 +92,14 @@ def log_in(page, base_url: str, username: str, password: str) -> None:
 
 
 def pick_metrics(page, names: list[str]) -> None:
-    """Ticks exactly ``names`` in the every-metric panel's list (static/js/metricpanel.js)."""
+    """Ticks exactly ``names`` in the every-metric panel's list (static/js/metricpanel.js) and
+    scrolls its charts into view: the run page draws a chart only while it is on screen
+    (static/js/onscreen.js), as a reader scrolling to it would see it."""
     page.evaluate("""(names) => {
         for (const box of document.querySelectorAll('#metric-picker input')) box.checked = names.includes(box.value);
         document.getElementById('metric-picker').dispatchEvent(new Event('change'));
     }""", names)
+    page.locator("#metric-charts").scroll_into_view_if_needed()
 
 
 def screenshot(page, name: str) -> Path:

@@ -9,7 +9,7 @@ import torch
 
 from learner.config import AlgorithmConfig
 from learner.grad.cost_model import BackwardCosts, DrainPolicy, EarlyWorkBudget
-from learner.grad.exactness import random_batch, relative_error, tiny_llama
+from learner.grad.exactness import early_work_everywhere, random_batch, relative_error, tiny_llama
 from learner.grad.learner_common import LearnerOptions
 from learner.grad.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
@@ -80,14 +80,15 @@ def _learn(drain: str, seeded: BackwardCosts | None, share: float = 0.05):
 
 @pytest.mark.parametrize("drain", ["closed-groups", "finished-groups-first", "cost-aware"])
 def test_each_decision_gives_the_batch_gradient(drain):
-    # seeded at 1 s per slot: any waiting row "spills past" the rollout's end, so cost-aware's
-    # early work runs wherever the share allows it (share 10: everywhere)
-    stats, rel = _learn(drain, fitted(0.0, 1.0), share=10.0)
+    stats, rel = _learn(drain, early_work_everywhere(), share=10.0)
     assert rel < 1e-12
+    assert stats["cpu_s"] > 0 and stats["token_slots"] >= stats["rows"] > 0  # what the step's work was
     if drain == "closed-groups":
         assert stats["peak_buffers"] == 1  # no open group ever held sums
+        assert stats["open_rows"] == stats["open_micro_batches"] == 0
     else:
         assert stats["peak_buffers"] > 1
+        assert stats["open_rows"] >= stats["open_micro_batches"] > 0
 
 
 def test_cost_aware_with_nothing_measured_learns_like_closed_groups():
@@ -95,12 +96,60 @@ def test_cost_aware_with_nothing_measured_learns_like_closed_groups():
     assert rel < 1e-12 and stats["peak_buffers"] == 1
 
 
-def test_unfilled_known_rows_run_early_only_from_half_a_micro_batch_and_within_the_share():
+def test_unfilled_known_rows_run_early_only_in_place_of_syncs_own_unfilled_micro_batch():
     policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
-    policy.costs = fitted(0.01, 1e-4)  # one more backward: 10 ms
-    budget = policy.begin(expected_rows=1000)
-    budget.arrivals(100, 4000, now=0.0)  # allowance 0.05 · (0.01 + 1e-4 · 40000) s
-    assert not policy.partial_pays(budget, 1000)  # under half a micro-batch
-    assert policy.partial_pays(budget, 2048)  # 10 ms ≤ 5% of its 0.21 s
-    assert budget.spent_s == pytest.approx(0.01)
-    assert not DrainPolicy("closed-groups", 0.05).partial_pays(budget, 4000)
+    policy.costs = fitted(0.01, 1e-4)
+    budget = policy.begin(expected_rows=256)
+    budget.arrivals(128, 128 * 30, now=0.0)  # 256 rows of 30 tokens: sync's plan is 4096 + 3584 slots
+    assert budget.sync_micro_batches() == 2
+    assert not policy.partial_pays(budget, 2048)  # 2048 + 5632 left: three micro-batches
+    assert policy.partial_pays(budget, 3584)  # it takes the place of sync's unfilled one
+    budget.ran(4096)  # a full one ran
+    assert not policy.partial_pays(budget, 2048)  # 4096 + 2048 + 1536: three again
+    assert policy.partial_pays(budget, 3584)
+    assert not DrainPolicy("closed-groups", 0.05).partial_pays(budget, 3584)
+    assert DrainPolicy("finished-groups-first", 0.05).partial_pays(budget, 100)
+
+
+def test_an_unfilled_micro_batch_under_half_the_budget_waits_even_where_the_count_allows():
+    policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
+    budget = policy.begin(expected_rows=100)
+    budget.arrivals(100, 100 * 41, now=0.0)  # 4100 slots: two micro-batches, the second of 4
+    assert budget.sync_micro_batches() == 2
+    assert budget.keeps_count(1000) and not policy.partial_pays(budget, 1000)
+
+
+def test_the_predicted_plan_leaves_out_what_the_closed_groups_skipped_and_counts_padding():
+    budget = EarlyWorkBudget(BackwardCosts(), expected_rows=256, share=0.05)
+    budget.arrivals(128, 128 * 30, now=0.0)
+    budget.closed(tokens=600, learnt_tokens=300)  # half of the closed members' tokens skipped (A = 0)
+    assert budget.expected_slots() == pytest.approx(3840)
+    budget.costs.observe(1200, 40, 0.1, open_group=False, tokens=1000)  # 20% padding in known micro-batches
+    assert budget.expected_slots() == pytest.approx(3840 * 1.2)
+
+
+def _open_ratio(ratio: float) -> BackwardCosts:
+    costs = fitted(0.0, 1e-3)  # 50 slots a row: 0.05 s per known row
+    costs.observe(50, 1, ratio * costs.known_row_s, open_group=True)
+    return costs
+
+
+def test_an_open_bucket_runs_only_if_it_saves_as_much_tail_as_it_costs_and_ends_before_the_last_arrival():
+    policy = DrainPolicy("cost-aware", 10.0)
+    policy.costs = _open_ratio(1.5)
+    budget = policy.begin(expected_rows=100)
+    budget.arrivals(10, 1000, now=0.0)
+    budget.arrivals(10, 1000, now=1.0)  # 80 rows more at 20 a second: the last one in 4 s
+    assert policy.open_pays(budget, 40, waiting_slots=5000, now=1.0)  # 3 s of bucket, 5 s waiting
+    assert not policy.open_pays(budget, 60, waiting_slots=5000, now=1.0)  # 4.5 s: it would run into the tail
+    assert not policy.open_pays(budget, 4, waiting_slots=3000, now=1.0)  # what waits fits before the end
+    policy.costs = _open_ratio(2.5)  # a premium above the tail it saves: never
+    assert not policy.open_pays(budget, 4, waiting_slots=5000, now=1.0)
+
+
+def test_an_open_bucket_pays_its_measured_premium_out_of_the_allowance():
+    policy = DrainPolicy("cost-aware", 0.05)
+    policy.costs = _open_ratio(1.5)
+    budget = policy.begin(expected_rows=100)
+    policy.charge_open(budget, rows=2, seconds=0.3)  # 2 rows at 0.05 s known: 0.2 s beyond
+    assert budget.spent_s == pytest.approx(0.2)

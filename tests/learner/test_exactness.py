@@ -96,3 +96,12 @@ def test_main_prints_json_naming_learner_and_cap(monkeypatch, capsys):
     assert [(c["learner"], c["open_group_cap"], c["accumulator_device"]) for c in printed] == [
         ("adaptive", 1, "host"), ("micro-batched", 0, "device"), ("per-trajectory", None, "device")]
     assert printed[0].keys() >= {"objective", "loss_agg_mode", "std", "dtype", "rel_error", "tol", "passed"}
+
+
+def test_cost_aware_cases_from_a_fit_take_each_kind_of_early_work_and_stay_exact():
+    specs = [s for s in exactness.case_specs() if s.early]
+    assert {(s.open_group_cap, s.aux, s.pack) for s in specs} == {
+        (cap, aux, pack) for cap in (0, 2, None) for aux in ("off", "on") for pack in (False, True)}
+    cases = exactness.run_cases(seed=0, specs=specs)
+    assert all(c["passed"] for c in cases), [c for c in cases if not c["passed"]]
+    assert any(c["open_rows"] for c in cases) and any(c["early_micro_batches"] for c in cases)
