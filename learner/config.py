@@ -156,6 +156,10 @@ class SpeculationConfig(Strict):
     draft_token_budget: int = Field(
         65_536, ge=1, le=100_000_000, description="per worker: the drafts' contexts hold at most this many "
         "tokens (a draft's next turn waits while they exceed it), bounding draft memory")
+    reuse_verified_kv: bool = Field(
+        True, description="with rollout.reuse_kv: a rejected draft's remainder (and an unfinished draft kept "
+        "whole) starts from the verification forward's keys/values instead of prefilling its context again; "
+        "they count against draft_token_budget (false only to measure what it saves)")
 
 
 class RolloutConfig(Strict):
