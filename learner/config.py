@@ -156,6 +156,10 @@ class SpeculationConfig(Strict):
     draft_token_budget: int = Field(
         65_536, ge=1, le=100_000_000, description="per worker: the drafts' contexts hold at most this many "
         "tokens (a draft's next turn waits while they exceed it), bounding draft memory")
+    reuse_verified_kv: bool = Field(
+        True, description="with rollout.reuse_kv: a rejected draft's remainder (and an unfinished draft kept "
+        "whole) starts from the verification forward's keys/values instead of prefilling its context again; "
+        "they count against draft_token_budget (false only to measure what it saves)")
 
 
 class RolloutConfig(Strict):
@@ -308,7 +312,8 @@ class LearnerConfig(Strict):
     shared_prompt_backward: bool = Field(
         False, description="sync and streaming GRPO: forward a group's shared prompt once, let each member's "
                            "completion attend to its keys/values, and back-propagate the prompt once when every "
-                           "member is learnt (docs/learner.md); exact either way")
+                           "member is learnt (docs/learner.md); exact either way, with model.lora and on "
+                           "data-parallel ranks too (a group is learnt on its owner rank)")
     shared_prompt_max_tokens: int = Field(
         32768, ge=1, le=10_000_000, description="shared-prompt backward: most prompt tokens whose activations are "
                                                 "kept at once; a group beyond it is learnt the ordinary way")
@@ -436,10 +441,6 @@ class RunConfig(Strict):
             refused = f"the on-policy schedules (sync, streaming), not {self.train.schedule}"
         elif self.algorithm.objective != "grpo":
             refused = "GRPO, not objective opd (OPD learns turn by turn)"
-        elif self.model.lora is not None:
-            refused = "full-weight training, not model.lora"
-        elif self.learner.world_size > 1 or self.learner.engine != "torch":
-            refused = "one learner process, not data-parallel ranks (learner.world_size, learner.engine)"
         elif self.deterministic_learner():
             refused = "the streaming learner, not learner.deterministic (its fixed-point sum is per micro-batch)"
         if refused:

@@ -100,6 +100,7 @@ class Metric:
     DRAFTED_AHEAD = "speculation/drafted_tokens_ahead_"  # + "1" or "2plus": their drafted tokens
     VERIFY_S = "speculation/verify_s"  # seconds of verification forwards in the step's window
     REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
+    VERIFIED_KV_TOKENS = "speculation/verified_kv_tokens"  # context tokens remainders did not prefill again
     ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers
     RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
     # the curves of an RL run (learner/driver/curves.py)

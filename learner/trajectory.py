@@ -20,10 +20,12 @@ class Trajectory:
     t_reward: float = 0.0  # run-clock time the reward (or last teacher score) became known
     error: str | None = None  # why it scored 0 without failing the run (malformed tool call, counted reward error)
     # speculation (docs/speculation.md): per turn the version that drafted it (-1: sampled
-    # directly), the draft's sampled tokens and how many of them verification kept
+    # directly), the draft's sampled tokens and how many of them verification kept; a rejected
+    # draft's context tokens whose keys/values its remainder took from the verification forward
     drafted_versions: list[int] = field(default_factory=list)
     drafted_tokens: int = 0
     kept_tokens: int = 0
+    verified_kv_tokens: int = 0
 
     @property
     def n_scored(self) -> int:

@@ -7,10 +7,14 @@ reference gradient of the whole batch (``learner.grad.reference.reference_gradie
 
     rel_error = ‖g_reduced − g_ref‖ / ‖g_ref‖ ≤ 1e-12 (float64, torch engine), 1e-6 (float32, DeepSpeed).
 
-Cases: GRPO × every loss_agg_mode (the advantage std rotates), OPD × its modes, and one GRPO
-batch with fewer groups than ranks (a rank with no group). Every batch has a group of one, a
-group of all-equal rewards and groups of unequal sizes (so ranks carry unequal loads), and the
-model has a parameter no loss touches. The optimizer runs with lr 0, so every engine's full
+Cases: GRPO × every loss_agg_mode (the advantage std rotates), OPD × its modes, one GRPO
+batch with fewer groups than ranks (a rank with no group), and GRPO with the shared-prompt
+backward (``learner.shared_prompt_backward``; every group's members share a prompt) on the
+adaptive and the micro-batched (sync) paths. A group is learnt whole on its owner rank, so its
+prompt's cotangent sums and its one prompt backward stay on that rank: the prompt's gradient
+is part of the rank's share and reaches the others through the one reduction, like the rest.
+Every batch has a group of one, a group of all-equal rewards and groups of unequal sizes (so
+ranks carry unequal loads), and the model has a parameter no loss touches. The optimizer runs with lr 0, so every engine's full
 clip-and-step path runs while the weights every case starts from stay the same.
 """
 
@@ -30,7 +34,7 @@ from learner.distributed.engines import make_engine
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import spawn_ranks
 from learner.grad.exactness import (
-    TOLERANCE, arrival_chunks, random_rewards, random_trajectory, relative_error, scored_turns, tiny_llama,
+    TOLERANCE, VOCAB, arrival_chunks, random_rewards, random_trajectory, relative_error, scored_turns, tiny_llama,
 )
 from learner.grad.learner_common import LearnerOptions
 from learner.grad.on_policy import StreamingLearner
@@ -56,18 +60,32 @@ class DistCase:
     mode: str
     std: str
     few_groups: bool = False  # fewer groups than ranks: some rank owns none
+    shared_prompt: bool = False  # learner.shared_prompt_backward on a batch whose groups share prompts
+    learner: str = "adaptive"  # the rank's learner path: adaptive (streaming) or micro-batched (sync)
+
+    def __str__(self) -> str:
+        """The seed key's part: the fields before shared_prompt as they always were (the same
+        batches for those cases), the others only where set."""
+        base = (f"DistCase(objective={self.objective!r}, mode={self.mode!r}, std={self.std!r}, "
+                f"few_groups={self.few_groups})")
+        return base + (f"/shared-prompt/{self.learner}" if self.shared_prompt else "")
 
 
 def dist_cases() -> list[DistCase]:
     cases = [DistCase("grpo", m, STD_MODES[i % len(STD_MODES)]) for i, m in enumerate(LOSS_AGG_MODES)]
     cases += [DistCase("opd", m, "none") for m in OPD_LOSS_AGG_MODES]
-    return cases + [DistCase("grpo", "token-mean", "unbiased", few_groups=True)]
+    cases += [DistCase("grpo", "token-mean", "unbiased", few_groups=True)]
+    return cases + [DistCase("grpo", "token-mean", "unbiased", shared_prompt=True),
+                    DistCase("grpo", "seq-mean-token-mean", "population", shared_prompt=True),
+                    DistCase("grpo", "seq-mean-token-sum", "unbiased", shared_prompt=True, learner="micro-batched")]
 
 
-def dist_batch(rng: random.Random, n_groups: int) -> list[Trajectory]:
-    """Group 0: 2–5 distinct rewards; group 1: one member; group 2: all-equal; the rest random."""
+def dist_batch(rng: random.Random, n_groups: int, shared_prompt: bool = False) -> list[Trajectory]:
+    """Group 0: 2–5 distinct rewards; group 1: one member; group 2: all-equal; the rest random.
+    ``shared_prompt``: each group's members start with one prompt of 2–12 tokens."""
     trajs: list[Trajectory] = []
     for group in range(n_groups):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 12))] if shared_prompt else None
         if group == 0:
             rewards = random_rewards(rng, rng.randint(2, 5), "continuous")
         elif group == 1:
@@ -77,7 +95,7 @@ def dist_batch(rng: random.Random, n_groups: int) -> list[Trajectory]:
         else:
             rewards = random_rewards(rng, rng.randint(1, 5), rng.choice(("binary", "continuous", "offset")))
         for reward in rewards:
-            trajs.append(random_trajectory(rng, len(trajs), group, reward))
+            trajs.append(random_trajectory(rng, len(trajs), group, reward, prompt))
     return trajs
 
 
@@ -88,16 +106,16 @@ def exactness_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
     return model
 
 
-def _feed(rl: RankLearner, trajs: list[Trajectory], objective: str, rng: random.Random) -> None:
+def _feed(rl: RankLearner, trajs: list[Trajectory], objective: str, path: str, rng: random.Random) -> None:
     mine = [t for t in trajs if rl.owns(t.group)]
     if objective == "grpo":
         items = rng.sample(mine, len(mine))
     else:
         turns = [turn for t in mine for turn in scored_turns(t)]
         items = rng.sample(turns, len(turns)) + rng.sample(mine, len(mine))
-    for chunk in arrival_chunks(items, "adaptive", rng):
+    for chunk in arrival_chunks(items, path, rng):
         rl.learn(chunk)
-        while rng.random() < 0.4 and rl.idle_work():
+        while path == "adaptive" and rng.random() < 0.4 and rl.idle_work():
             pass
 
 
@@ -105,18 +123,20 @@ def _run_case(rank: int, world: int, setup: EngineSetup, case: DistCase, seed: i
     key = f"{seed}/{world}/{setup}/{case}"
     rng = random.Random(key)  # the same batch and conventions on every rank
     n_groups = max(1, world - 1) if case.few_groups else rng.randint(world + 1, 2 * world + 2)
-    trajs = dist_batch(rng, max(n_groups, 3) if not case.few_groups else n_groups)
+    trajs = dist_batch(rng, max(n_groups, 3) if not case.few_groups else n_groups, case.shared_prompt)
     algo = AlgorithmConfig(
         objective=case.objective, advantage=AdvantageConfig(std=case.std, eps=1e-6), loss_agg_mode=case.mode,
         loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=rng.choice((0.0, rng.uniform(0.01, 0.5))),
         entropy_coef=rng.choice((0.0, rng.uniform(0.01, 0.5))),
     )
-    options = LearnerOptions(path="adaptive", micro_batch_tokens=rng.choice((16, 48, 4096)))
+    options = LearnerOptions(path=case.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
+                             shared_prompt_backward=case.shared_prompt,
+                             shared_prompt_max_tokens=rng.choice((12, 32768)) if case.shared_prompt else 32768)
     rl = RankLearner(StreamingLearner(model, algo, ref_model, options), rank, world)
     sizes = dict(Counter(t.group for t in trajs))
     rl.begin_batch(sizes)
-    _feed(rl, trajs, case.objective, random.Random(f"{key}/arrival/{rank}"))
-    rl.finish_batch()
+    _feed(rl, trajs, case.objective, case.learner, random.Random(f"{key}/arrival/{rank}"))
+    stats = rl.finish_batch()
     engine.reduce()
     reduced = engine.reduced_grads()
     result = None
@@ -130,6 +150,8 @@ def _run_case(rank: int, world: int, setup: EngineSetup, case: DistCase, seed: i
             "world_size": world, "engine": setup.engine, "zero_stage": setup.zero_stage, "offload": setup.offload,
             "dtype": str(setup.dtype).removeprefix("torch."), "objective": case.objective,
             "loss_agg_mode": case.mode, "std": case.std if case.objective == "grpo" else "n/a",
+            "learner": case.learner, "shared_prompt": case.shared_prompt,
+            "shared_prompt_rows": stats.get("shared_prompt_rows", 0),  # rank 0's
             "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs), "groups": len(sizes),
             "groups_per_rank": [sum(1 for o in owners.values() if o == r) for r in range(world)],
             "trajectories_per_rank": [sum(s for g, s in sizes.items() if owners[g] == r) for r in range(world)],
@@ -139,14 +161,15 @@ def _run_case(rank: int, world: int, setup: EngineSetup, case: DistCase, seed: i
     return result
 
 
-def _rank_main(rank: int, world: int, setups: list[EngineSetup], seed: int) -> list[dict]:
+def _rank_main(rank: int, world: int, setups: list[EngineSetup], seed: int,
+               cases: list[DistCase] | None = None) -> list[dict]:
     results = []
     for setup in setups:
         model = exactness_model(setup.dtype, seed).train()
         ref_model = tiny_llama(setup.dtype, seed + 1)
         engine = make_engine(setup.engine, model, lr=0.0, weight_decay=0.0, grad_clip=1.0,
                              zero_stage=setup.zero_stage or 0, offload=setup.offload)
-        for case in dist_cases():
+        for case in cases if cases is not None else dist_cases():
             out = _run_case(rank, world, setup, case, seed, model, ref_model, engine)
             if out is not None:
                 results.append(out)
@@ -164,12 +187,13 @@ def engine_setups(engines: list[str], zero_stages: list[int], offload: bool = Fa
 
 
 def run_distributed(world_sizes: list[int], setups: list[EngineSetup], seed: int = 0,
-                    timeout_s: float = 900.0) -> list[dict]:
-    """Every case of every setup at every world size; one spawn of W ranks per world size."""
-    cases = []
+                    timeout_s: float = 900.0, cases: list[DistCase] | None = None) -> list[dict]:
+    """Every case (of ``dist_cases()``, or ``cases``) of every setup at every world size; one
+    spawn of W ranks per world size."""
+    results = []
     for world in world_sizes:
-        cases += spawn_ranks(_rank_main, world, (setups, seed), timeout_s=timeout_s)[0]
-    return cases
+        results += spawn_ranks(_rank_main, world, (setups, seed, cases), timeout_s=timeout_s)[0]
+    return results
 
 
 def main(world_sizes: list[int], engines: list[str], zero_stages: list[int], offload: bool = False,
@@ -178,11 +202,12 @@ def main(world_sizes: list[int], engines: list[str], zero_stages: list[int], off
     if json_out:
         print(json.dumps({"cases": cases}))
     else:
-        print(f"{'W':>2} {'engine':9} {'zero':>4} {'dtype':7} {'objective':9} {'loss_agg_mode':24} "
+        print(f"{'W':>2} {'engine':9} {'zero':>4} {'dtype':7} {'objective':15} {'loss_agg_mode':24} "
               f"{'groups/rank':14} {'rel_error':>10} {'tol':>7}  ok")
         for c in cases:
             zero = "-" if c["zero_stage"] is None else c["zero_stage"]
-            print(f"{c['world_size']:>2} {c['engine']:9} {zero:>4} {c['dtype']:7} {c['objective']:9} "
+            objective = c["objective"] + ("+prompt" if c.get("shared_prompt") else "")  # learner.shared_prompt_backward
+            print(f"{c['world_size']:>2} {c['engine']:9} {zero:>4} {c['dtype']:7} {objective:15} "
                   f"{c['loss_agg_mode']:24} {str(c['groups_per_rank']):14} {c['rel_error']:10.2e} {c['tol']:7.0e}  "
                   f"{'yes' if c['passed'] else 'NO'}")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")

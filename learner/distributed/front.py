@@ -167,8 +167,9 @@ def rank_lane(rank: int, node: str | None = None) -> str:
 
 def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig, rank_stats: dict[int, dict]) -> dict:
     """Per-rank step metrics: ``learner/<r>/idle_ratio`` (no span on the rank's lane), its
-    trajectories and backward seconds, and ``learner/ranks_in_sync`` (1: every rank's weights
-    hashed equal after the step). ``trainer/idle_ratio`` stays the learner as a whole: the share
+    trajectories and backward seconds, ``learner/ranks_in_sync`` (1: every rank's weights
+    hashed equal after the step) and, with the shared-prompt backward, ``learner/shared_prompt_rows``
+    summed over the ranks. ``trainer/idle_ratio`` stays the learner as a whole: the share
     of the step with no learner span on any rank."""
     from learner.timeline import LEARNER_KINDS, Metric, union_length
 
@@ -183,6 +184,9 @@ def rank_metrics(spans: list[dict], t_start: float, t_end: float, cfg: RunConfig
         if stats:
             out[f"learner/{r}/trajectories"] = float(stats.get("rank_trajectories", 0))
             out[f"learner/{r}/backward_s"] = float(stats.get("backward_s", 0.0))
+    shared = [s["shared_prompt_rows"] for s in rank_stats.values() if "shared_prompt_rows" in s]
+    if shared:  # learner.shared_prompt_backward: every rank's, not rank 0's alone
+        out[Metric.SHARED_PROMPT_ROWS] = float(sum(shared))
     digests = {s.get("param_digest") for s in rank_stats.values()}
     if len(rank_stats) == world:
         out[Metric.RANKS_IN_SYNC] = 1.0 if len(digests) == 1 and None not in digests else 0.0

@@ -23,8 +23,10 @@ def busy_share(spans: list, t_start: float, t_end: float, workers: int) -> float
 
 def speculation_metrics(trajs: list[Trajectory], spans: list, t_start: float, t_end: float) -> dict[str, float]:
     """speculation/*: of the step's trajectories that were drafted, the drafted tokens, the share
-    kept by verification, the share kept whole, the tokens sampled after it; and the seconds of
-    verification forwards in the step's window (one forward covers many drafts: their union)."""
+    kept by verification, the share kept whole, the tokens sampled after it, the context tokens
+    whose keys/values those remainders took from verification instead of prefilling them again;
+    and the seconds of verification forwards in the step's window (one forward covers many
+    drafts: their union)."""
     drafted = [t for t in trajs if t.drafted_tokens]
     tokens = sum(t.drafted_tokens for t in drafted)
     verify = [(_get(s, "t0"), _get(s, "t1")) for s in spans if _get(s, "kind") == Kind.DRAFT_VERIFY]
@@ -35,6 +37,7 @@ def speculation_metrics(trajs: list[Trajectory], spans: list, t_start: float, t_
         if drafted else 0.0,
         Metric.VERIFY_S: union_length(verify, t_start, t_end),
         Metric.REMAINDER_TOKENS: float(sum(t.n_scored - t.kept_tokens for t in drafted)),
+        Metric.VERIFIED_KV_TOKENS: float(sum(t.verified_kv_tokens for t in drafted)),
     }
 
 

@@ -30,7 +30,7 @@ from learner.grad.learner_common import LEARNER_PATHS, LearnerOptions
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
 from learner.grad.reference import reference_gradient
 from learner.grad.speculation_exactness import print_cases, speculation_cases
-from learner.grad.tiny_models import INIT_STD, VOCAB, tiny_llama  # noqa: F401  (the tests' models, re-exported)
+from learner.grad.tiny_models import INIT_STD, VOCAB, tiny_llama, tiny_lora_llama  # noqa: F401  (the tests' models)
 from learner.trajectory import ScoredTurn, Trajectory
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
@@ -148,7 +148,7 @@ def streamed_gradient(
         while options.path == "adaptive" and rng.random() < 0.4 and learner.idle_work():
             max_open = max(max_open, len(learner.acc.open_groups))
     stats = learner.finish_batch()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}  # LoRA: adapters
     model.zero_grad(set_to_none=True)
     return grads, {**stats, "max_open_groups": max_open}
 
@@ -178,13 +178,15 @@ class CaseSpec:
     pack: bool = False  # learner.pack_rows: rows packed into micro-batch lines, no padding between them
     shared_prompt: bool = False  # learner.shared_prompt_backward, on batches whose groups share prompts
     early: bool = False  # cost-aware from ``early_work_everywhere``: its rules decide, not a cold start's "never"
+    lora: tuple[str, ...] | None = None  # model.lora: adapters on these modules (only they train)
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
                f"{self.open_group_cap}/{self.accumulator}/{self.aux}/{self.zero_variance}/{k}" + \
                ("/deterministic" if self.deterministic else "") + \
                ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "") + \
-               ("/shared-prompt" if self.shared_prompt else "") + ("/early" if self.early else "")
+               ("/shared-prompt" if self.shared_prompt else "") + ("/early" if self.early else "") + \
+               (f"/lora={','.join(self.lora)}" if self.lora else "")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -209,7 +211,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         loss_agg_mode=spec.mode, loss_scale_constant=rng.choice((7.0, 256.0)), kl_coef=aux_coef(),
         entropy_coef=aux_coef(),
     )
-    model = tiny_llama(spec.dtype, rng.randrange(2**31))
+    seed = rng.randrange(2**31)
+    model = tiny_lora_llama(spec.dtype, seed, spec.lora) if spec.lora else tiny_llama(spec.dtype, seed)
     ref_model = tiny_llama(spec.dtype, rng.randrange(2**31))
     trajs = zero_variance_batch(rng) if spec.zero_variance else random_batch(rng, spec.shared_prompt)
     options = LearnerOptions(path=spec.learner, micro_batch_tokens=rng.choice((16, 48, 4096)),
@@ -228,7 +231,8 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "dtype": str(spec.dtype).removeprefix("torch."), "learner": stats["learner"],
         "open_group_cap": 0 if spec.learner == "micro-batched" or spec.deterministic else spec.open_group_cap,
         "accumulator_device": spec.accumulator, "zero_variance_groups": spec.zero_variance, "drain": spec.drain,
-        "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt, "early_work": spec.early,
+        "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt, "lora": ",".join(spec.lora or ()),
+        "early_work": spec.early,
         "open_rows": stats.get("open_rows", 0), "early_micro_batches": stats.get("early_micro_batches", 0),
         "shared_prompt_rows": stats.get("shared_prompt_rows", 0),
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
@@ -272,13 +276,23 @@ def case_specs() -> list[CaseSpec]:
     return specs
 
 
+# LoRA targets of the shared-prompt cases: every layer's keys/values carry gradient; layer 0's
+# keys and values do not (their projections frozen: no cotangent for them); none does (an adapter
+# after the last attention: the prompt needs no backward at all)
+LORA_TARGETS = (("q_proj", "k_proj", "v_proj", "down_proj"), ("q_proj",), ("layers.1.mlp.down_proj",))
+
+
 def shared_prompt_specs(dtype: torch.dtype) -> list[CaseSpec]:
     """learner.shared_prompt_backward: every loss mode, micro-batched (sync), per-trajectory and
     adaptive with K ∈ {0, 2, unlimited}; the adaptive drain's early work also as measured
-    (cost-aware) and never (closed-groups)."""
+    (cost-aware) and never (closed-groups); under model.lora every path × ``LORA_TARGETS``, the
+    loss modes in turn."""
     paths = [("micro-batched", None), ("per-trajectory", None), ("adaptive", 0), ("adaptive", 2), ("adaptive", None)]
     specs = [CaseSpec("grpo", m, s, dtype, learner, cap, shared_prompt=True)
              for m in LOSS_AGG_MODES for s in ("unbiased",) for learner, cap in paths]
+    specs += [CaseSpec("grpo", LOSS_AGG_MODES[(i + j) % len(LOSS_AGG_MODES)], "unbiased", dtype, learner, cap,
+                       aux="on" if j % 2 else "random", shared_prompt=True, lora=targets)
+              for i, (learner, cap) in enumerate(paths) for j, targets in enumerate(LORA_TARGETS)]
     return specs + [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", 2, "device", "on", drain=drain,
                              shared_prompt=True) for drain in DRAIN_POLICIES if drain != "finished-groups-first"]
 
@@ -301,7 +315,7 @@ def main(json_out: bool = False) -> int:
               f"{'acc':6} {'rel_error':>10} {'tol':>7}  ok")
         for c in cases:
             cap = "-" if c["open_group_cap"] is None else c["open_group_cap"]
-            learner = c["learner"] + ("+prompt" if c.get("shared_prompt") else "")  # learner.shared_prompt_backward
+            learner = c["learner"] + ("+prompt" if c.get("shared_prompt") else "") + ("+lora" if c.get("lora") else "")
             print(
                 f"{c['objective']:9} {c['loss_agg_mode']:24} {c['std']:10} {c['dtype']:8} {learner:14} "
                 f"{cap:>4} {c['accumulator_device']:6} {c['rel_error']:10.2e} {c['tol']:7.0e}  "
@@ -314,6 +328,9 @@ def main(json_out: bool = False) -> int:
             shared = [c["rel_error"] for c in cases if c["dtype"] == dtype and c.get("shared_prompt")]
             if shared:
                 print(f"max rel_error {dtype} shared prompt: {max(shared):.2e} ({len(shared)} cases)")
+            lora = [c["rel_error"] for c in cases if c["dtype"] == dtype and c.get("shared_prompt") and c.get("lora")]
+            if lora:
+                print(f"max rel_error {dtype} shared prompt + lora: {max(lora):.2e} ({len(lora)} cases)")
         print(f"{sum(c['passed'] for c in cases)}/{len(cases)} cases passed")
         print_cases(drafts)
     return 0 if all(c["passed"] for c in cases + drafts) else 1

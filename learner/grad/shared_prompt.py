@@ -21,6 +21,11 @@ starts at the last prompt token, whose logits predict the first scored token, so
 trajectory shares its first prompt only. A member whose first P tokens differ, or
 a group whose prompt would take the kept prompts past ``max_tokens`` (the bound on the prompt
 activations held at once), is learnt the ordinary way: exact either way.
+
+Under LoRA (``model.lora``) only the adapters train, so a layer whose keys/values the prompt
+reaches through frozen weights alone (layer 0's keys when ``k_proj`` has no adapter) carries no
+gradient: its leaf gets no cotangent and the prompt's backward skips it (a prompt none of whose
+keys/values depends on an adapter gets no backward at all); G is the adapters' gradient only.
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ class PromptKV:
     shift: float | None = None
     off_shift: bool = False
     close: tuple[float, float] | None = None  # (μ, σ + ε) once the group closed
+
+    def live(self) -> list[torch.Tensor]:
+        """The leaves that depend on a trainable parameter (all of them without LoRA), in order:
+        the sums and the cotangent are over these."""
+        return [t for t in self.leaves if t.requires_grad]
+
+    def live_outputs(self) -> list[torch.Tensor]:
+        return [t for t in self.outputs if t.requires_grad]
 
     def add_direct(self, grads: Sequence[torch.Tensor]) -> None:
         self.direct = _added(self.direct, grads)
@@ -155,7 +168,8 @@ class SharedPrompts:
         state = self.states[group]
         if not state.leaves:  # the prompt's forward, once per group, at its first micro-batch
             state.outputs = decoder_kv(self.model, state.ids)
-            state.leaves = [t.detach().requires_grad_() for t in state.outputs]
+            # an output without graph (LoRA: frozen weights only) gets a leaf without a cotangent
+            state.leaves = [t.detach().requires_grad_(t.requires_grad) for t in state.outputs]
             if self.ref_model is not None:
                 with torch.no_grad():
                     state.ref = decoder_kv(self.ref_model, state.ids)
@@ -177,15 +191,17 @@ class SharedPrompts:
         return PastInputs(_stacked(states, "leaves", index, width), ref, mask, offsets), groups
 
     def leaves(self, groups: Sequence[int]) -> list[torch.Tensor]:
-        return [t for g in groups for t in self.states[g].leaves]
+        return [t for g in groups for t in self.states[g].live()]
 
     def add(self, groups: Sequence[int], grads: Sequence[torch.Tensor], reward: float | None = None) -> None:
         """Per group, its slice of ``grads`` (in ``leaves`` order): into the direct sum, or with
         ``reward`` into the running sums."""
-        n = len(self.states[groups[0]].leaves)
+        n = len(self.states[groups[0]].live())  # the same layers in every group: one model
+        if n == 0:  # no prompt key/value depends on a trainable parameter: nothing to back-propagate
+            return
         for k, g in enumerate(groups):
             part = [x if x is not None else torch.zeros_like(leaf)
-                    for x, leaf in zip(grads[k * n:(k + 1) * n], self.states[g].leaves)]
+                    for x, leaf in zip(grads[k * n:(k + 1) * n], self.states[g].live())]
             state = self.states[g]
             state.add_direct(part) if reward is None else state.add_to_group(float(reward), part)
 
@@ -207,9 +223,10 @@ class SharedPrompts:
                 continue
             t0 = time.monotonic()
             cot = state.cotangent()
-            if cot is not None and state.outputs:
-                cot = [c.to(o.dtype) for c, o in zip(cot, state.outputs)]
-                acc.add_direct(list(torch.autograd.grad(state.outputs, params, grad_outputs=cot, allow_unused=True)))
+            outputs = state.live_outputs()
+            if cot is not None and outputs:
+                cot = [c.to(o.dtype) for c, o in zip(cot, outputs)]
+                acc.add_direct(list(torch.autograd.grad(outputs, params, grad_outputs=cot, allow_unused=True)))
             self.states[g] = _PLAIN
             self.kept_tokens -= len(state.ids)
             t1 = time.monotonic()

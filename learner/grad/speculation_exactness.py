@@ -4,8 +4,9 @@ sampling token for token (docs/speculation.md), a case of ``thundersync check-ex
 Per case: a random tiny Llama θ_k and θ_{k+1} = θ_k moved by a random relative step; rows of
 random prompts (``GROUP`` rows each, so verification shares their prefix) are drafted under θ_k
 with the keyed sampler, verified against θ_{k+1}, and continued from the first differing
-position with the same streams; the result must equal what θ_{k+1} samples directly from the
-same prompts and seeds, in every token.
+position with the same streams, each rejected row from the keys/values verification kept for it
+(``rollout/kv_keep.py``); the result must equal what θ_{k+1} samples directly from the same
+prompts and seeds, in every token.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from learner.grad.tiny_models import VOCAB, tiny_llama
 from learner.rollout.engine import TorchEngine
+from learner.rollout.kv_keep import KeepKV
 from learner.rollout.sampling import SamplingParams, Stream
 from learner.rollout.speculation import Sampled, verify
 
@@ -31,7 +33,8 @@ def drifted(model: torch.nn.Module, drift: float, seed: int) -> dict[str, torch.
 def run_case(seed: int, temperature: float, top_p: float, drift: float) -> dict:
     rng = random.Random(seed)
     model = tiny_llama(torch.float32, seed)
-    engine = TorchEngine(model, pad_id=0)
+    engine = TorchEngine(model, pad_id=0, reuse_kv=True)
+    engine.prefixes.min_tokens = 1  # short contexts: every rejected row continues from verification's keys/values
     params = SamplingParams(NEW_TOKENS, [], temperature, top_p)
     distinct = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 9))] for _ in range(ROWS // GROUP)]
     prompts = [p for p in distinct for _ in range(GROUP)]
@@ -41,16 +44,20 @@ def run_case(seed: int, temperature: float, top_p: float, drift: float) -> dict:
     direct = engine.generate(prompts, params, seeds=seeds)
     views = [Sampled(p + d.token_ids, list(range(len(p), len(p) + NEW_TOKENS)),
                      [Stream(s, n) for n in range(NEW_TOKENS)]) for p, d, s in zip(prompts, drafts, seeds)]
-    verdicts = verify(model, views, temperature, top_p, pad_id=0)
-    equal, kept = 0, 0
-    for p, d, s, v, ref in zip(prompts, drafts, seeds, verdicts, direct):
+    verdicts = verify(model, views, temperature, top_p, pad_id=0, keep=KeepKV(engine.prefixes, list(range(ROWS)), 10**9))
+    equal, kept, expect, reused = 0, 0, 0, engine.prefixes.tokens_reused
+    for b, (p, d, s, v, ref) in enumerate(zip(prompts, drafts, seeds, verdicts, direct)):
         tokens = d.token_ids[:v.kept] + ([] if v.token is None else [v.token])
-        if len(tokens) < NEW_TOKENS:
-            tokens += engine.generate([p + tokens], params, seeds=[Stream(s, len(tokens))])[0].token_ids
+        if len(tokens) < NEW_TOKENS:  # (a rejected row continues from its kept keys/values: counted below)
+            tokens += engine.generate([p + tokens], params, seeds=[Stream(s, len(tokens))], keys=[b])[0].token_ids
+            expect += v.kv_tokens
         equal += tokens == ref.token_ids
         kept += v.kept
+    reused = engine.prefixes.tokens_reused - reused
+    every_rejected = all(v.kv_tokens > 0 for v in verdicts if v.token is not None)
     return {"seed": seed, "temperature": temperature, "top_p": top_p, "drift": drift, "rows": ROWS,
-            "kept_token_share": kept / (ROWS * NEW_TOKENS), "rows_equal": equal, "passed": equal == ROWS}
+            "kept_token_share": kept / (ROWS * NEW_TOKENS), "rows_equal": equal, "kv_reused_tokens": reused,
+            "passed": equal == ROWS and reused == expect and every_rejected}
 
 
 def speculation_cases(seed: int = 0) -> list[dict]:
@@ -58,7 +65,8 @@ def speculation_cases(seed: int = 0) -> list[dict]:
 
 
 def print_cases(cases: list[dict]) -> None:
-    print(f"{'speculation':11} {'T':>4} {'top_p':>5} {'drift':>5} {'kept':>6} {'rows equal':>10}  ok")
+    print(f"{'speculation':11} {'T':>4} {'top_p':>5} {'drift':>5} {'kept':>6} {'rows equal':>10} {'kv reused':>9}  ok")
     for c in cases:
         print(f"{'verify':11} {c['temperature']:4.1f} {c['top_p']:5.2f} {c['drift']:5.2f} "
-              f"{c['kept_token_share']:6.1%} {c['rows_equal']:>5}/{c['rows']:<4}  {'yes' if c['passed'] else 'NO'}")
+              f"{c['kept_token_share']:6.1%} {c['rows_equal']:>5}/{c['rows']:<4} {c['kv_reused_tokens']:>9}  "
+              f"{'yes' if c['passed'] else 'NO'}")

@@ -24,3 +24,18 @@ def tiny_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
         initializer_range=INIT_STD,
     )
     return widen_norms(LlamaForCausalLM(config).to(dtype).eval())
+
+
+def tiny_lora_llama(dtype: torch.dtype, seed: int, target_modules: tuple[str, ...]) -> torch.nn.Module:
+    """``tiny_llama`` with LoRA adapters (rank 4, alpha 8) on ``target_modules``, both factors
+    random: B starts at 0 in peft (a no-op adapter, where A's gradient vanishes), which would
+    leave half of what is checked at zero."""
+    from learner.config import LoraSettings
+    from learner.lora import with_lora
+
+    model = with_lora(tiny_llama(dtype, seed), LoraSettings(rank=4, alpha=8.0, target_modules=list(target_modules)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, INIT_STD)
+    return model

@@ -122,6 +122,7 @@ def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, o
     tok_row, logp_row = tok.tolist(), logp.tolist()  # one device read per token step
     step_tok = [engine.pad_id] * len(run.rows)
     ending: list[tuple[int, int, list[int]]] = []  # (row, batch row, context) of rows whose keys/values are kept
+    ended: list[tuple[int, bool]] = []  # (row, stopped): told to on_done once their keys/values are kept
     for k, j in enumerate(live):
         i = run.rows[j]
         rows.tokens[i].append(tok_row[k])
@@ -134,12 +135,14 @@ def _sample_step(engine, run: "_Running", rows: _Rows, params: SamplingParams, o
                 ending.append((i, j, rows.fed[i] + rows.tokens[i][:-1]))
             run.rows[j] = -1  # ended: masked padding from now on
             run.alive -= 1
-            rows.end(i, hit, on_done)
+            ended.append((i, hit))
         else:
             step_tok[j] = tok_row[k]
     if ending:  # copied before the batch changes: one copy per layer for all of them
         store.keep([rows.prefix_keys[i] for i, _, _ in ending], [c for *_, c in ending], run.cache,
                    [j for _, j, _ in ending], run.attn)
+    for i, hit in ended:  # after the keep: a loop that ends here drops its entry (worker.forget_kv), none is left behind
+        rows.end(i, hit, on_done)
     return step_tok
 
 
@@ -180,20 +183,24 @@ def _cut(engine, run: "_Running", cut: set[int], rows: _Rows, on_done: OnDone | 
 
 def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], reuse: list) -> None:
     """Prefill ``prompts`` (left-padded among themselves; after their kept prefix where ``reuse``
-    has one) and join them to the running batch."""
+    has one, in a forward of their own) and join them to the running batch."""
     t0 = time.perf_counter()
-    if any(r is not None for r in reuse):
+    kept = [b for b, r in enumerate(reuse) if r is not None]
+    if kept and len(kept) < len(prompts):
+        # rows with a kept prefix forward only their new tokens, apart from the others: in one forward
+        # every row would be as wide as the longest whole prompt (a draft's remainders join so, some
+        # with verification's keys/values, some under the store's threshold: rollout/kv_keep.py)
+        whole = [b for b, r in enumerate(reuse) if r is None]
+        cache, attn, next_pos, logits = _prefill_after(engine, [prompts[b] for b in kept], [reuse[b] for b in kept])
+        cache_w, attn_w, pos_w, logits_w = _prefill_whole(engine, [prompts[b] for b in whole])
+        kv_rows.check_joinable(cache_w)
+        cache, attn = kv_rows.join(cache, attn, cache_w, attn_w)
+        next_pos, logits = torch.cat([next_pos, pos_w]), torch.cat([logits, logits_w])
+        prompts, rows = [prompts[b] for b in kept + whole], [rows[b] for b in kept + whole]
+    elif kept:
         cache, attn, next_pos, logits = _prefill_after(engine, prompts, reuse)
     else:
-        B, width, dev = len(prompts), max(len(p) for p in prompts), engine.device
-        ids = torch.full((B, width), engine.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((B, width), dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            ids[b, width - len(p):] = torch.tensor(p)
-            attn[b, width - len(p):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache, logits = engine._prefill(prompts, ids, attn, pos)
-        next_pos = pos[:, -1:] + 1
+        cache, attn, next_pos, logits = _prefill_whole(engine, prompts)
     kv_rows.check_joinable(cache)
     B = len(prompts)
     if getattr(engine, "step_cost", None) is not None:  # (the prefill's columns: what it forwarded, padding included)
@@ -206,6 +213,19 @@ def _join(engine, run: "_Running", prompts: list[list[int]], rows: list[int], re
     run.pos = torch.cat([run.pos, next_pos])
     run.logits = torch.cat([run.logits, logits])
     run.rows = run.rows + rows
+
+
+def _prefill_whole(engine, prompts: list[list[int]]):
+    """Prefill ``prompts`` whole, left-padded among themselves (a group's shared prompt once)."""
+    B, width, dev = len(prompts), max(len(p) for p in prompts), engine.device
+    ids = torch.full((B, width), engine.pad_id, dtype=torch.long, device=dev)
+    attn = torch.zeros((B, width), dtype=torch.long, device=dev)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        attn[b, width - len(p):] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    cache, logits = engine._prefill(prompts, ids, attn, pos)
+    return cache, attn, pos[:, -1:] + 1, logits
 
 
 def _prefill_after(engine, prompts: list[list[int]], reuse: list):

@@ -19,6 +19,7 @@ import math
 from typing import Callable
 
 from learner.rollout import turns
+from learner.rollout.kv_keep import KeepKV
 from learner.rollout.turns import LoopHost, LoopState
 from learner.rollout.sampling import Completion, Stream
 from learner.rollout.speculation import Sampled, Verdict, verify
@@ -34,9 +35,13 @@ SAFETY, SLACK_S = 1.5, 0.001
 IDLE_STEP_S = 0.015
 
 
-def _room(worker: LoopHost) -> int:
-    budget = worker.cfg.rollout.speculation.draft_token_budget
-    return budget - sum(len(lp.ids) for lp in worker.loops.values() if lp.draft and lp.begun)
+def _room(worker: LoopHost, besides: set[int] = frozenset()) -> int:
+    """Tokens the draft budget leaves: less the started drafts' contexts (but those in ``besides``)
+    and the keys/values verification kept for remainders (``kv_keep.py``: columns x rows)."""
+    store = getattr(worker.engine, "prefixes", None)
+    held = store.held_tokens() if store is not None else 0
+    return (worker.cfg.rollout.speculation.draft_token_budget - held
+            - sum(len(lp.ids) for lp in worker.loops.values() if lp.draft and lp.begun and lp.traj not in besides))
 
 
 def _eligible(worker: LoopHost, running: set[int], now: float) -> list[LoopState]:
@@ -159,8 +164,15 @@ def verify_next(worker: LoopHost) -> bool:
     if worker.engine.version != step:
         raise RuntimeError(f"drafts of step {step} queued for verification, but weights {worker.engine.version} loaded")
     ro, views = worker.cfg.rollout, [sampled(lp) for lp in chunk]
+    store, trajs = getattr(worker.engine, "prefixes", None), [lp.traj for lp in chunk]
+    # what the chunk keeps takes the place of its drafts' contexts in the budget (the store's verified
+    # blocks together within what the other drafts leave: KeepKV.max_tokens counts what they hold)
+    keep = None
+    if store is not None and ro.speculation.reuse_verified_kv:  # (rollout/kv_keep.py)
+        keep = KeepKV(store, trajs, _room(worker, set(trajs)) + store.held_tokens(),
+                      [lp.parked is None for lp in chunk])  # (a parked draft has finished)
     t0 = worker.now()
-    verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id)
+    verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id, keep=keep)
     t1 = worker.now()
     for lp, view, verdict in zip(chunk, views, verdicts):
         worker.verifying.discard(lp.traj)
@@ -192,6 +204,7 @@ def _continue(worker: LoopHost, lp: LoopState, view: Sampled, verdict: Verdict) 
     differing position on, the loop goes on under the new weights with the same streams."""
     version = worker.engine.version
     lp.draft, lp.drafted_tokens, lp.kept_tokens = False, len(view.positions), verdict.kept
+    lp.verified_kv_tokens = verdict.kv_tokens
     for j, logp in zip(view.positions, verdict.logprobs):
         lp.blogp[j] = logp
     if verdict.token is None:  # kept whole

@@ -12,6 +12,12 @@ copied out of the running batch when the row ends. It is used only when those to
 prefix of the new prompt (else the prompt is prefilled as before), once (taken), and only under
 the weights it was computed with: ``clear`` on every weight load, and an entry never outlives
 ``MAX_ENTRIES`` newer ones (a loop whose last turn ended never asks for its entry again).
+
+Speculation's verification forward (``rollout/speculation.py``) computes a rejected draft's keys
+and values under the new weights; those of its kept prefix come here too (``keep_block``, tagged
+``verified``), so its remainder's next turn forwards only the corrected token onwards
+(docs/speculation.md). ``held_tokens`` says what such blocks hold, padding included: the worker
+counts it against the draft token budget.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class _Block:
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (rows, heads, W, dim) keys and values
     mask: torch.Tensor  # (rows, W) 1 where the row attends (its context), 0 on padding
+    verified: bool = False  # computed by a verification forward (``keep_block``), not a running batch
 
 
 @dataclass
@@ -57,8 +64,15 @@ class PrefixStore:
         ``keys[k]``. A row whose mask does not count one column per token is not kept."""
         idx = torch.tensor(rows, device=attn.device)
         mask = attn.index_select(0, idx)
-        block = _Block([(layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
-                        for layer in cache.layers], mask)
+        self.keep_block(keys, tokens, [(layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
+                                       for layer in cache.layers], mask)
+
+    def keep_block(self, keys: list[Hashable], tokens: list[list[int]], layers: list[tuple[torch.Tensor, torch.Tensor]],
+                   mask: torch.Tensor, verified: bool = False) -> None:
+        """Keep rows already copied out (per layer (rows, heads, W, dim) keys and values, their
+        (rows, W) mask): row k's context is ``tokens[k]``, kept under ``keys[k]``; a row whose mask
+        does not count one column per token is not kept."""
+        block = _Block(layers, mask, verified)
         counts = mask.sum(1).tolist()
         for k, (key, toks) in enumerate(zip(keys, tokens)):
             self._entries.pop(key, None)
@@ -78,12 +92,18 @@ class PrefixStore:
         self.tokens_reused += n
         return entry
 
-    def drop(self, key: Hashable) -> None:
-        """Forget ``key``'s entry (its loop ended or its draft was dropped: nothing asks for it again)."""
-        self._entries.pop(key, None)
+    def drop(self, key: Hashable) -> Prefix | None:
+        """Forget ``key``'s entry (its loop ended or its draft was dropped: nothing asks for it again); returns it."""
+        return self._entries.pop(key, None)
 
     def clear(self) -> None:
         self._entries.clear()
+
+    def held_tokens(self) -> int:
+        """Columns x rows of the verified blocks some entry still holds (a block is freed only when
+        its last entry goes: its rows already taken still count)."""
+        blocks = {id(e.block): e.block for e in self._entries.values() if e.block.verified}
+        return sum(b.mask.numel() for b in blocks.values())
 
 
 def past_cache(reuse: list[Prefix | None]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:

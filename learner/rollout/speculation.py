@@ -4,7 +4,10 @@ under the new weights recomputes, at every sampled position, the token the keyed
 drafted token differs, and that position takes the new weights' token.
 
 Pure functions of (model, token sequences, streams): no worker state, so the same code checks
-itself against direct sampling (``learner/grad/exactness.py``).
+itself against direct sampling (``learner/grad/exactness.py``). With ``keep`` the forward's keys
+and values of each rejected draft's kept prefix go to the engine's prefix store
+(``rollout/prefix_store.py``, ``kv_keep.py``), so the remainder does not prefill its context again
+(nor does an unfinished draft kept whole).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from learner.rollout.kv_keep import KeepKV, keep_contexts
 from learner.rollout.sampling import Stream, keyed_sample, row_keys
 
 LOGIT_ELEMENTS_PER_FORWARD = 1 << 26  # rows x length x vocab of one verification forward (256 MB of fp32 logits)
@@ -33,14 +37,16 @@ class Verdict:
     kept: int  # sampled positions kept, from the first (== len(positions): the whole draft)
     logprobs: list[float]  # new weights' log-prob of each kept token, then of ``token``
     token: int | None  # the new weights' token at the first differing position (None: all kept)
+    kv_tokens: int = 0  # context tokens whose keys/values went to ``keep``'s store (rollout/kv_keep.py)
 
 
 @torch.no_grad()
 def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, top_p: float,
-           pad_id: int, share_prefix: bool = True) -> list[Verdict]:
+           pad_id: int, share_prefix: bool = True, keep: KeepKV | None = None) -> list[Verdict]:
     """The verdict of each draft under ``model``, in batched forwards (longest first, bounded
     by ``LOGIT_ELEMENTS_PER_FORWARD``). ``share_prefix`` off only to measure what sharing
-    saves (``bench/verify_cost.py``)."""
+    saves (``bench/verify_cost.py``). ``keep``: where the rejected drafts' kept keys/values go
+    (``keep.keys[i]``: draft i's key in the store)."""
     verdicts: list[Verdict | None] = [None] * len(drafts)
     order = sorted(range(len(drafts)), key=lambda i: -len(drafts[i].ids))
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -48,10 +54,15 @@ def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, to
     while start < len(order):
         width = len(drafts[order[start]].ids)
         rows = max(1, LOGIT_ELEMENTS_PER_FORWARD // max(1, width * vocab))
-        chunk = [drafts[i] for i in order[start:start + rows]]
+        index = order[start:start + rows]
+        chunk = [drafts[i] for i in index]
         shared = share_prefix and all(_prefix_length(d) > 0 for d in chunk)
-        at = (_shared_prefix_logits if shared else _whole_logits)(model, chunk, pad_id)
-        for i, v in zip(order[start:start + rows], _verdicts(chunk, at, temperature, top_p)):
+        at, cache, columns = (_shared_prefix_logits if shared else _whole_logits)(model, chunk, pad_id)
+        chunk_verdicts = _verdicts(chunk, at, temperature, top_p)
+        if keep is not None:
+            unfinished = [bool(keep.unfinished and keep.unfinished[i]) for i in index]
+            keep_contexts(keep, [keep.keys[i] for i in index], unfinished, chunk, chunk_verdicts, cache, columns)
+        for i, v in zip(index, chunk_verdicts):
             verdicts[i] = v
         start += rows
     return verdicts  # type: ignore[return-value]
@@ -63,9 +74,10 @@ def _prefix_length(d: Sampled) -> int:
     return (d.positions[0] if d.positions else len(d.ids)) - 1
 
 
-def _whole_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Tensor:
+def _whole_logits(model, drafts: list[Sampled], pad_id: int):
     """(N, V): the logits each sampled token was drawn from, from one right-padded forward
-    over every draft's whole context."""
+    over every draft's whole context; with the forward's cache and where in it row b's first n
+    positions are (``columns(b, n)``: position p at column p)."""
     dev = next(model.parameters()).device
     width = max(len(d.ids) for d in drafts)
     ids = torch.full((len(drafts), width), pad_id, dtype=torch.long, device=dev)
@@ -73,17 +85,20 @@ def _whole_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Tensor:
     for b, d in enumerate(drafts):  # right padding: every token keeps its position 0..n-1
         ids[b, :len(d.ids)] = torch.tensor(d.ids)
         attn[b, :len(d.ids)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()  # (B, W, V)
+    out = model(input_ids=ids, attention_mask=attn, use_cache=True)
+    logits = out.logits.float()  # (B, W, V)
     rows = torch.tensor([b for b, d in enumerate(drafts) for _ in d.positions], dtype=torch.long, device=dev)
     cols = torch.tensor([j - 1 for d in drafts for j in d.positions], dtype=torch.long, device=dev)
-    return logits[rows, cols]
+    return logits[rows, cols], out.past_key_values, lambda b, n: list(range(n))
 
 
-def _shared_prefix_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Tensor:
+def _shared_prefix_logits(model, drafts: list[Sampled], pad_id: int):
     """(N, V) as ``_whole_logits``, with each distinct prefix (``_prefix_length``) forwarded
     once and its keys/values given to every draft that shares it (as the engine's prefill
     shares a group's prompt), then each draft's remainder forwarded on that cache; the output
-    embedding is applied only at the positions whose logits draw a sampled token."""
+    embedding is applied only at the positions whose logits draw a sampled token. Row b's cache:
+    its prefix (c tokens) right-aligned in the first ``lead`` columns, its remainder from column
+    ``lead`` on (``columns``)."""
     dev = next(model.parameters()).device
     cuts = [_prefix_length(d) for d in drafts]
     first: dict[tuple[int, ...], int] = {}
@@ -105,11 +120,16 @@ def _shared_prefix_logits(model, drafts: list[Sampled], pad_id: int) -> torch.Te
         ids[b, :len(d.ids) - c] = torch.tensor(d.ids[c:])
         attn[b, :len(d.ids) - c] = 1
     pos = torch.tensor(cuts, device=dev)[:, None] + torch.arange(width, device=dev)
-    hidden = decoder(input_ids=ids, attention_mask=torch.cat([pre_attn[select], attn], 1), position_ids=pos,
-                     past_key_values=cache, use_cache=True).last_hidden_state  # (B, W, H)
+    out = decoder(input_ids=ids, attention_mask=torch.cat([pre_attn[select], attn], 1), position_ids=pos,
+                  past_key_values=cache, use_cache=True)
+    hidden, cache = out.last_hidden_state, out.past_key_values  # (B, W, H); the cache now holds every column
     rows = torch.tensor([b for b, d in enumerate(drafts) for _ in d.positions], dtype=torch.long, device=dev)
     cols = torch.tensor([j - 1 - c for d, c in zip(drafts, cuts) for j in d.positions], dtype=torch.long, device=dev)
-    return model.get_output_embeddings()(hidden[rows, cols]).float()
+
+    def columns(b: int, n: int) -> list[int]:
+        c = min(cuts[b], n)
+        return list(range(lead - cuts[b], lead - cuts[b] + c)) + list(range(lead, lead + n - c))
+    return model.get_output_embeddings()(hidden[rows, cols]).float(), cache, columns
 
 
 def _verdicts(drafts: list[Sampled], at: torch.Tensor, temperature: float, top_p: float) -> list[Verdict]:

@@ -66,6 +66,7 @@ class LoopState:
     drafted_versions: list[int] = field(default_factory=list)  # per turn (-1: sampled directly)
     drafted_tokens: int = 0
     kept_tokens: int = 0
+    verified_kv_tokens: int = 0  # context tokens whose keys/values its going on took from verification (kv_keep.py)
 
     def stream(self) -> int | Stream:
         """The random stream of the turn in progress: its seed, or (a turn continued after a

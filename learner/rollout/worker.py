@@ -177,11 +177,15 @@ class AgentWorker:
             error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
         t1 = self.now()
         self.span(Kind.VERIFY, t0, t1, lp, turn=len(lp.turn_spans) - 1)
+        unused = forget_kv(self.engine, lp.traj)
+        if unused is not None and unused.block.verified:  # a remainder that ended with its corrected token
+            lp.verified_kv_tokens = 0  # ... never used the keys/values verification kept for it
         self.send(Trajectory(
             id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
             behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
             turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
             drafted_versions=lp.drafted_versions, drafted_tokens=lp.drafted_tokens, kept_tokens=lp.kept_tokens,
+            verified_kv_tokens=lp.verified_kv_tokens,
         ))
         self.release(lp)
 
@@ -207,11 +211,12 @@ class AgentWorker:
             self.tools.close()
 
 
-def forget_kv(engine, traj: int) -> None:
+def forget_kv(engine, traj: int):
     """A loop that ended (or a draft dropped) never asks for its kept keys/values again: they go
-    now, not when ``PrefixStore.MAX_ENTRIES`` newer ones pushed them out."""
+    now, not when ``PrefixStore.MAX_ENTRIES`` newer ones pushed them out. Returns the entry dropped."""
     if getattr(engine, "prefixes", None) is not None:
-        engine.prefixes.drop(traj)
+        return engine.prefixes.drop(traj)
+    return None
 
 
 def start_loops(worker: AgentWorker, step: int, items: list[WorkItem], draft: bool = False) -> None:

@@ -83,6 +83,10 @@ def test_check_exactness_across_two_rank_processes_torch_and_deepspeed():
     assert any(0 in c["groups_per_rank"] for c in cases)  # a rank with no group
     assert any(len(set(c["trajectories_per_rank"])) > 1 for c in cases)  # unequal loads
     assert all(1 in c["group_sizes"] for c in cases if c["groups"] >= 3)  # groups of one
+    shared = [c for c in cases if c["shared_prompt"]]  # learner.shared_prompt_backward, every engine
+    assert {c["engine"] for c in shared} == {"torch", "deepspeed"} and {c["learner"] for c in shared} == {
+        "adaptive", "micro-batched"}
+    assert any(c["shared_prompt_rows"] > 0 for c in shared)
 
 
 def test_nodes_place_ranks_in_blocks_in_rank_order():

@@ -94,8 +94,6 @@ def test_shared_prompt_specs_cover_every_mode_and_open_group_cap():
 @pytest.mark.parametrize("overrides,names", [
     ({"train": {"schedule": "async"}}, "not async"),
     ({"algorithm": {"objective": "opd", "loss_agg_mode": "token-mean"}}, "not objective opd"),
-    ({"learner": {"world_size": 2}}, "data-parallel"),
-    ({"model": {"lora": {"rank": 4}}}, "model.lora"),
 ])
 def test_unsupported_paths_are_refused_naming_the_field(overrides, names):
     data = {"train": {"schedule": "streaming"}, "learner": {"shared_prompt_backward": True}}
@@ -104,6 +102,16 @@ def test_unsupported_paths_are_refused_naming_the_field(overrides, names):
     with pytest.raises(ConfigError, match=f"learner.shared_prompt_backward: .*{names}"):
         parse_config(data)
     assert parse_config({"learner": {"shared_prompt_backward": True}}).learner.shared_prompt_backward
+
+
+@pytest.mark.parametrize("overrides", [{"model": {"lora": {"rank": 4}}}, {"learner": {"world_size": 2}},
+                                       {"learner": {"world_size": 2}, "train": {"schedule": "sync"}},
+                                       {"learner": {"world_size": 2, "engine": "deepspeed", "zero_stage": 2}}])
+def test_lora_and_data_parallel_ranks_take_the_shared_prompt_backward(overrides):
+    data = {"learner": {"shared_prompt_backward": True}}
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    assert parse_config(data).learner.shared_prompt_backward
 
 
 def test_the_preamble_starts_every_arith_tool_prompt_and_only_there():

@@ -14,15 +14,17 @@ import pytest
 import torch
 
 from learner.config import ConfigError, RunConfig, parse_config
-from learner.grad.speculation_exactness import speculation_cases
+from learner.grad.speculation_exactness import drifted, speculation_cases
 from learner.grad.tiny_models import VOCAB, tiny_llama
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.drafts import speculation_refused
 from learner.rollout.engine import TorchEngine
 from learner.rollout.env import ArithToolEnv
+from learner.rollout.kv_keep import KeepKV
 from learner.rollout.messages import Draft, Finished, Work, WorkItem
 from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.sampling import Stream
+from learner.rollout.prefix_store import PrefixStore
+from learner.rollout.sampling import SamplingParams, Stream
 from learner.rollout.sandbox_task import PythonSandboxEnv
 from learner.rollout.speculation import Sampled, verify
 from learner.rollout.worker import AgentWorker
@@ -176,13 +178,79 @@ def test_shared_prefix_verification_matches_the_whole_context_forward() -> None:
     model = tiny_llama(torch.float32, 5)
     rng = random.Random(5)
     prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(3)]
-    drafts = []
+    views = []
     for g, p in enumerate(prompts):
         for r in range(4):  # a group of 4, drafts of different lengths (two turns for some)
             tail = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 20))]
             positions = list(range(len(p), len(p) + len(tail)))
-            drafts.append(Sampled(p + tail, positions, [Stream(1000 * g + r, n) for n in range(len(tail))]))
-    whole = verify(model, drafts, 1.0, 1.0, pad_id=0, share_prefix=False)
-    shared = verify(model, drafts, 1.0, 1.0, pad_id=0)
+            views.append(Sampled(p + tail, positions, [Stream(1000 * g + r, n) for n in range(len(tail))]))
+    whole = verify(model, views, 1.0, 1.0, pad_id=0, share_prefix=False)
+    shared = verify(model, views, 1.0, 1.0, pad_id=0)
     assert [(v.kept, v.token) for v in shared] == [(v.kept, v.token) for v in whole]
     assert max(abs(a - b) for v, w in zip(shared, whole) for a, b in zip(v.logprobs, w.logprobs)) < LOGPROB_ATOL
+
+
+def test_a_rejected_drafts_remainder_starts_from_the_verification_kv() -> None:
+    """Every rejected draft's kept context goes from the verification forward to the prefix store,
+    and its remainder's next generate takes it: the prefill tokens reused after the weight load
+    grow by exactly those contexts against the same run with it off, and the tokens stay direct
+    sampling's."""
+    cfg = config()
+    worker, _ = make_worker(cfg)
+    new = perturbed(worker.engine.model, 0.05)
+    ref, _, _ = direct(cfg, new)
+    reused, got = {}, {}
+    for keep in (False, True):
+        cfg.rollout.speculation.reuse_verified_kv = keep
+        worker, engine = make_worker(cfg)
+        engine.prefixes.min_tokens = 1  # these contexts are short: keep every one
+        worker.handle(Draft(1, items(cfg)))
+        worker.run_loops(timeout_s=120)
+        engine.load_weights(new, version=1)  # (drops every entry the drafts kept under θ_k)
+        before = engine.prefixes.tokens_reused
+        worker.handle(Work(1, items(cfg)))
+        worker.run_loops(timeout_s=120)
+        got[keep], reused[keep] = received(worker)[0], engine.prefixes.tokens_reused - before
+        assert_same(ref, got[keep])
+        assert len(engine.prefixes) == 0 and engine.prefixes.held_tokens() == 0  # every entry taken or dropped
+    rejected = [t for t in got[True] if t.drafted_tokens and t.kept_tokens < t.drafted_tokens]
+    assert any(t.verified_kv_tokens for t in rejected) and not any(t.verified_kv_tokens for t in got[False])
+    # after the load the calls differ only in the remainders' first prefill (a remainder that ended
+    # with its corrected token used nothing and counts 0)
+    assert reused[True] - reused[False] == sum(t.verified_kv_tokens for t in got[True]) > 0
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_kept_verification_kv_equals_a_prefill_of_the_kept_context(share_prefix: bool) -> None:
+    """The block ``kv_keep`` gathers out of either verification forward holds, per row and
+    right-aligned, the keys/values a fresh forward of its kept context computes (a rejected draft's
+    context before its first differing position; an unfinished draft kept whole, all but its last
+    token); rows are kept shortest first within the bound."""
+    model = tiny_llama(torch.float32, 5)
+    engine = TorchEngine(model, pad_id=0)
+    rng = random.Random(7)
+    rows = [p for p in [[rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 12))] for _ in range(3)] for _ in range(4)]
+    drafted = engine.generate(rows, SamplingParams(20, []), seeds=list(range(len(rows))))  # θ_k's drafts
+    engine.load_weights(drifted(model, 0.1, 1), version=1)  # θ_{k+1}
+    views = [Sampled(p + c.token_ids, list(range(len(p), len(p) + len(c.token_ids))),
+                     [Stream(b, n) for n in range(len(c.token_ids))]) for b, (p, c) in enumerate(zip(rows, drafted))]
+    store = PrefixStore(min_tokens=1)
+    verdicts = verify(model, views, 1.0, 1.0, pad_id=0, share_prefix=share_prefix,
+                      keep=KeepKV(store, list(range(len(views))), 10**9, [True] * len(views)))
+    assert {v.token is None for v in verdicts} == {True, False}  # some kept whole, some rejected
+    assert len(store) == len(views)
+    for b, (view, verdict) in enumerate(zip(views, verdicts)):
+        n = verdict.kv_tokens
+        assert n == (len(view.ids) - 1 if verdict.token is None else view.positions[verdict.kept])
+        entry = store._entries[b]
+        assert entry.tokens == view.ids[:n] and int(entry.block.mask[entry.row].sum()) == n
+        fresh = model(input_ids=torch.tensor([view.ids[:n]]), use_cache=True).past_key_values
+        for (keys, values), layer in zip(entry.block.layers, fresh.layers):
+            assert torch.allclose(keys[entry.row, :, -n:], layer.keys[0], atol=1e-5)
+            assert torch.allclose(values[entry.row, :, -n:], layer.values[0], atol=1e-5)
+    shortest = sorted(v.kv_tokens for v in verdicts)
+    bound = PrefixStore(min_tokens=1)
+    kept = verify(model, views, 1.0, 1.0, pad_id=0, share_prefix=share_prefix,
+                  keep=KeepKV(bound, list(range(len(views))), 2 * shortest[1], [True] * len(views)))
+    assert len(bound) == 2 and bound.held_tokens() <= 2 * shortest[1]  # the two shortest: 2 rows x the longer
+    assert sorted(v.kv_tokens for v in kept if v.kv_tokens) == shortest[:2]

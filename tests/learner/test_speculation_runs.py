@@ -1,6 +1,7 @@
 """Speculation on vs off in whole runs (docs/speculation.md): the same seed gives the same tokens
 and rewards in every step and the same gradients (relative error ≤ 1e-6, float32), under sync
-and streaming; and a speculative run SIGKILLed after a checkpoint resumes to the same final
+and streaming, with prompts short and long enough that rejected drafts' remainders start from the
+verification forward's keys/values; and a speculative run SIGKILLed after a checkpoint resumes to the same final
 weights, bit for bit, as one never stopped (the drafts in flight are lost; verification gives
 the same tokens either way)."""
 
@@ -20,10 +21,16 @@ from learner.timeline import Metric, MemorySink
 from tests.learner.test_cli_faults import final_weights, kill_each_once_checkpointed, popen_train, wait_gone
 
 
-def run(schedule: str, speculation: bool, monkeypatch) -> tuple[list, list]:
+# ~70 tokens before every question (the built-in tokenizer is per character): contexts pass the prefix
+# store's MIN_TOKENS, so rejected drafts' remainders start from verification's keys/values
+PREAMBLE = "Use the calculator for every operation, one operation per call, then answer."
+
+
+def run(schedule: str, speculation: bool, monkeypatch, preamble: str | None = None) -> tuple[list, list, list]:
     cfg = load_config("configs/quickstart.yaml")
     cfg.train.schedule, cfg.train.steps = schedule, 3
     cfg.rollout.speculation.enabled = speculation
+    cfg.task.prompt_preamble = preamble
     steps, grads = [], []
     finish_step, step = Trainer.finish_step, torch.optim.AdamW.step
 
@@ -44,14 +51,30 @@ def run(schedule: str, speculation: bool, monkeypatch) -> tuple[list, list]:
     if speculation:
         kept = [m["values"][Metric.KEPT_TOKEN_SHARE] for m in sink.metrics()[1:]]
         assert all(k > 0 for k in kept) and sink.metrics()[1]["values"][Metric.DRAFTED_TOKENS] > 0
-    return steps, grads
+    return steps, grads, [m["values"] for m in sink.metrics()]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["sync", "streaming"])
 def test_speculation_changes_no_token_reward_or_gradient(schedule: str, monkeypatch) -> None:
-    off_steps, off_grads = run(schedule, False, monkeypatch)
-    on_steps, on_grads = run(schedule, True, monkeypatch)
+    off_steps, off_grads, _ = run(schedule, False, monkeypatch)
+    on_steps, on_grads, _ = run(schedule, True, monkeypatch)
+    assert_equal_runs(off_steps, off_grads, on_steps, on_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["sync", "streaming"])
+def test_remainders_from_verification_kv_change_no_token_reward_or_gradient(schedule: str, monkeypatch) -> None:
+    """Contexts past the store's threshold: the rejected drafts' remainders start from the
+    verification forward's keys/values (speculation/verified_kv_tokens > 0), and every step's
+    tokens, rewards and gradients still equal speculation off."""
+    off_steps, off_grads, _ = run(schedule, False, monkeypatch, PREAMBLE)
+    on_steps, on_grads, metrics = run(schedule, True, monkeypatch, PREAMBLE)
+    assert_equal_runs(off_steps, off_grads, on_steps, on_grads)
+    assert sum(m.get(Metric.VERIFIED_KV_TOKENS, 0.0) for m in metrics) > 0
+
+
+def assert_equal_runs(off_steps: list, off_grads: list, on_steps: list, on_grads: list) -> None:
     assert len(on_steps) == len(off_steps) == 3
     for a, b in zip(off_steps, on_steps):
         assert a == b  # ids, tokens, masks and rewards, step by step
