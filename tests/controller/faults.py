@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
@@ -222,6 +223,34 @@ class ProductionWeb:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.log.close()
+
+
+def production_password(user, password: str):
+    """``user`` with ``password`` hashed by a hasher production accepts (the test settings use MD5)."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()
+    user.password = hasher.encode(password, hasher.salt(), iterations=1000)
+    user.save(update_fields=["password"])
+    return user
+
+
+# -- fixtures of the production-shape tests (import them into the test module) --------------
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A private Redis (RedisServer) that the test may crash and start again."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def web(redis_server, tmp_path):
+    """daphne on controller.settings.production (ProductionWeb) with ``redis_server`` as its Redis."""
+    server = ProductionWeb(redis_server.url, tmp_path / "runs", tmp_path / "daphne.log")
+    yield server
+    server.stop()
 
 
 class BackendTerminator:

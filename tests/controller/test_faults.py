@@ -23,8 +23,9 @@ from learner.rollout.sandbox import SANDBOX_TOKEN
 from .conftest import QUICKSTART
 from tests.harness.processes import rollout_workers
 
-from .faults import (BackendTerminator, ProductionWeb, RedisServer, WorkerProcess, assert_nothing_left, assert_spans_kept, group_members,
-                     exited, live_processes, wait_final, wait_running_with_spans, wait_until)
+from .faults import (BackendTerminator, WorkerProcess, assert_nothing_left, assert_spans_kept, exited, group_members,
+                     live_processes, wait_final, wait_running_with_spans, wait_until)
+from .faults import redis_server, web  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BOUND_S = 60.0
@@ -121,25 +122,18 @@ def test_a_lost_celery_worker_is_reaped_by_the_next_one(worker, alice_experiment
     no_run_without_owner()
 
 
-def test_a_run_whose_only_worker_died_is_ended_by_the_web_process(worker, alice_experiment, streaming_preset,
-                                                                   run_dir, tmp_path):
+def test_a_run_whose_only_worker_died_is_ended_by_the_web_process(worker, alice_experiment, streaming_preset, web):
     """No worker of the run's queue comes back: the web process (production settings reap
     there too, controller/asgi.py) ends the run within its reap interval."""
-    redis = RedisServer(tmp_path / "redis").start()
-    web = ProductionWeb(redis.url, run_dir, tmp_path / "daphne.log")
-    try:
-        run_id = launch(alice_experiment, streaming_preset, 200)
-        run = wait_running_with_spans(run_id, 20)
-        worker.stop()  # kill -9 of the main and the pool process; none is started again
-        t0 = time.monotonic()
-        run = wait_final(run_id, BOUND_S)
-        assert run.status == "failed" and "lost its supervisor" in run.error, run.error
-        assert time.monotonic() - t0 < BOUND_S
-        assert_nothing_left(run)
-        no_run_without_owner()
-    finally:
-        web.stop()
-        redis.stop()
+    run_id = launch(alice_experiment, streaming_preset, 200)
+    run = wait_running_with_spans(run_id, 20)
+    worker.stop()  # kill -9 of the main and the pool process; none is started again
+    t0 = time.monotonic()
+    run = wait_final(run_id, BOUND_S)
+    assert run.status == "failed" and "lost its supervisor" in run.error, run.error
+    assert time.monotonic() - t0 < BOUND_S
+    assert_nothing_left(run)
+    no_run_without_owner()
 
 
 def test_a_hung_supervisor_is_reaped_and_its_learner_group_killed(worker, alice_experiment, streaming_preset):
@@ -267,28 +261,21 @@ def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset
     assert not [pid for pid in stopped if os.path.exists(f"/proc/{pid}")]
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
-def test_a_redis_restart_loses_no_run(private_redis, run_dir, tmp_path, alice_experiment, sync_preset):
+def test_a_redis_restart_loses_no_run(redis_server, run_dir, tmp_path, alice_experiment, sync_preset):
     # The worker's broker is a private Redis that this test crashes (a restart without
     # persistence). The test process enqueues on the test run's shared broker, which that
     # worker never reads: for it, every message the test sends is lost, as in a crash.
     long_ago = timezone.now() - timedelta(minutes=5)
     first = launch_run(alice_experiment, sync_preset, steps=3)
     Run.objects.filter(pk=first.pk).update(enqueued=long_ago)
-    worker = WorkerProcess(run_dir, tmp_path / "worker.log", redis_url=private_redis.url)
+    worker = WorkerProcess(run_dir, tmp_path / "worker.log", redis_url=redis_server.url)
     try:
         wait_running_with_spans(first.pk, 20)  # the reaper sent its message again
         second = launch_run(alice_experiment, sync_preset, steps=1)
         Run.objects.filter(pk=second.pk).update(enqueued=long_ago)
         before = Span.objects.filter(run_id=first.pk).count()
-        private_redis.crash()  # the running run's unacknowledged message dies with it
-        private_redis.start()
+        redis_server.crash()  # the running run's unacknowledged message dies with it
+        redis_server.start()
         runs = [wait_final(first.pk, 240), wait_final(second.pk, 240)]
         for run in runs:
             assert run.status == "succeeded", run.error

@@ -10,37 +10,20 @@ import time
 
 import pytest
 import websockets
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from controller.consumers import CLOSE_TRY_AGAIN_LATER
 from controller.models import Run
 
-from .faults import BackendTerminator, ProductionWeb, RedisServer
+from .faults import BackendTerminator, production_password
+from .faults import redis_server, web  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def alice(alice):
     """Alice's password hashed with a hasher production accepts (the test settings use MD5)."""
-    hasher = PBKDF2PasswordHasher()
-    alice.password = hasher.encode("alice-password", hasher.salt(), iterations=1000)
-    alice.save(update_fields=["password"])
-    return alice
-
-
-@pytest.fixture
-def web(redis_server, tmp_path):
-    server = ProductionWeb(redis_server.url, tmp_path / "runs", tmp_path / "daphne.log")
-    yield server
-    server.stop()
+    return production_password(alice, "alice-password")
 
 
 def assert_outage_answer(response) -> None:

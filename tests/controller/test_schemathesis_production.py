@@ -15,14 +15,14 @@ from collections import Counter
 import pytest
 import requests
 import schemathesis
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from controller.models import Experiment, Run
 
 from .conftest import QUICKSTART, make_run, store_metrics, store_spans
-from .faults import BackendTerminator, ProductionWeb, RedisServer
+from .faults import BackendTerminator, ProductionWeb, production_password
+from .faults import redis_server, web  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 EXAMPLES = 6  # per operation, mode and phase: 14 operations x 2 modes x up to 3 sends x 3 phases
@@ -30,26 +30,9 @@ PATH_IDS = re.compile(r"\{(run_id|experiment_id)\}")
 
 
 @pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def web(redis_server, tmp_path):
-    server = ProductionWeb(redis_server.url, tmp_path / "runs", tmp_path / "daphne.log")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def bob(bob):
     """bob's password hashed with a hasher production accepts (the test settings use MD5)."""
-    hasher = PBKDF2PasswordHasher()
-    bob.password = hasher.encode("bob-password", hasher.salt(), iterations=1000)
-    bob.save(update_fields=["password"])
-    return bob
+    return production_password(bob, "bob-password")
 
 
 @pytest.fixture

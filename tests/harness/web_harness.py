@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -111,11 +111,63 @@ def screenshot(page, name: str) -> Path:
 
 # -- pytest fixtures for tests/controller/test_browser_*.py (import them into the test module) --
 
+class SharedAsgiServer:
+    """The daphne processes of a pytest process's tests: one per environment a test starts it
+    with, so most tests share one, and a test that sets THUNDERSYNC_RUN_DIR or another
+    setting's variable first gets a server started with it. The two last used are kept (the
+    shared one stays while such a test runs), a server that has exited is started again.
+    Each test still has a database of its own (transactional_db empties every table after
+    it), and the server keeps no state of its own between requests: starting daphne and
+    importing the app took about half of a browser test's setup."""
+
+    IGNORED = ("PYTEST_CURRENT_TEST",)  # pytest rewrites it for every test phase
+    KEPT = 2
+
+    def __init__(self):
+        self.servers: dict[tuple, tuple[ExitStack, str]] = {}  # environment -> (its stop, URL); last used last
+
+    def environment(self) -> tuple:
+        return tuple(sorted((k, v) for k, v in os.environ.items() if k not in self.IGNORED))
+
+    def url(self) -> str:
+        key = self.environment()
+        stack, url = self.servers.pop(key, (None, None))
+        if url is not None and not self._answers(url):
+            stack.close()
+            url = None
+        if url is None:
+            while len(self.servers) >= self.KEPT:
+                self.servers.pop(next(iter(self.servers)))[0].close()  # the least recently used
+            stack = ExitStack()
+            url = stack.enter_context(asgi_server())
+        self.servers[key] = (stack, url)
+        return url
+
+    @staticmethod
+    def _answers(url: str) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        while self.servers:
+            self.servers.popitem()[1][0].close()
+
+
+@pytest.fixture(scope="session")
+def asgi_servers(django_db_setup):
+    """The pytest process's daphne servers (SharedAsgiServer), stopped before the test database is dropped."""
+    servers = SharedAsgiServer()
+    yield servers
+    servers.close()
+
+
 @pytest.fixture
-def live_url(transactional_db):
+def live_url(transactional_db, asgi_servers):
     """Base URL of a daphne process serving the app on this test's (committed) database."""
-    with asgi_server() as url:
-        yield url
+    return asgi_servers.url()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,13 @@ def test_the_trainer_never_imports_the_scripts():
     importers = [str(p.relative_to(ROOT)) for p in (ROOT / "learner").rglob("*.py")
                  if "bench" in imported_roots(ast.parse(p.read_text()))]
     assert importers == []
+
+
+@pytest.mark.parametrize("argv,field", [(["--schedules", "async"], "--schedules"), (["--lora", "0"], "--lora")])
+def test_the_shared_prompt_bench_names_a_bad_argument(argv, field, monkeypatch, capsys):
+    from bench import shared_prompt
+
+    monkeypatch.setattr(sys, "argv", ["bench.shared_prompt", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        shared_prompt.main()
+    assert exit_info.value.code == 2 and field in capsys.readouterr().err
