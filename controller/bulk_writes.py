@@ -48,8 +48,10 @@ def _insert_sql(model, types: dict[str, str], conflict: str) -> str:
 def _insert(model, run_id: int, rows: list[dict], types: dict[str, str], conflict: str) -> None:
     sql = _insert_sql(model, types, conflict)
     connection.ensure_connection()
-    # Django's own connection, so inside its transaction; a server-side-binding cursor.
-    with psycopg.Cursor(connection.connection) as cursor:
+    # Django's own connection, so inside its transaction; a server-side-binding cursor. Django's
+    # wrapper turns psycopg's errors into its own (a lost connection is an OperationalError the
+    # supervisor retries, as on every other write).
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         for start in range(0, len(rows), BATCH):
             batch = rows[start:start + BATCH]
             columns = [[json.dumps(row[n]) if kind == "jsonb" else row[n] for row in batch]

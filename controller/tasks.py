@@ -8,7 +8,7 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
-from . import live, nodes, ownership, warm
+from . import live, nodes, ownership, priority, warm
 from .broker import hand_to_node
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run

@@ -158,3 +158,21 @@ def test_both_span_writes_store_every_field_and_skip_a_stored_seq(alice_run, ven
     bulk_writes.write_spans(alice_run.pk, [{**rows[1], "kind": "rewritten"}, *rows[3:]])
     stored = list(Span.objects.filter(run=alice_run).order_by("seq").values(*rows[0]))
     assert stored == rows
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_connection_during_the_array_insert_is_djangos_operational_error(alice_run):
+    """The raw cursor's psycopg errors come out as Django's, which the supervisor retries."""
+    import psycopg
+    from django.db import OperationalError, connection
+
+    from controller import bulk_writes
+
+    connection.ensure_connection()
+    backend = connection.connection.info.backend_pid
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={connection.settings_dict['NAME']}",
+                         autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+    with pytest.raises(OperationalError):
+        bulk_writes.write_spans(alice_run.pk, [span_from_event(json.loads(span_line(0)))])
+    connection.close()

@@ -80,3 +80,18 @@ def test_the_apps_session_is_lowered_and_restored_while_a_run_session_starts_at_
                           start_new_session=True)  # a session of its own: the test's is left alone
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["11", "0", "0"]  # the app's session, a run's new session, after restore
+
+
+def test_a_celery_worker_lowers_its_session_when_ready_and_restores_it_at_shutdown(monkeypatch):
+    """The worker_ready handler starts the reaper and the warm runner, then lowers the session;
+    worker_shutdown restores it (the handlers run inside Celery, which only logs what they raise)."""
+    from controller import ownership, priority, tasks, warm
+
+    calls = []
+    monkeypatch.setattr(ownership, "start_reaper", lambda: threading.Event())
+    monkeypatch.setattr(warm, "start", lambda: calls.append("warm"))
+    monkeypatch.setattr(warm, "stop", lambda: calls.append("warm stopped"))
+    monkeypatch.setattr(priority, "lower_session", lambda: (calls.append("lowered"), lambda: calls.append("restored"))[1])
+    tasks.start_reaping()
+    tasks.stop_reaping()
+    assert calls == ["warm", "lowered", "warm stopped", "restored"]
