@@ -8,6 +8,7 @@ pool runs one task at a time in the worker thread; the run's learner is a child 
 import threading
 
 from celery import Celery
+from celery._state import _set_task_join_will_block
 from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController, state
 from django.db import connections
@@ -52,6 +53,10 @@ class EmbeddedWorker:
         state.should_stop = 0
         self.thread.join(timeout)
         state.should_stop = None
+        # The worker's pool component marks the whole process as "inside a worker" (a join would
+        # block it); the flag outlives the thread, and any later eager ``.get()`` in this process
+        # (a test, a management command) would then refuse to run.
+        _set_task_join_will_block(False)
         warm.stop()
         if self.thread.is_alive():
             raise RuntimeError(f"the embedded Celery worker did not stop within {timeout:.0f}s")
