@@ -319,8 +319,7 @@ class OnPolicyBackward:
         return plain, plan_micro_batches([r for r in rows if r.prompt], self.options.budget)
 
     def _plan(self, rows: list[Row]) -> list[MicroBatchRows]:
-        plain, cut = self._plans(rows)
-        return plain + cut
+        return [part for parts in self._plans(rows) for part in parts]
 
     def release_prompts(self, state: _Batch, on_phase: PhaseCallback | None, at_barrier: bool = False) -> None:
         """Back-propagate the finished groups' prompts into G (a ``learner.group_close`` phase each)."""
@@ -391,9 +390,6 @@ class OnPolicyBackward:
         if rows:
             self.rows(state, rows, on_phase)
 
-    def _waiting_slots(self, state: _Batch) -> int:
-        return sum(len(r.ids) for r in state.ready) + state.planner.waiting_tokens()
-
     def early_known_pays(self, state: _Batch) -> bool:
         """Idle, known rows waiting that do not fill a micro-batch: learn them now?"""
         if self.options.path != "adaptive" or self.policy.eager:
@@ -408,7 +404,8 @@ class OnPolicyBackward:
             return None
 
         def accept(bucket: Bucket) -> bool:
-            return self.policy.open_pays(state.budget, len(bucket.trajs), self._waiting_slots(state))
+            waiting = sum(len(r.ids) for r in state.ready) + state.planner.waiting_tokens()
+            return self.policy.open_pays(state.budget, len(bucket.trajs), waiting)
         return accept
 
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
@@ -442,15 +439,21 @@ class OnPolicyBackward:
         state.cpu_s += time.thread_time() - cpu0
         self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None, tokens=sum(grid.lengths))
         state.budget.ran(grid.slots)
-        if bucket is None:
-            state.known_rows, state.known_s = state.known_rows + len(rows), state.known_s + t1 - t0
-            if self.algo.objective == "grpo" and not state.planner.all_arrived():
-                state.early_micro_batches, state.early_rows = state.early_micro_batches + 1, state.early_rows + len(rows)
-        else:
-            state.open_rows, state.open_s = state.open_rows + len(rows), state.open_s + t1 - t0
-            state.open_micro_batches += 1
+        count_micro_batch(state, len(rows), bucket is not None, t1 - t0, early=self.algo.objective == "grpo")
         report_micro_batch(state, rows, grid, t_start, t1, on_phase)
         return t1 - t0
+
+
+def count_micro_batch(state: _Batch, rows: int, open_group: bool, seconds: float, early: bool) -> None:
+    """The step's tallies of known-row and open-group micro-batches (the learner/* metrics);
+    ``early``: a known micro-batch before the whole batch arrived counts as early (GRPO)."""
+    if open_group:
+        state.open_rows, state.open_s = state.open_rows + rows, state.open_s + seconds
+        state.open_micro_batches += 1
+        return
+    state.known_rows, state.known_s = state.known_rows + rows, state.known_s + seconds
+    if early and not state.planner.all_arrived():
+        state.early_micro_batches, state.early_rows = state.early_micro_batches + 1, state.early_rows + rows
 
 
 def gradients_into(acc, prompts: SharedPrompts | None, pg: torch.Tensor, aux: torch.Tensor | None,

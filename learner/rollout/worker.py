@@ -171,23 +171,7 @@ class AgentWorker:
         if lp.draft:  # verified (and rewarded) when its step's Work arrives
             lp.parked, lp.ready_at = out.stopped, math.inf
             return
-        t0 = self.now()
-        reward, error = score_final(self.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
-        if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
-            error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
-        t1 = self.now()
-        self.span(Kind.VERIFY, t0, t1, lp, turn=len(lp.turn_spans) - 1)
-        unused = forget_kv(self.engine, lp.traj)
-        if unused is not None and unused.block.verified:  # a remainder that ended with its corrected token
-            lp.verified_kv_tokens = 0  # ... never used the keys/values verification kept for it
-        self.send(Trajectory(
-            id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
-            behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
-            turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
-            drafted_versions=lp.drafted_versions, drafted_tokens=lp.drafted_tokens, kept_tokens=lp.kept_tokens,
-            verified_kv_tokens=lp.verified_kv_tokens,
-        ))
-        self.release(lp)
+        finish_loop(self, lp, result)
 
     def run_loops(self, timeout_s: float) -> None:
         """Run the loops already handed out (``handle(Work(...))``) to their end in this
@@ -209,6 +193,27 @@ class AgentWorker:
                 self.step_loops()
         finally:
             self.tools.close()
+
+
+def finish_loop(worker: AgentWorker, lp: LoopState, result) -> None:
+    """A current loop's last turn: score it, send the trajectory, give its slot back."""
+    t0 = worker.now()
+    reward, error = score_final(worker.env, lp.task, result.payload) if result is not None and result.kind == "final" else (0.0, None)
+    if result is not None and result.error:  # e.g. a malformed tool call: scored 0, counted, said why
+        error = f"turn {len(lp.turn_spans) - 1}: {result.error}"
+    t1 = worker.now()
+    worker.span(Kind.VERIFY, t0, t1, lp, turn=len(lp.turn_spans) - 1)
+    unused = forget_kv(worker.engine, lp.traj)
+    if unused is not None and unused.block.verified:  # a remainder that ended with its corrected token
+        lp.verified_kv_tokens = 0  # ... never used the keys/values verification kept for it
+    worker.send(Trajectory(
+        id=lp.traj, group=lp.group, step=lp.step, input_ids=lp.ids, loss_mask=lp.mask,
+        behavior_logprobs=lp.blogp, reward=reward, turn_versions=lp.turn_versions,
+        turn_spans=lp.turn_spans, teacher_logprobs=lp.teacher, t_reward=t1, error=error,
+        drafted_versions=lp.drafted_versions, drafted_tokens=lp.drafted_tokens, kept_tokens=lp.kept_tokens,
+        verified_kv_tokens=lp.verified_kv_tokens,
+    ))
+    worker.release(lp)
 
 
 def forget_kv(engine, traj: int):
