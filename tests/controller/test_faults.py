@@ -32,8 +32,11 @@ BOUND_S = 60.0
 
 
 @pytest.fixture
-def run_dir(tmp_path):
-    return tmp_path / "runs"
+def run_dir(tmp_path, settings):
+    """The worker's run directory, and this process's too: the API (a cancel) finds a run's
+    leftover processes by their working directory, as the app and its worker share it."""
+    settings.THUNDERSYNC_RUN_DIR = tmp_path / "runs"
+    return settings.THUNDERSYNC_RUN_DIR
 
 
 @pytest.fixture
