@@ -351,5 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if stopping.requested() in (None, 2) else 128 + stopping.requested()
 
 
+def entry() -> int:
+    """The ``thundersync`` process: ``main``, then an exit that cannot hang (``stopping.exit_within``)."""
+    code = main()
+    stopping.exit_within(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -14,6 +14,12 @@ whoever outlives the group (the supervisor, the next ``thundersync train``) can 
 ones whose owner is dead: ``sweep_semaphores``. ``start_janitor`` forks a watcher in a session
 of its own (outside the group, so a ``kill -9 -PGID`` misses it) that sweeps them as soon as
 the group is gone: /dev/shm is clean after every exit path, not only after the next run.
+
+Exit: ``exit_within`` bounds what runs after ``main`` returns. The interpreter's exit functions
+include multiprocessing's, which join each queue's feeder thread with no timeout; a learner
+whose supervisor was SIGKILLed was once seen parked there for half an hour, its run long
+marked ended. Past ``EXIT_DEADLINE_S`` the process ends with its own exit code anyway (the
+janitor still sweeps what it leaves).
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import multiprocessing
 import os
 import re
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
+EXIT_DEADLINE_S = 30.0  # the interpreter's exit functions take well under a second when nothing hangs
 _TAGGED = re.compile(r"^sem\.mp-ts(\d+)-")
 _requested: list[int] = []
 
@@ -129,3 +138,20 @@ def _janitor(leader: int) -> None:
             break
         time.sleep(0.2)
     sweep_semaphores()
+
+
+def exit_within(code: int, seconds: float | None = None) -> None:
+    """From now on the process ends within ``seconds`` (``EXIT_DEADLINE_S``), with ``code``: a
+    daemon thread (it keeps running while the exit functions do) ends it if the interpreter's
+    own exit has not."""
+    seconds = EXIT_DEADLINE_S if seconds is None else seconds
+
+    def deadline() -> None:
+        time.sleep(seconds)
+        try:
+            print(f"thundersync: exit still unfinished after {seconds:g}s (an exit function hangs); "
+                  f"exiting {code}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+
+    threading.Thread(target=deadline, name="exit-deadline", daemon=True).start()

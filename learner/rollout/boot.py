@@ -90,6 +90,9 @@ def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
         if p.is_alive():
             p.terminate()
             p.join(timeout=10)
+    for q, p in zip(cmd_qs, procs):
+        if not p.is_alive():  # nobody reads its queue any more: exit must not wait on its feeder thread
+            q.cancel_join_thread()
 
 
 def workers_per_node(cfg) -> int:

@@ -122,6 +122,9 @@ def run_child(request: dict, fds: list[int], close: list[int]) -> None:
         try:
             import atexit
 
+            from learner import stopping
+
+            stopping.exit_within(code if isinstance(code, int) else 1)
             atexit._run_exitfuncs()  # what a cold process runs at exit (multiprocessing's clean-up)
             sys.stdout.flush()
             sys.stderr.flush()
