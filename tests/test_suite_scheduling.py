@@ -15,7 +15,7 @@ def module_setup():
 
 @pytest.mark.parametrize("member", range(2))
 def test_tests_sharing_a_module_fixture_carry_their_group_tag_under_loadgroup(module_setup, member, request):
-    if request.config.getoption("dist", "no") != "loadgroup" and not getattr(request.config.option, "loadgroup", False):
+    if not getattr(request.config.option, "loadgroup", False):  # set in xdist's workers under --dist loadgroup
         pytest.skip("only ./run test's --dist loadgroup tags groups")
     assert request.node.get_closest_marker("xdist_group").args == (__name__,)
     assert request.node.nodeid.endswith(f"@{__name__}"), "pytest-xdist did not tag the group into the node id"
