@@ -8,7 +8,7 @@ An output directory (``thundersync train --output DIR``) holds::
         optimizer.pt                  the optimizer's state dict (AdamW moments, step counts)
         state.json                    counters, RNG states, the schedule's state (``RunState``)
         behavior.safetensors          async: the weights the batch in flight was sampled with
-        committed.json                written last: the size of every file above (``COMMITTED``)
+        committed.json                written last: the size and sha256 of every file above (``COMMITTED``)
     DIR/config.json, DIR/model.safetensors, tokenizer files    the final policy (Hugging Face)
 
 A checkpoint is written into a temporary directory next to its final name, its files
@@ -19,12 +19,15 @@ killed while writing leaves a ``.tmp-*`` directory, never a torn ``step-*`` one,
 checkpoint that is replaced or pruned is first renamed out of the ``step-*`` names, so a
 kill halfway through deleting it cannot leave a partial one behind either.
 ``remove_uncommitted`` sweeps what such kills leave; only the last ``keep`` are kept.
+A committed checkpoint can still be damaged later (a disk, a hand): what resumes verifies
+its content first (learner/checkpoint_integrity.py).
 """
 
 from __future__ import annotations
 
 # torch is imported where it is used: the CLI looks for checkpoints before it imports torch
 
+import hashlib
 import json
 import os
 import random
@@ -119,15 +122,26 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
     return final
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _commit(tmp: Path) -> None:
-    """fsync every file of ``tmp``, then write (and fsync) the marker listing their sizes."""
-    sizes = {}
+    """fsync every file of ``tmp``, then write (and fsync) the marker listing their sizes and
+    sha256 digests (read back from the file: what resume verifies, learner/checkpoint_integrity.py).
+    ``files`` keeps the sizes alone, so a reader that predates the digests still reads it."""
+    sizes, digests = {}, {}
     for f in sorted(tmp.iterdir()):
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
         sizes[f.name] = f.stat().st_size
+        digests[f.name] = file_sha256(f)
     with open(tmp / COMMITTED, "w") as fh:
-        json.dump({"files": sizes}, fh)
+        json.dump({"files": sizes, "sha256": digests}, fh)
         fh.flush()
         os.fsync(fh.fileno())
 

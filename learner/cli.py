@@ -13,6 +13,7 @@ from pathlib import Path
 
 from learner import stopping
 from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, remove_uncommitted, write_run_config
+from learner.checkpoint_integrity import damaged_dir, newest_intact
 from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
@@ -117,18 +118,29 @@ def resume_source(args) -> Path:
         raise ConfigError(f"--resume: {args.resume} holds no {RUN_CONFIG} (not the --output directory of a run)")
     if latest_checkpoint(args.resume) is None:
         raise ConfigError(f"--resume: no checkpoint under {Path(args.resume) / CHECKPOINTS}")
+    args.resume_from = resume_checkpoint(args.resume)
     return source
 
 
+def resume_checkpoint(out_dir: str) -> Path:
+    """The checkpoint ``--resume`` continues from: the newest intact one, after removing the
+    half-written ones a killed run left and setting the damaged ones aside (one line each on
+    stderr; learner/checkpoint_integrity.py)."""
+    for name in remove_uncommitted(out_dir):
+        print(f"thundersync: removed {Path(out_dir) / CHECKPOINTS / name}: a checkpoint never committed "
+              "(its run was killed while writing or deleting it)", file=sys.stderr)
+    found = newest_intact(out_dir, lambda line: print(f"thundersync: {line}", file=sys.stderr))
+    if found is None:
+        raise ConfigError(f"--resume: no intact checkpoint under {Path(out_dir) / CHECKPOINTS} "
+                          f"(the damaged ones are in {damaged_dir(out_dir)})")
+    return found
+
+
 def resume_point(args, point_type):
-    """``--resume``: the newest committed checkpoint (learner/checkpoint.py), after removing
-    the half-written ones a killed run left; None for a fresh run."""
+    """``--resume``: the checkpoint ``resume_checkpoint`` chose; None for a fresh run."""
     if not args.resume:
         return None
-    for name in remove_uncommitted(args.resume):
-        print(f"thundersync: removed {Path(args.resume) / CHECKPOINTS / name}: a checkpoint never committed "
-              "(its run was killed while writing or deleting it)", file=sys.stderr)
-    return point_type(latest_checkpoint(args.resume), args.seq_from, args.clock_from)
+    return point_type(args.resume_from, args.seq_from, args.clock_from)
 
 
 def cmd_train(args) -> int:
