@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F, Max
 
 from learner.checkpoint import PREFIX, discard, list_checkpoints, remove_uncommitted
+from learner.checkpoint_integrity import damage
 
 from . import live
 from .broker import enqueue_or_leave_to_reaper
@@ -88,12 +89,15 @@ def commit_point(run: Run, run_dir: Path) -> None:
     remove_half_written(run_dir, run.config)
     on_disk = {int(path.name.removeprefix(PREFIX)): path for path in list_checkpoints(run_dir / output_dir(run.config))}
     acknowledged = set(run.checkpoints.values_list("step", flat=True)) & set(on_disk)
-    if not acknowledged:
+    # a damaged one does not count (learner/checkpoint_integrity.py): the learner would skip it,
+    # and removing the newer ones for it could leave nothing to resume from
+    intact = [step for step in sorted(acknowledged, reverse=True) if damage(on_disk[step]) is None][:1]
+    if not intact:
         return
     for step, path in on_disk.items():
-        if step > max(acknowledged):
+        if step > intact[0] and step not in acknowledged:  # a damaged one is the learner's to set aside and name
             log.warning("run %s: checkpoint of step %s was never recorded: removed, resuming from step %s",
-                        run.pk, step, max(acknowledged))
+                        run.pk, step, intact[0])
             discard(path)
 
 

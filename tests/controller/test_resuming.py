@@ -4,13 +4,15 @@ the page's button, the learner arguments of the new attempt, the reaper's auto-r
 import json
 
 import pytest
+import torch
 from django.utils import timezone
 
 from controller import ownership
-from learner.checkpoint import COMMITTED
+from learner.checkpoint import RunState, save_checkpoint
 from controller.models import Checkpoint, Run
 from controller.resuming import commit_point, resume_arguments
 from controller.supervisor import supervise
+from learner.checkpoint_integrity import newest_intact
 
 from .conftest import make_run, store_spans
 from .test_ownership import dead_local_supervisor
@@ -98,11 +100,10 @@ def test_the_reaper_resumes_a_supervisorless_run_that_has_a_checkpoint(alice_exp
 
 
 def write_checkpoint(run_dir, step: int):
-    path = run_dir / "output" / "checkpoints" / f"step-{step:06d}"
-    path.mkdir(parents=True)
-    (path / "state.json").write_text("{}")
-    (path / COMMITTED).write_text(json.dumps({"files": {"state.json": 2}}))
-    return path
+    """A real (tiny) committed checkpoint of the boundary after ``step``."""
+    model = torch.nn.Linear(2, 1)
+    state = RunState(steps_done=step + 1, version=step + 1, seq=0, clock=0.0, next_traj=0, next_group=0)
+    return save_checkpoint(run_dir / "output", model, torch.optim.AdamW(model.parameters()), state, keep=100)
 
 
 def test_the_resume_point_is_the_newest_checkpoint_the_database_acknowledged(alice_experiment, sync_preset, tmp_path):
@@ -122,3 +123,16 @@ def test_without_an_acknowledged_checkpoint_on_disk_the_disks_own_are_kept(alice
     newer = write_checkpoint(tmp_path, 5)
     commit_point(run, tmp_path)
     assert newer.exists()
+
+
+def test_a_damaged_acknowledged_checkpoint_is_not_the_resume_point(alice_experiment, sync_preset, tmp_path):
+    """Step 3's model overwritten at the same size: step 1 is the newest intact acknowledged
+    one; step 3 is left for the learner to set aside and name, the unrecorded step 5 removed."""
+    run = with_checkpoint(with_checkpoint(make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED), 1), 3)
+    first, damaged, unrecorded = (write_checkpoint(tmp_path, s) for s in (1, 3, 5))
+    with open(damaged / "model.safetensors", "r+b") as fh:
+        fh.seek(-16, 2)
+        fh.write(b"\0" * 16)
+    commit_point(run, tmp_path)
+    assert first.exists() and damaged.exists() and not unrecorded.exists()
+    assert newest_intact(tmp_path / "output", lambda line: None) == first
