@@ -4,6 +4,8 @@ An edit changes what *new* runs get: a run keeps the full config it was launched
 (`Run.config`), so old runs are untouched.
 """
 
+import shutil
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -13,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from .forms import ExperimentForm, ScheduleForm
 from .models import Experiment, Run, Schedule, Span
+from .runlog import run_dir
 
 
 def owned_experiment(request, experiment_id: int) -> Experiment:
@@ -47,15 +50,18 @@ def experiment_clone(request, experiment_id: int):
 
 @login_required
 def experiment_delete(request, experiment_id: int):
-    """GET: the confirmation page (how many runs, spans go with it); POST: delete them all.
+    """GET: the confirmation page (how many runs, spans go with it); POST: delete them all,
+    with each run's directory (as deleting one run does, controller/runs_views.py).
     An experiment with a run still in flight is kept: cancel the run first."""
     found = owned_experiment(request, experiment_id)
     in_flight = found.runs.exclude(status__in=Run.FINISHED).count()
     if request.method == "POST" and not in_flight:
-        name = found.name
+        name, directories = found.name, [run_dir(pk) for pk in found.runs.values_list("pk", flat=True)]
         with transaction.atomic():
             found.delete()
-        messages.info(request, f"Deleted {name} and its runs.")
+        for directory in directories:  # config, log, checkpoints, policy: once the rows are gone
+            shutil.rmtree(directory, ignore_errors=True)
+        messages.info(request, f"Deleted {name}, its runs and their files.")
         return redirect("experiments")
     context = {"experiment": found, "runs": found.runs.count(), "in_flight": in_flight,
                "spans": Span.objects.filter(run__experiment=found).count()}

@@ -3,6 +3,7 @@
 import pytest
 
 from controller.models import Experiment, Run, Schedule, Span, StepMetric
+from controller.runlog import run_dir
 
 from .conftest import make_run, store_metrics, store_spans
 
@@ -64,6 +65,18 @@ def test_delete_asks_first_then_removes_the_runs_and_their_data(alice_client, al
     assert response["Location"] == "/"
     assert not Experiment.objects.exists() and not Run.objects.exists()
     assert not Span.objects.exists() and not StepMetric.objects.exists()
+
+
+def test_delete_removes_every_runs_directory_and_only_theirs(alice_client, alice_experiment, alice_run, sync_preset,
+                                                             settings, tmp_path):
+    settings.THUNDERSYNC_RUN_DIR = tmp_path / "runs"
+    other_experiment = Experiment.objects.create(owner=alice_experiment.owner, name="kept", config={})
+    runs = [alice_run, make_run(alice_experiment, sync_preset), make_run(other_experiment, sync_preset)]
+    for run in runs:  # what a learner leaves: config, log, a checkpoint
+        (run_dir(run.pk) / "output" / "checkpoints" / "step-000000").mkdir(parents=True)
+        (run_dir(run.pk) / "learner.stderr.log").write_text("step 0\n")
+    assert alice_client.post(f"/experiments/{alice_experiment.pk}/delete/").status_code == 302
+    assert [run_dir(run.pk).exists() for run in runs] == [False, False, True]
 
 
 def test_delete_keeps_an_experiment_with_a_run_in_flight(alice_client, alice_experiment, streaming_preset):
