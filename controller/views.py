@@ -144,6 +144,8 @@ def run(request, run_id: int):
         "config_json": json.dumps(found.config, indent=2),
         "launch_diff": launch_diff(found),
         "checkpoints": list(found.checkpoints.values_list("step", flat=True)),
+        # the progress line's count until the websocket's replay has brought the metrics
+        "steps_done": found.metrics.count(),
     }
     return render(request, "run.html", context)
 

@@ -71,11 +71,23 @@ def grad_buffer_mb(params: list[torch.nn.Parameter], buffers: float) -> float:
     return buffers * sum(p.numel() for p in params) * 4 / 2**20
 
 
+def quiet_deepspeed_probe() -> None:
+    """``save_pretrained`` unwraps the model with accelerate, which imports DeepSpeed whenever it
+    is installed; without a GPU DeepSpeed's import then warns "Setting accelerator to CPU" into
+    the log of a run that never used it. Naming the CPU accelerator skips that detection (a
+    DeepSpeed run imported it long before: its accelerator is already chosen)."""
+    import os
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def save_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> Path:
     """The final policy: a plain model as an HF directory; a LoRA model as its adapter plus
     ``merged/`` (base + adapter, a plain HF directory any engine loads)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    quiet_deepspeed_probe()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if is_lora(model):

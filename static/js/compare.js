@@ -149,6 +149,10 @@ async function load() {
     const [metrics, detail] = await Promise.all([getJSON(`${r.apiBase}metrics/`), getJSON(r.apiBase)]);
     r.metrics = metrics.metrics;
     r.status = detail.status;
+    // the picker above was rendered with the status at page load ("starting" for a run that has
+    // finished since): it follows the live poll
+    const shown = document.querySelector(`[data-picker-status="${r.id}"]`);
+    if (shown) shown.textContent = r.status;
   }));
 }
 

@@ -243,9 +243,15 @@ function newestStepWindow() {
 function drawStats() {
   const stepWindow = newestStepWindow();
   const running = stepWindow && store.runningIdle(stepWindow);
-  el.idleLive.textContent = running ? pct(running.ratio) : "—";
   const sofar = stepWindow?.done ? "step done" : "so far";
-  el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s ${sofar}` : "from spans of the current step";
+  if (running && !stepWindow.done && TERMINAL.has(status)) {
+    // the run ended inside this step: its idle "so far" grows no more and would read as live
+    el.idleLive.textContent = "—";
+    el.idleLiveHint.textContent = `step ${running.step} did not finish: run ${status}`;
+  } else {
+    el.idleLive.textContent = running ? pct(running.ratio) : "—";
+    el.idleLiveHint.textContent = running ? `step ${running.step}, ${running.seconds.toFixed(1)} s ${sofar}` : "from spans of the current step";
+  }
   el.idleLast.textContent = pct(latest(METRIC.TRAINER_IDLE));
   const stepTime = latest(METRIC.STEP_S);
   el.stepTime.textContent = stepTime === undefined ? "—" : `${num(stepTime)} s`;
@@ -300,9 +306,13 @@ function bootPhase() {
   return null;
 }
 
+// Steps with stored metrics when the page was rendered: until the replay has brought them, the
+// progress line counts these (a reloaded page of a run at step 7 must not say "first generate").
+const renderedDone = Number(root.dataset.stepsDone || 0);
+
 /** Steps done (metrics received), elapsed and ETA (mean of the last 3 step times x steps left). */
 function progressText() {
-  const done = metrics.size, total = totalSteps;
+  const done = replayDone ? metrics.size : Math.max(metrics.size, renderedDone), total = totalSteps;
   const elapsed = startedMs === null ? null : (finishedMs ?? epochMs()) - startedMs;
   const took = elapsed === null ? "" : ` in ${clock(elapsed)}`;
   // Steps are numbered from 0 everywhere (tiles, charts, the Gantt): "3 / 20 steps done" are
@@ -314,11 +324,14 @@ function progressText() {
   if (status === "cancelled") return `cancelled after ${done} / ${total} steps${range}${took}`;
   const since = elapsed === null ? "" : ` · ${clock(elapsed)} elapsed`;
   if (!done) {
-    const phase = status === "running" && !store.size ? "first generate" : bootPhase();
+    const phase = status === "running" && !store.size && replayDone ? "first generate" : bootPhase();
     return `${status === "running" ? "running" : "starting"}${phase ? `: ${phase}` : "…"}${since}`;
   }
+  // every step trained, the run not ended yet: the learner saves the final policy and stops its
+  // workers (there is no step N to train)
+  if (done >= total) return `all ${total} steps done${range}, finishing: saving the final policy${since}`;
   const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)[METRIC.STEP_S]);
-  const perStep = recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length;
+  const perStep = recent.length ? recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length : 0;
   const eta = done < total && perStep > 0 ? ` · ETA ${clock((total - done) * perStep * 1000)}` : "";
   return `${done} / ${total} steps done, training step ${done}${since}${eta}`;
 }

@@ -1,6 +1,6 @@
 // The run page's trace export link: the step range inputs set ?step_from=&step_to= on it
-// (GET /api/runs/<id>/trace.json, docs/web-contract.md). A range the server would refuse (first
-// after last) or that holds no step of the run (first past its last step) is said beside the
+// (GET /api/runs/<id>/trace.json, docs/web-contract.md). A range the server would refuse (a step
+// below 0 or not whole, first after last) or that holds no step of the run (first past its last step) is said beside the
 // inputs and the link does nothing: a download would swallow the server's answer.
 const box = document.getElementById("trace-export");
 if (box) {
@@ -11,7 +11,15 @@ if (box) {
     const raw = document.getElementById("run-app")?.dataset.lastStep;
     return raw ? Number(raw) : null;
   };
+  // a step is a whole number from 0 (the API answers 400 to -3 or 1.5: say so here)
+  const notAStep = (input, name) => {
+    if (input.validity.badInput) return `${name}: not a number`;
+    const v = input.value === "" ? null : Number(input.value);
+    return v !== null && !(Number.isInteger(v) && v >= 0) ? `${name} ${input.value}: steps are numbered 0, 1, 2, …` : "";
+  };
   const problem = () => {
+    const bad = notAStep(from, "first step") || notAStep(to, "last step");
+    if (bad) return bad;
     const lo = from.value === "" ? null : Number(from.value), hi = to.value === "" ? null : Number(to.value);
     const last = lastStep();
     if (lo !== null && hi !== null && lo > hi) return `first step ${lo} is after last step ${hi}`;

@@ -71,6 +71,8 @@ def test_progress_eta_live_log_and_the_finished_state(
     live_log = [s["log"] for s in seen if s["status"] == "running"]
     assert any(re.search(r"^step +0 +reward", text, re.M) for text in live_log), live_log[-1:]
     file_lines = log_path(run_id).read_text().splitlines()
+    # a run that uses no DeepSpeed: no DeepSpeed warning when its final policy is saved
+    assert not any("Setting accelerator to CPU" in line for line in file_lines), file_lines[-5:]
     assert_readable_log(page.inner_text("#log-tail").splitlines(), file_lines[-200:])
     download = page.request.get(f"{live_url}/runs/{run_id}/log/")
     assert download.ok and download.text().splitlines() == file_lines

@@ -22,6 +22,11 @@ def test_demo_setup_prints_a_working_login(capsys):
     out = capsys.readouterr().out
     password = re.search(r"^password: (\S+)$", out, re.M).group(1)
     assert "url: http://127.0.0.1:8000/" in out
+    # where this demo keeps its data, and the variables a second, separate demo sets (README)
+    from django.conf import settings
+
+    assert f"database: {settings.DATABASES['default']['NAME']} (THUNDERSYNC_SQLITE)" in out
+    assert f"run files: {settings.THUNDERSYNC_RUN_DIR} (THUNDERSYNC_RUN_DIR)" in out
     user = authenticate(username="demo", password=password)
     assert user is not None
     # configs/quickstart.yaml, with the demo's step count (a chart worth reading)
