@@ -35,6 +35,7 @@ def _summary_line(m: dict) -> str:
 def check_resolvable(cfg) -> None:
     """What the schema cannot see and needs the heavy imports: the environment is
     registered, a GPU asked for is there (model paths: ``learner.preflight``, before boot)."""
+    from learner.placement import check_visible
     from learner.rollout.tasks import make_env
 
     try:
@@ -54,6 +55,10 @@ def check_resolvable(cfg) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"model.device: 'cuda' needs a CUDA device, and torch {torch.__version__} sees none")
+        try:  # a placement's GPU indices against this node's GPUs (learner.placement)
+            check_visible(cfg, torch.cuda.device_count())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def boot_phase(args, text: str) -> None:
@@ -184,6 +189,10 @@ def cmd_train(args) -> int:
 
 def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
     # a run forked from the warm runner (learner/warm/server.py) has torch imported already
+    if cfg.model.device == "cuda":  # which GPU each lane runs on (placement, docs/gpu.md)
+        from learner.placement import describe, device_map
+
+        boot_phase(args, f"devices: {describe(device_map(cfg))}")
     boot_phase(args, f"loading {'' if 'torch' in sys.modules else 'torch and '}the policy {cfg.model.policy}")
     from tqdm import tqdm
 

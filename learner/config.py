@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from learner.placement import PlacementConfig, placement_problem
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 Schedule = Literal["sync", "async", "fully-async", "streaming"]
@@ -179,6 +180,10 @@ class RolloutConfig(Strict):
         None, ge=1, le=1_000_000, description="torch engine with continuous batching: at most this many rows "
         "decode at once, loops in later turns first, so rewards and group closes spread over the rollout "
         "(null: every ready loop; docs/architecture.md)")
+    captured_decode: bool = Field(
+        False, description="torch engine with continuous_batching false: a static KV cache and, on CUDA, the decode "
+        "step captured once per batch shape as a CUDA graph (one launch per token); the same tokens as eager "
+        "(docs/gpu.md)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     on_every_node: bool = Field(
         True, description="with learner.nodes: every node runs these workers (replicas), each group sampled on "
@@ -200,6 +205,13 @@ class RolloutConfig(Strict):
         if not self.continuous_batching:
             raise ValueError("rollout.speculation: needs continuous_batching true (drafts yield to the current "
                              "step's rows between decode steps)")
+        return self
+
+    @model_validator(mode="after")
+    def _captured_decode_fits(self) -> "RolloutConfig":
+        if self.captured_decode and (self.engine != "torch" or self.continuous_batching):
+            raise ValueError("rollout.captured_decode: decodes a fixed batch per call on the torch engine; it needs "
+                             "engine: torch and continuous_batching: false")
         return self
 
     @model_validator(mode="after")
@@ -368,6 +380,8 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    placement: PlacementConfig | None = Field(
+        None, description="GPU of each learner rank, rollout worker and the teacher (docs/gpu.md); null: model.device")
 
     def learner_path(self) -> str:
         """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
@@ -456,6 +470,16 @@ class RunConfig(Strict):
         if self.rollout.speculation.enabled and self.learner.nodes:
             raise ValueError("rollout.speculation: runs that span nodes (learner.nodes) place each group on a node's "
                              "fleet by its rank; drafts are placed on one fleet's workers only (turn speculation off)")
+        return self
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> "RunConfig":
+        if self.placement is not None:
+            workers = self.rollout.replicas if self.rollout.engine == "vllm" else self.rollout.workers
+            problem = placement_problem(self.placement, self.learner.world_size // len(self.learner.nodes or [None]),
+                                        workers, self.model.device, self.algorithm.objective == "opd")
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -1,8 +1,8 @@
 """Rank processes: a free port, the c10d rendezvous, spawning W ranks with every wait bounded.
 
 On one node the ranks rendezvous at ``tcp://127.0.0.1:<free port>`` (a TCP store held by rank
-0); across nodes the same ``init_method`` names rank 0's host. The gloo process group carries
-the collective timeout, so an all-reduce whose peer died raises instead of hanging. On CPU each
+0); across nodes the same ``init_method`` names rank 0's host. The process group (gloo; with
+NCCL beside it for ranks on GPUs) carries the collective timeout, so an all-reduce whose peer died raises instead of hanging. On CPU each
 rank runs one torch thread. torch is imported inside the functions that need it: the controller
 imports ``free_port`` (learner.nodes) without it.
 """
@@ -32,18 +32,28 @@ class RankFailure(RuntimeError):
     """One or more rank processes failed, died or ran past the timeout (all were stopped)."""
 
 
+def process_group_backend(device: str) -> str:
+    """gloo for ranks on CPU; for ranks on CUDA, NCCL for CUDA tensors (the gradient reduction, the
+    weight broadcast) and gloo for the CPU tensors the barrier exchanges (one group, both backends)."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
 def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-              local_rank: int | None = None) -> None:
-    """Join the gloo process group (the rendezvous waits at most ``timeout_s``; so does every collective)."""
+              local_rank: int | None = None, device: str = "cpu") -> None:
+    """Join the process group (``process_group_backend(device)``; the rendezvous waits at most
+    ``timeout_s``; so does every collective). ``device``: the rank's own (learner.placement)."""
     import torch
     import torch.distributed as dist
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's accelerator when no GPU is used
+    on_cuda = device.startswith("cuda")
+    if on_cuda:  # NCCL binds a rank to the current device
+        torch.cuda.set_device(torch.device(device))
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_cuda else "cpu")  # DeepSpeed's accelerator
     # what a launcher would set; DeepSpeed reads them
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank if local_rank is None else local_rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+    dist.init_process_group(process_group_backend(device), init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
 

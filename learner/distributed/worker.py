@@ -28,10 +28,11 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     from learner.distributed.rank import RankLearner
     from learner.grad.learner_common import LearnerOptions
     from learner.grad.on_policy import StreamingLearner
+    from learner.placement import learner_device
     from learner.rollout.models import load_model
 
     torch.manual_seed(cfg.seed)
-    dtype, device = getattr(torch, cfg.model.dtype), torch.device(cfg.model.device)
+    dtype, device = getattr(torch, cfg.model.dtype), torch.device(learner_device(cfg, rank))
     model = load_model(policy_dir, dtype).to(device).train()
     ref = None
     if cfg.algorithm.kl_coef > 0:
@@ -80,7 +81,9 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         import os
 
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
-        init_rank(rank, world, init_method, cfg.learner.timeout_s)
+        from learner.placement import learner_device
+
+        init_rank(rank, world, init_method, cfg.learner.timeout_s, device=learner_device(cfg, rank))
         rl, engine = build_rank(cfg, policy_dir, rank, world)
         if rollouts is not None:
             rollouts.attach(rl.learner.model)

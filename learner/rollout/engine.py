@@ -63,6 +63,27 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class Decode(Protocol):
+    def step(self, tok: torch.Tensor, done: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        """Feed each row's token ``tok`` (B,) at ``next_pos`` (B, 1) (a row ``done`` is masked from
+        now on); the next logits (B, V), float32."""
+        ...
+
+
+class EagerDecode:
+    """One forward per token over a cache that grows by a column per step."""
+
+    def __init__(self, model: torch.nn.Module, cache, attn: torch.Tensor):
+        self.model, self.cache, self.attn = model, cache, attn
+
+    def step(self, tok: torch.Tensor, done: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, (~done).long()[:, None]], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=self.attn, position_ids=next_pos,
+                         past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1].float()
+
+
 class TorchEngine:
     """Batched sampling on a Hugging Face causal LM with a KV cache.
 
@@ -120,6 +141,7 @@ class TorchEngine:
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cache, logits = self._prefill(prompts, ids, attn, pos)  # cache of B rows, (B, V)
+        decode = self._decoder(cache, attn, int(limit.max()))
         next_pos = pos[:, -1:] + 1
         for n in range(int(limit.max())):
             # a row's draw depends on its key (stream, position) and its logits alone
@@ -138,10 +160,7 @@ class TorchEngine:
             if bool(done.all()):
                 break
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            attn = torch.cat([attn, (~done).long()[:, None]], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()
+            logits = decode.step(tok, done, next_pos)
             next_pos = next_pos + 1
         self.stats.calls += 1
         self.stats.tokens_out += sum(len(t) for t in out_tokens)
@@ -150,6 +169,12 @@ class TorchEngine:
             for b in (~stopped).nonzero().flatten().tolist():
                 on_done(b, result[b])
         return result
+
+    def _decoder(self, cache, attn: torch.Tensor, steps: int) -> "Decode":
+        """The fixed batch's decode step after the prefill (``cache``, ``attn``: the prompts');
+        ``steps``: most tokens a row samples. Eager: the growing cache and mask of every forward;
+        ``rollout/captured.py``: a static cache and one captured graph."""
+        return EagerDecode(self.model, cache, attn)
 
     def _prefill(self, prompts: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor):
         """Forward the prompts once per distinct prompt, then give each row its copy of the KV

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from learner.config import RunConfig
+from learner.placement import rollout_device
 
 
 def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
@@ -13,5 +14,9 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     from learner.rollout.engine import TorchEngine
     from learner.rollout.models import load_model
 
-    return TorchEngine(load_model(policy_dir).to(cfg.model.device), pad_id=tokenizer.pad_token_id,
+    if cfg.rollout.captured_decode:  # docs/gpu.md: a static KV cache, a CUDA graph per batch shape on a GPU
+        from learner.rollout.captured import CapturedEngine
+
+        return CapturedEngine(load_model(policy_dir).to(rollout_device(cfg, replica)), pad_id=tokenizer.pad_token_id)
+    return TorchEngine(load_model(policy_dir).to(rollout_device(cfg, replica)), pad_id=tokenizer.pad_token_id,
                        continuous_batching=cfg.rollout.continuous_batching, reuse_kv=cfg.rollout.reuse_kv)

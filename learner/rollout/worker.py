@@ -406,12 +406,13 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
     try:
         pin_to_core(core)
         from learner.rollout.engine_factory import make_engine
+        from learner.placement import teacher_device
         from learner.rollout.models import load_model, load_tokenizer
 
         cfg = RunConfig.model_validate_json(cfg_json)
         tok = load_tokenizer(policy_dir)
         engine = make_engine(cfg, policy_dir, tok, wid)
-        teacher = load_model(teacher_dir).to(cfg.model.device) if teacher_dir else None
+        teacher = load_model(teacher_dir).to(teacher_device(cfg, wid)) if teacher_dir else None
         if cfg.model.device == "cuda":
             store.pin()  # this process's view of the shared weights: DMA copies into the GPU engine
         store.read_into(engine.load_weights, want=0)
