@@ -52,6 +52,11 @@ class ModelConfig(Strict):
         "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
     cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
                                   json_schema_extra={"server_path": "run"})
+    builtin_seed: int = Field(
+        0, ge=0, le=2**31 - 1,
+        description="which build of a built-in model: 0 is shipped with the package (the same weights on every "
+                    "machine); another seed is trained on first use (about a minute of CPU) and may differ in the "
+                    "last bits between processors. The run's own seed does not change the model")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of all weights (docs/tasks.md)")
 
 
@@ -317,6 +322,10 @@ class LearnerConfig(Strict):
     early_work_share: float = Field(
         0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
                                            "share of the batch's estimated micro-batched learner work")
+    grouped_backward: bool = Field(
+        True, description="adaptive learner: a micro-batch may mix open groups' (group, reward) buckets and known "
+                          "rows, one forward and one backward, each parameter's gradient reduced per bucket inside "
+                          "it (docs/learner.md); false: one micro-batch per open bucket")
     pack_rows: bool = Field(
         True, description="pack several rows into each line of a learner micro-batch (position ids restarting "
                           "per row, attention causal within a row) instead of right-padding every row to the "

@@ -153,7 +153,7 @@ class NodeRollouts:
         if not self._model_ready.wait(max(deadline - time.monotonic(), 0.0)) or self.model is None:
             raise TimeoutError(f"node {self.node}: the rank's model was not built within {READY_TIMEOUT_S:g} s")
         cfg = self.cfg
-        teacher = (str(resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed))
+        teacher = (str(resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.model.builtin_seed))
                    if cfg.algorithm.objective == "opd" else None)
         self.store = WeightStore(publish_view(self.model), counters=self.booted.counters)
         if version:

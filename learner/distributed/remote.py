@@ -201,7 +201,7 @@ def join_rank(address: tuple[str, int], rank: int, node: str, key: bytes, timeou
     _, cfg_dict, world, init_method = conn.recv()
     cfg = RunConfig.model_validate(cfg_dict)
     # this node's copy of the policy (every rank then starts from rank 0's weights: a broadcast)
-    policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
+    policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.model.builtin_seed)
     outbox = _Outbox(conn)
     # the node's first rank runs its rollout workers; they import torch while the rank loads
     rollouts = (NodeRollouts(cfg, node, str(policy_dir), outbox.put)

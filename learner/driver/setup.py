@@ -75,8 +75,8 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     if learner_core is not None:
         pin_to_core(learner_core)
     torch.set_num_threads(1)
-    policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.seed)
-    teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.seed)
+    policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.model.builtin_seed)
+    teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.model.builtin_seed)
                    if cfg.algorithm.objective == "opd" else None)
     dtype, device = getattr(torch, cfg.model.dtype), torch.device(learner_device(cfg, 0))  # rank 0: this process
     model = with_lora(load_model(policy_dir, dtype).to(device), cfg.model.lora).train()

@@ -1,9 +1,12 @@
 """Built-in tiny Llama policy and teacher, their build and cache; loading any local Hugging
 Face model directory.
 
-``builtin:tiny`` and ``builtin:teacher`` are built on first use: a ``LlamaForCausalLM``
-initialised from a seed, then the SFT warm start of ``rollout/warm_start.py``. The result
-is an ordinary HF directory under ``<cache_dir>/models/<name>-<hash>/``, where the hash covers the build recipe, the seed
+``builtin:tiny`` and ``builtin:teacher`` are built on first use. At seed 0 (the default
+``model.builtin_seed``) the weights ship with the package (``builtin_weights/``, checked by
+sha256): trained on a CPU, the SFT warm start's result differs in the last bits from one
+processor's kernels to another's, and so would every sample drawn from it. Any other recipe or
+seed is trained here: a ``LlamaForCausalLM`` initialised from the seed, then the SFT warm start
+of ``rollout/warm_start.py``. The result is an ordinary HF directory under ``<cache_dir>/models/<name>-<hash>/``, where the hash covers the build recipe, the seed
 and ``CODE_VERSION``. It is written into a temporary directory and renamed into place under
 a file lock, so concurrent processes never see a half-written model and build it once.
 
@@ -43,7 +46,9 @@ from learner.rollout.tokenizer import build_char_tokenizer
 from learner.rollout.warm_start import BuildRecipe, sft_warm_start
 
 # Bump when the build code changes what a cached model contains.
-CODE_VERSION = "3"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE
+CODE_VERSION = "4"  # 3: the tokenizer ships BUILTIN_CHAT_TEMPLATE; 4: seed-0 weights are the shipped ones
+
+SHIPPED_DIR = Path(__file__).with_name("builtin_weights")
 
 
 # Calibrated on the default TaskConfig, seed 0, sampling at temperature 1.0: the policy
@@ -205,6 +210,10 @@ def build_builtin(name: str, out_dir: Path, seed: int) -> None:
     _offline_and_quiet()
     recipe = BUILTIN_RECIPES[name]
     tokenizer = build_char_tokenizer()
+    shipped = shipped_weights(name, seed)
+    if shipped is not None:
+        _write_from_shipped(shipped, _llama_config(recipe, tokenizer), tokenizer, out_dir)
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -213,13 +222,59 @@ def build_builtin(name: str, out_dir: Path, seed: int) -> None:
         sft_warm_start(model, tokenizer, TaskConfig(), recipe, seed)
     finally:
         torch.set_num_threads(threads)
-    model.generation_config = GenerationConfig(
-        eos_token_id=stop_token_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
+    model.generation_config = _generation_config(tokenizer)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
+    return GenerationConfig(eos_token_id=stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                            bos_token_id=tokenizer.bos_token_id)
+
+
+def _shipped_manifest() -> dict:
+    return json.loads((SHIPPED_DIR / "manifest.json").read_text())["models"]
+
+
+def shipped_weights(name: str, seed: int) -> Path | None:
+    """The shipped weight file of built-in ``name`` if its recipe and seed are the shipped ones
+    (checked by sha256: a damaged file is an error, not a silently different model), else None."""
+    entry = _shipped_manifest().get(name)
+    if entry is None or entry["seed"] != seed or entry["recipe"] != dataclasses.asdict(BUILTIN_RECIPES[name]):
+        return None
+    path = SHIPPED_DIR / entry["file"]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+    if digest != entry["sha256"]:
+        raise ValueError(f"model spec 'builtin:{name}': shipped weights {path} have sha256 {digest}, "
+                         f"the manifest says {entry['sha256']}; reinstall the package")
+    return path
+
+
+def _write_from_shipped(weights: Path, config: LlamaConfig, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    """The HF directory ``save_pretrained`` would write, with the shipped weight file itself."""
+    config.architectures = ["LlamaForCausalLM"]  # what a model's save_pretrained records
+    config.dtype = torch.float32
+    config.save_pretrained(out_dir)
+    _generation_config(tokenizer).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    shutil.copyfile(weights, out_dir / "model.safetensors")
+
+
+def write_shipped(names: list[str]) -> None:
+    """Train built-ins ``names`` from their recipes at seed 0 and make them the shipped weights."""
+    manifest = json.loads((SHIPPED_DIR / "manifest.json").read_text())
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            recipe, seed = BUILTIN_RECIPES[name], 0
+            manifest["models"].pop(name, None)  # train, do not copy the old file
+            (SHIPPED_DIR / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            build_builtin(name, Path(tmp), seed)
+            target = SHIPPED_DIR / f"{name}.safetensors"
+            shutil.copyfile(Path(tmp) / "model.safetensors", target)
+        manifest["models"][name] = {"file": target.name, "seed": seed, "recipe": dataclasses.asdict(recipe),
+                                    "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+        (SHIPPED_DIR / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        print(f"{name}: {target} sha256 {manifest['models'][name]['sha256']}")
 
 
 def _llama_config(recipe: BuildRecipe, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -271,3 +326,11 @@ def generate_turns(
         end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
         turns.append(row[:end])
     return turns
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="rebuild the shipped built-in weights from their recipes")
+    parser.add_argument("--write-shipped", nargs="+", choices=sorted(BUILTIN_RECIPES), required=True, metavar="NAME")
+    write_shipped(parser.parse_args().write_shipped)

@@ -16,11 +16,13 @@ FIELDS = ("learner_s", "step_s", "rollout_s", "learner_s", "bound_s", "efficienc
 
 TINY = """\
 name: tiny-bench
-seed: 3  # step 1 (the measured one) has a group with mixed rewards: sync learns in it
+seed: 3
 model: {policy: "builtin:tiny"}
 task: {name: arith-tool, min_ops: 1, max_ops: 2, tool_latency: {distribution: lognormal, median_s: 0.02, sigma: 0.5}}
 rollout: {workers: 1, max_new_tokens: 16}
-algorithm: {objective: grpo}
+# the entropy term gives every trajectory a backward whatever its rewards: each measured step
+# trains by construction, not because a seed happened to draw a group with mixed rewards
+algorithm: {objective: grpo, entropy_coef: 0.01}
 train: {steps: 2, prompts_per_step: 2, group_size: 2}
 """
 

@@ -230,3 +230,45 @@ def test_policy_starts_nonzero_but_imperfect_and_teacher_is_clearly_stronger(sha
         rates[name] = sft_success_rate(load_model(path), load_tokenizer(path), env, 300, random.Random(1), 1.0)
     assert 0.15 <= rates["tiny"] <= 0.6, rates
     assert rates["teacher"] >= 0.7 and rates["teacher"] >= rates["tiny"] + 0.3, rates
+
+
+# ------------------------------------------------------------------ shipped weights
+
+
+def test_the_shipped_weights_match_their_manifest_and_are_what_the_seed_0_build_serves(tmp_path):
+    """Seed 0's built-ins are the shipped files, byte for byte, on every machine; a tiny recipe
+    trained here would differ in the last bits from one processor's kernels to another's."""
+    for name in ("tiny", "teacher"):
+        weights = models.shipped_weights(name, seed=0)
+        assert weights is not None and weights.parent == models.SHIPPED_DIR
+        built = resolve_model_dir(f"builtin:{name}", cache_dir=str(tmp_path), seed=0)
+        assert (built / "model.safetensors").read_bytes() == weights.read_bytes()
+        model = load_model(built)  # a complete HF directory: config, weights, tokenizer
+        assert model.config.hidden_size == models.BUILTIN_RECIPES[name].hidden_size
+        assert load_tokenizer(built).pad_token == "<pad>"
+
+
+def test_another_seed_or_recipe_is_trained_not_copied(fast_tiny):
+    assert models.shipped_weights("tiny", seed=0) is None  # the fast recipe is not the shipped one
+    assert models.shipped_weights("teacher", seed=1) is None  # the shipped recipe, another seed
+
+
+def test_damaged_shipped_weights_are_an_error_naming_the_file(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for f in models.SHIPPED_DIR.iterdir():
+        (shipped / f.name).write_bytes(f.read_bytes())
+    data = bytearray((shipped / "tiny.safetensors").read_bytes())
+    data[-256:] = bytes(256)  # same size, other bytes
+    (shipped / "tiny.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(models, "SHIPPED_DIR", shipped)
+    with pytest.raises(ValueError, match=r"builtin:tiny.*tiny\.safetensors have sha256 .*reinstall"):
+        resolve_model_dir("builtin:tiny", cache_dir=str(tmp_path / "cache"), seed=0)
+    assert not list((tmp_path / "cache" / "models").glob("tiny-*"))  # nothing half-built left in the cache
+
+
+def test_the_run_seed_does_not_change_the_builtin_model():
+    from learner.config import RunConfig
+
+    a = RunConfig.model_validate({"seed": 3})
+    assert a.model.builtin_seed == 0  # seed 3's run samples differently, from the same shipped model
