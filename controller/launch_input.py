@@ -18,12 +18,11 @@ def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str |
         return ("sweep_values" if swept and str(err).startswith(f"{swept}:") else "overrides"), 400, str(err)
     if isinstance(err, ConfigError):
         return schedule_field, 400, f"does not fit the experiment's config: {err}"
-    over = {err.field} | ({"train.group_size"} if err.field == "train.prompts_per_step" else set())
-    if swept in over:
+    if swept in err.inputs:
         return "sweep_values", err.status, err.message
-    if over & overridden:
+    if err.inputs & overridden:
         return "overrides", err.status, err.message
-    return LAUNCH_FIELDS.get(err.field, err.field), err.status, err.message
+    return LAUNCH_FIELDS.get(err.field, "experiment" if "." in err.field else err.field), err.status, err.message
 
 
 def sweep_of(data: dict) -> Sweep | None:

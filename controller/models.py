@@ -259,6 +259,13 @@ class UserQuota(models.Model):
     rollout_workers = models.PositiveIntegerField(null=True, blank=True, help_text="rollout.workers of one run")
     learner_world_size = models.PositiveIntegerField(null=True, blank=True, help_text="learner.world_size of one run")
     task_size = models.PositiveIntegerField(null=True, blank=True, help_text="task.size of one run")
+    processes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="rollout processes (workers or replicas, per node) + learner ranks of one run")
+    tokens_per_step = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="trajectories × (prompt + max_new_tokens × max_turns) of one step")
+    generator_setting = models.PositiveIntegerField(
+        null=True, blank=True, help_text="any number in a reasoning-gym dataset's options")
+    keep_checkpoints = models.PositiveIntegerField(null=True, blank=True, help_text="train.keep_checkpoints of one run")
 
     def __str__(self):
         return f"quota of {self.user}"

@@ -1,5 +1,5 @@
-"""Per-user quotas: trajectories per step, steps per run, processes per run, runs at once,
-runs waiting.
+"""Per-user quotas: trajectories and tokens per step, steps per run, processes per run,
+generator sizes, checkpoints kept, runs at once, runs waiting.
 
 Site defaults are ``THUNDERSYNC_QUOTA_DEFAULTS``; a ``UserQuota`` row (admin) overrides
 any of them for one user. Config limits are checked when an experiment is saved and again
@@ -18,14 +18,18 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from . import run_cost
 from .models import Run, UserQuota
 
 LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs", "rollout_workers",
-          "learner_world_size", "task_size")
-# Per-run resources: config path -> the quota that bounds it (processes and generated items).
-RESOURCE_LIMITS = {"rollout.workers": "rollout_workers", "learner.world_size": "learner_world_size",
-                   "task.size": "task_size"}
-# A launch names the input that is over: its own steps, or the experiment's config.
+          "learner_world_size", "task_size", "processes", "tokens_per_step", "generator_setting",
+          "keep_checkpoints")
+# Per-run resources: config path -> the quota that bounds it (processes, generated items, disk).
+RESOURCE_LIMITS = {"rollout.workers": "rollout_workers", "rollout.replicas": "rollout_workers",
+                   "learner.world_size": "learner_world_size", "task.size": "task_size",
+                   "train.keep_checkpoints": "keep_checkpoints"}
+# A launch names the input that is over: its own steps, or the experiment's config (any other
+# config path: controller/launch_input.py).
 LAUNCH_FIELDS = {"train.steps": "steps", "train.prompts_per_step": "experiment",
                  **{path: "experiment" for path in RESOURCE_LIMITS}}
 
@@ -39,14 +43,21 @@ class Quota:
     rollout_workers: int
     learner_world_size: int
     task_size: int
+    processes: int
+    tokens_per_step: int
+    generator_setting: int
+    keep_checkpoints: int
 
 
 class QuotaExceeded(Exception):
-    """``field``: the input that is over (a config path, ``steps``, or ``quota``)."""
+    """``field``: the input that is over (a config path, ``steps``, or ``quota``); ``inputs``:
+    every config path the bounded quantity is computed from (a sweep or override of any of
+    them is what a launch names)."""
 
-    def __init__(self, field: str, message: str, status: int = 400):
+    def __init__(self, field: str, message: str, status: int = 400, inputs: tuple[str, ...] = ()):
         super().__init__(message)
         self.field, self.message, self.status = field, message, status
+        self.inputs = set(inputs) | {field}
 
 
 def quota_for(user) -> Quota:
@@ -78,9 +89,25 @@ def check_config(user, config: dict) -> None:
     if per_step * group > quota.trajectories_per_step:
         raise QuotaExceeded("train.prompts_per_step", (
             f"train.prompts_per_step × train.group_size = {per_step} × {group} = {per_step * group} "
-            f"trajectories per step, over your quota of {quota.trajectories_per_step}"))
+            f"trajectories per step, over your quota of {quota.trajectories_per_step}"),
+            inputs=("train.group_size",))
     if train["steps"] > quota.steps:
         raise QuotaExceeded("train.steps", f"train.steps = {train['steps']} is over your quota of {quota.steps} steps per run")
+    check_cost(quota, config)
+
+
+def check_cost(quota: Quota, config: dict) -> None:
+    """What the run costs beyond counts (controller/run_cost.py): its processes, the tokens of
+    a step, the sizes its task generator is asked for."""
+    for cost, bound, what in ((run_cost.processes(config), quota.processes, "processes per run"),
+                              (run_cost.tokens_per_step(config), quota.tokens_per_step, "tokens per step")):
+        if cost.value > bound:
+            raise QuotaExceeded(cost.inputs[0], f"{cost.formula}, over your quota of {bound} {what}",
+                                inputs=cost.inputs)
+    for path, value in run_cost.generator_settings(config):
+        if abs(value) > quota.generator_setting:
+            raise QuotaExceeded(path, (f"{path} = {value} is over your quota of {quota.generator_setting} for a "
+                                       "task generator's setting (terms, digits, sizes of what it generates)"))
 
 
 def check_queue(user) -> None:

@@ -24,6 +24,7 @@ from django.conf import settings
 from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig, parse_config
+from learner.preflight import builtin_problem
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
@@ -72,7 +73,9 @@ def refuse(field: str, value: str, what: str, allowed: list[Path], setting: str)
 
 def check_model_dir(field: str, value: str) -> None:
     if value.startswith(BUILTIN_PREFIX):
-        return  # the learner knows its built-in names and refuses others
+        if problem := builtin_problem(field, value):
+            raise ConfigError(problem)
+        return
     allowed, path = roots("THUNDERSYNC_MODEL_ROOTS"), Path(os.path.expanduser(value))
     if not (path.is_absolute() and under(path, allowed)):
         raise refuse(field, value, "a built-in model (builtin:tiny, builtin:teacher) or an absolute directory",

@@ -15,6 +15,17 @@ from pathlib import Path
 from learner.config import ConfigError, RunConfig
 
 BUILTIN_PREFIX = "builtin:"
+# learner/rollout/models.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
+# wrong name is refused before anything starts (tests/learner/test_builtin_names.py keeps them equal)
+BUILTIN_MODELS = ("tiny", "teacher", "tiny-long")
+
+
+def builtin_problem(field: str, spec: str) -> str | None:
+    """Why ``spec`` (a ``builtin:`` model name) names no built-in model, or None."""
+    if spec.startswith(BUILTIN_PREFIX) and spec.removeprefix(BUILTIN_PREFIX) not in BUILTIN_MODELS:
+        known = ", ".join(BUILTIN_PREFIX + name for name in BUILTIN_MODELS)
+        return f"{field}: {spec!r} is not a built-in model ({known}) nor a directory"
+    return None
 
 
 def is_model_dir(path: Path) -> bool:
@@ -28,6 +39,8 @@ def check_model_paths(cfg: RunConfig) -> None:
     if cfg.algorithm.objective == "opd":
         specs["model.teacher"] = cfg.model.teacher
     for field, spec in specs.items():
+        if problem := builtin_problem(field, spec):
+            raise ConfigError(problem)
         if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
             raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
 

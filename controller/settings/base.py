@@ -159,9 +159,16 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
     "queued_runs": 10,
     # processes and generated items of one run (controller/quotas.py RESOURCE_LIMITS)
-    "rollout_workers": 8,  # rollout.workers
+    "rollout_workers": 8,  # rollout.workers, and rollout.replicas (vLLM)
     "learner_world_size": 4,  # learner.world_size
     "task_size": 100_000,  # task.size (reasoning-gym items per split)
+    # cost (controller/run_cost.py): rollout processes + learner ranks; sampled tokens of a step
+    # (trajectories × (prompt + max_new_tokens × max_turns)); any number in a reasoning-gym
+    # dataset's options; checkpoints kept (train.keep_checkpoints)
+    "processes": 12,
+    "tokens_per_step": 4_194_304,
+    "generator_setting": 100,
+    "keep_checkpoints": 10,
 }
 
 # Login throttling (controller/login_throttle.py): failures counted per (account, address)

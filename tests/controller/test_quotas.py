@@ -97,7 +97,7 @@ def test_processes_and_items_per_run_are_bounded_by_the_quota(alice, alice_clien
     response = post_json(alice_client, "/api/experiments/", {"name": "big", "config": config})
     assert response.status_code == 400
     assert response.json()["errors"]["config"].startswith(f"{section}.{name} = {value} is over your quota of ")
-    UserQuota.objects.create(user=alice, rollout_workers=64, learner_world_size=62, task_size=10_000_000)
+    UserQuota.objects.create(user=alice, rollout_workers=64, learner_world_size=62, task_size=10_000_000, processes=128)
     assert post_json(alice_client, "/api/experiments/", {"name": "big", "config": config}).status_code == 201
 
 
@@ -108,3 +108,70 @@ def test_the_schema_shows_the_users_bounds(alice, alice_client):
     assert config["rollout"]["properties"]["workers"]["maximum"] == 3
     assert config["learner"]["properties"]["world_size"]["maximum"] == 4
     assert config["task"]["properties"]["size"]["maximum"] == 100_000
+
+
+def refusal(client, config: dict) -> str:
+    """The one-line 400 of saving an experiment with ``config``; nothing is stored."""
+    response = post_json(client, "/api/experiments/", {"name": "costly", "config": config})
+    assert response.status_code == 400, response.content
+    assert not Experiment.objects.filter(name="costly").exists()
+    message = response.json()["errors"]["config"]
+    assert "\n" not in message
+    return message
+
+
+def with_section(section: str, **values) -> dict:
+    return {**QUICKSTART, section: {**QUICKSTART.get(section, {}), **values}}
+
+
+def test_vllm_replicas_are_bounded_like_workers(alice_client):
+    message = refusal(alice_client, with_section("rollout", engine="vllm", replicas=9))
+    assert message == "rollout.replicas = 9 is over your quota of 8"
+
+
+def test_rollout_processes_and_learner_ranks_count_against_one_process_quota(alice, alice_client):
+    UserQuota.objects.create(user=alice, processes=4)
+    config = {**with_section("rollout", workers=3), "learner": {"world_size": 2}}
+    assert refusal(alice_client, config) == (
+        "rollout.workers + learner.world_size = 3 + 2 = 5 processes, over your quota of 4 processes per run")
+    config["rollout"]["workers"] = 2
+    assert post_json(alice_client, "/api/experiments/", {"name": "fits", "config": config}).status_code == 201
+
+
+def test_tokens_per_step_count_the_prompt_and_every_turn(alice, alice_client):
+    UserQuota.objects.create(user=alice, tokens_per_step=10_000)
+    config = {**with_section("rollout", max_new_tokens=100),
+              "task": {**QUICKSTART["task"], "max_turns": 4, "prompt_preamble": "p" * 200}}
+    assert post_json(alice_client, "/api/experiments/", {"name": "fits", "config": config}).status_code == 201  # 9600
+    message = refusal(alice_client, {**config, "train": {**QUICKSTART["train"], "group_size": 8}})
+    assert message == ("train.prompts_per_step × train.group_size × (prompt + rollout.max_new_tokens × task.max_turns)"
+                       " = 4 × 8 × (200 + 100 × 4) = 19200 tokens per step, over your quota of 10000 tokens per step")
+
+
+@pytest.mark.parametrize("value", [2000, 100_000])
+def test_a_reasoning_gym_generator_setting_is_bounded(alice_client, value):
+    task = {"name": "reasoning-gym", "size": 100, "datasets": [
+        {"name": "basic_arithmetic", "config": {"min_terms": 2, "max_terms": value, "seed": 10**9}}]}
+    assert refusal(alice_client, {**QUICKSTART, "task": task}) == (
+        f"task.datasets[0].config.max_terms = {value} is over your quota of 100 for a task generator's setting "
+        "(terms, digits, sizes of what it generates)")
+
+
+def test_checkpoints_kept_are_bounded(alice_client):
+    assert refusal(alice_client, with_section("train", keep_checkpoints=1000)) == (
+        "train.keep_checkpoints = 1000 is over your quota of 10")
+
+
+def test_an_unknown_builtin_model_is_refused_when_saved(alice_client):
+    assert refusal(alice_client, with_section("model", policy="builtin:huge")) == (
+        "model.policy: 'builtin:huge' is not a built-in model (builtin:tiny, builtin:teacher, builtin:tiny-long) "
+        "nor a directory")
+
+
+def test_a_launch_whose_override_is_over_a_cost_quota_names_the_overrides(alice_client, alice_experiment, sync_preset):
+    response = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": sync_preset.pk,
+                                                      "overrides": {"rollout.max_new_tokens": 4096,
+                                                                    "task.max_turns": 16, "train.group_size": 128}})
+    assert response.status_code == 400
+    assert "tokens per step, over your quota of 4194304" in response.json()["errors"]["overrides"]
+    assert not Run.objects.exists()
