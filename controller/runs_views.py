@@ -14,50 +14,72 @@ from learner.config import SCHEDULES
 
 from .forms import NoteForm
 from .models import Comparison, Run, join_tags
+from .run_table import COLUMNS, ListQuery, read_query, sorted_runs, with_table_figures
 from .runlog import run_dir
-from .views import owned_runs, with_figures
+from .views import owned_runs
 
 RUNS_PER_PAGE = 25
-# ?sort= values: the column and its direction (a leading "-": newest / most first)
-SORTS = {"-created": "newest", "created": "oldest", "name": "name", "-steps": "most steps", "status": "status",
-         "experiment": "experiment"}
-SORT_FIELDS = {"experiment": "experiment__name", "-experiment": "-experiment__name"}
+# the sort menu's choices (every column header sorts too, either way: controller/run_table.py)
+SORT_CHOICES = {"-created": "newest", "created": "oldest", "name": "name", "-steps": "most steps", "status": "status",
+                "experiment": "experiment", "step_s": "fastest median step", "-final_reward": "highest final reward",
+                "-speedup": "highest speedup vs sync"}
 
 
-def filtered_runs(user, params) -> tuple:
-    """(runs queryset, the filters as the form shows them) for the list's query parameters."""
-    runs = owned_runs(user)
-    chosen = {key: params.get(key, "").strip() for key in ("q", "schedule", "status", "tag", "experiment")}
+def filtered_runs(user, query: ListQuery):
+    """The user's runs that ``query``'s (checked) filters keep."""
+    runs, chosen = owned_runs(user), query.chosen
     if chosen["q"]:
         q = chosen["q"]
         runs = runs.filter(Q(name__icontains=q) | Q(experiment__name__icontains=q) | Q(schedule__name__icontains=q)
                            | Q(note__icontains=q) | Q(tags__icontains=q))
-    if chosen["schedule"] in SCHEDULES:
+    if chosen["schedule"]:
         runs = runs.filter(schedule__kind=chosen["schedule"])
-    if chosen["status"] in Run.Status.values:
+    if chosen["status"]:
         runs = runs.filter(status=chosen["status"])
     if chosen["tag"]:
         runs = runs.filter(tags__icontains=f",{chosen['tag'].lower()},")
-    if chosen["experiment"].isdigit():
+    if chosen["experiment"]:
         runs = runs.filter(experiment_id=int(chosen["experiment"]))
-    sort = params.get("sort", "-created")
-    sort = sort if sort in SORTS else "-created"
-    return runs.order_by(SORT_FIELDS.get(sort, sort), "-id"), {**chosen, "sort": sort}
+    return runs.select_related("comparison")
+
+
+def header_links(params, sort: str) -> list[dict]:
+    """Each column's header: its link sorts by it (ascending first, reversed when already so)."""
+    base = params.copy()
+    for name in ("sort", "page"):
+        base.pop(name, None)
+    headers = []
+    for key, (text, _) in COLUMNS.items():
+        base["sort"] = f"-{key}" if sort == key else key
+        state = "ascending" if sort == key else "descending" if sort == f"-{key}" else "none"
+        headers.append({"key": key, "text": text, "href": f"?{base.urlencode()}", "sort": state})
+    return headers
+
+
+def sort_label(sort: str) -> str:
+    """The sort menu's text for a header's sort (``-step_s``: "median step, highest first")."""
+    return f"{COLUMNS[sort.lstrip('-')][0].lower()}, {'highest' if sort.startswith('-') else 'lowest'} first"
 
 
 @login_required
 def runs_list(request):
-    runs, chosen = filtered_runs(request.user, request.GET)
+    experiments = request.user.experiments.order_by("name")
+    query = read_query(request.GET, set(experiments.values_list("id", flat=True)))
+    runs = sorted_runs(filtered_runs(request.user, query), query.sort)
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
+    shown = list(page.object_list)
+    if shown and not hasattr(shown[0], "figures"):  # sorted by a database column: this page's figures only
+        with_table_figures(shown)
+    params = request.GET.copy()
+    params.pop("page", None)
     context = {
-        "page": page, "runs": with_figures(list(page.object_list)), "chosen": chosen, "query": query.urlencode(),
-        "schedules": SCHEDULES, "statuses": Run.Status.values, "sorts": SORTS,
-        "experiments": request.user.experiments.order_by("name"),
+        "page": page, "runs": shown, "chosen": {**query.chosen, "sort": query.sort}, "query": params.urlencode(),
+        "errors": query.errors, "headers": header_links(request.GET, query.sort),
+        "schedules": SCHEDULES, "statuses": Run.Status.values, "experiments": experiments,
+        "sorts": {**SORT_CHOICES, **({} if query.sort in SORT_CHOICES else {query.sort: sort_label(query.sort)})},
         "tags": sorted({t for tags in owned_runs(request.user).values_list("tags", flat=True) for t in tags.split(",") if t}),
     }
-    return render(request, "runs.html", context)
+    return render(request, "runs.html", context, status=400 if query.errors else 200)
 
 
 def annotate(request, target, back: str):
@@ -100,3 +122,14 @@ def run_delete(request, run_id: int):
         return redirect("experiment", experiment)
     context = {"run": found, "in_flight": in_flight, "spans": found.spans.count(), "files": run_dir(found.pk).exists()}
     return render(request, "run_delete.html", context, status=409 if in_flight and request.method == "POST" else 200)
+
+
+@login_required
+@require_POST
+def comparison_delete(request, comparison_id: int):
+    """Delete a comparison (its name, tags, note, sweep); its runs are kept, each on its own."""
+    found = get_object_or_404(Comparison, pk=comparison_id, experiment__owner=request.user)
+    name, experiment, kept = str(found), found.experiment_id, found.runs.count()
+    found.delete()  # Run.comparison is SET_NULL
+    messages.info(request, f"Deleted the comparison {name}; its {kept} run{'s' if kept != 1 else ''} kept.")
+    return redirect("experiment", experiment)

@@ -53,6 +53,7 @@ urlpatterns = [
     path("runs/<int:run_id>/annotate/", runs_views.run_annotate, name="run-annotate"),
     path("runs/<int:run_id>/delete/", runs_views.run_delete, name="run-delete"),
     path("comparisons/<int:comparison_id>/annotate/", runs_views.comparison_annotate, name="comparison-annotate"),
+    path("comparisons/<int:comparison_id>/delete/", runs_views.comparison_delete, name="comparison-delete"),
     path("runs/<int:run_id>/cancel/", views.cancel, name="cancel"),
     path("runs/<int:run_id>/log/", views.run_log, name="run-log"),
     path("runs/<int:run_id>/resume/", views.resume, name="resume"),

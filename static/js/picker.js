@@ -1,12 +1,13 @@
-// Compare page run picker: the checked runs become ``?runs=1,2,3`` (2 to 4 of them).
+// Run pickers (the compare page's, the runs list's ticks): the checked runs become
+// ``?runs=1,2,3`` (2 to 4 of them). A box may sit outside its form (``form="..."``, the runs
+// list's rows): form.elements holds it either way.
 const MIN_RUNS = 2, MAX_RUNS = 4;
 
-const form = document.getElementById("compare-picker");
-if (form) {
-  const boxes = [...form.querySelectorAll("input[type=checkbox]")];
+for (const form of document.querySelectorAll("form[data-run-picker]")) {
+  const boxes = [...form.elements].filter((e) => e.type === "checkbox");
   const hidden = form.querySelector("input[name=runs]");
   const button = form.querySelector("button[type=submit]");
-  const note = document.getElementById("picker-note");
+  const note = form.querySelector("#picker-note");
   const update = () => {
     const ids = boxes.filter((b) => b.checked).map((b) => b.value);
     hidden.value = ids.join(",");

@@ -25,7 +25,7 @@ def many_runs(alice, alice_experiment, sync_preset, streaming_preset):
 
 
 def listed(page) -> list[str]:
-    return page.evaluate("[...document.querySelectorAll('#runs-list tbody tr td:first-child')].map((td) => td.textContent)")
+    return page.evaluate("[...document.querySelectorAll('#runs-list tbody tr td:nth-child(2)')].map((td) => td.textContent)")
 
 
 def test_the_runs_list_searches_filters_sorts_and_pages(live_url, browser_page, alice, many_runs):
