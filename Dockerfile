@@ -4,6 +4,8 @@ FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
+# bubblewrap confines the python-sandbox tool (docs/tasks.md, "The sandbox's boundary")
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 
 COPY pyproject.toml manage.py ./
 COPY learner ./learner

@@ -1,23 +1,30 @@
-"""``python-sandbox`` tool: run untrusted Python in a resource-limited subprocess.
+"""``python-sandbox`` tool: run untrusted Python in a confined, resource-limited subprocess.
 
-What confines the child (set in ``preexec_fn``, i.e. after fork, before exec):
+Where bubblewrap works (the usual case; ``learner/rollout/sandbox_bwrap.py``), each call
+runs in mount, PID, network, IPC and UTS namespaces of its own: a read-only view of
+``/usr`` and the interpreter's prefix only, a private ``/tmp`` and working directory, no
+other process visible, only its own loopback, an unprivileged user id of its own when the
+worker is root. ``SandboxResult.confinement`` says ``"bwrap"``. Where it does not (not
+installed, namespaces refused), ``"rlimits"``: everything below still holds, but the
+filesystem and the process tree are the worker's user's to see (docs/tasks.md, "The
+sandbox's boundary").
+
+In both (set in ``preexec_fn``, i.e. after fork, before exec):
 - an isolated interpreter, ``python -I -S`` (no user site, no PYTHON* variables, no
-  ``site``), a scrubbed environment and a fresh private working directory that is removed
-  afterwards;
+  ``site``), only the environment given here and a fresh private working directory that is
+  removed afterwards;
 - rlimits: CPU seconds (SIGXCPU at ``cpu_s``, SIGKILL one second later), address space
-  (``memory_mb``), file size, open files, no core dumps, and a process count (the process
-  count is not enforced for root);
+  (``memory_mb``), file size, open files, no core dumps, and a process count (not enforced
+  for root: under bwrap the call runs as a user id of its own, so it holds there);
 - its own session, so the whole process group is killed at the wall-clock limit and at exit;
   a descendant that left the group (``setsid()``) is found by a token in its inherited
-  environment and killed too (``_sweep``; a process that rewrites its environment block
-  could still hide);
-- no network. Preferred: a new, empty network namespace (``unshare(CLONE_NEWNET)``, needs
-  root or user namespaces); every socket then has no route, loopback included. Fallback
-  when that is not permitted: an audit hook installed before the user code refuses to
-  create sockets (best effort: native code could bypass it). ``SandboxResult.network``
-  says which one applied.
-- not confined: the filesystem view (no chroot or mount namespace); the child can read
-  what its user can read and write up to the file-size limit.
+  environment and killed too (``_sweep``; under bwrap the pid namespace dies with the call
+  anyway);
+- no network. Under bwrap, and otherwise preferably, a new network namespace
+  (``unshare(CLONE_NEWNET)``, needs root or user namespaces); every socket then has no route
+  off it. Fallback when that is not permitted: an audit hook installed before the user code
+  refuses to create sockets (best effort: native code could bypass it).
+  ``SandboxResult.network`` says which one applied.
 - stdout and stderr go to anonymous files (not pipes), so a flood of output cannot fill the
   parent's memory; each is truncated to ``max_output`` characters.
 """
@@ -36,6 +43,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import IO, Literal
+
+from learner.rollout import sandbox_bwrap
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -67,6 +76,7 @@ class SandboxResult:
     killed_reason: str | None  # "wall_time", "cpu_time", "signal:<NAME>" or None
     network: Literal["netns", "audit-hook"]  # how network access was removed
     duration_s: float
+    confinement: Literal["bwrap", "rlimits"] = "bwrap"  # namespaces of its own (sandbox_bwrap), or rlimits only
 
 
 def _unshare_network() -> None:
@@ -168,20 +178,21 @@ def run_python(
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, SANDBOX_TOKEN: token}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             start = time.monotonic()
-            try:
-                network = "netns"
+            confinement: Literal["bwrap", "rlimits"] = "bwrap" if sandbox_bwrap.available() is None else "rlimits"
+            network = "netns"
+            if confinement == "bwrap":
+                uid = sandbox_bwrap.call_uid()
+                if uid is not None:  # the call's own user id writes its working directory
+                    os.chown(workdir, uid, uid)
+                argv = [sandbox_bwrap.interpreter(), "-I", "-S", "main.py"]
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "main.py"],
-                    cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=True),
+                    sandbox_bwrap.command(argv, workdir, env, uid), cwd=workdir, env={}, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=err, start_new_session=True,
+                    preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
                 )  # fmt: skip
-            except subprocess.SubprocessError:  # unshare refused: no namespace privileges
-                network = "audit-hook"
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _AUDIT_PRELUDE],
-                    cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
-                )  # fmt: skip
+            else:
+                proc = _unconfined_popen(workdir, env, out, err, cpu_s, memory_mb)
+                network = "netns" if proc.args[-1] == "main.py" else "audit-hook"
             wall_killed = False
             try:
                 proc.wait(timeout=wall_s)
@@ -192,15 +203,36 @@ def run_python(
             _kill_group(proc.pid)  # background children outlive their parent otherwise
             _sweep(token)  # ...and so do those that left the group with setsid()
             duration = time.monotonic() - start
-            reason = _reason(proc.returncode, wall_killed, duration, cpu_s)
+            returncode = proc.returncode
+            if confinement == "bwrap" and 128 < returncode < 128 + signal.NSIG:  # bwrap: 128 + the signal
+                returncode = 128 - returncode
+            reason = _reason(returncode, wall_killed, duration, cpu_s)
             return SandboxResult(
                 stdout=_read_truncated(out, max_output),
                 stderr=_read_truncated(err, max_output),
-                exit_code=proc.returncode,
+                exit_code=returncode,
                 timed_out=reason in ("wall_time", "cpu_time"),
                 killed_reason=reason,
                 network=network,
                 duration_s=duration,
+                confinement=confinement,
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _unconfined_popen(workdir: str, env: dict, out, err, cpu_s: int, memory_mb: int) -> subprocess.Popen:
+    """Where bwrap cannot run: rlimits, a session, and a network namespace if permitted (else
+    the audit hook): no view of the filesystem or the processes is taken away."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "main.py"],
+            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=True),
+        )  # fmt: skip
+    except subprocess.SubprocessError:  # unshare refused: no namespace privileges
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _AUDIT_PRELUDE],
+            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
+        )  # fmt: skip
