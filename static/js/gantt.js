@@ -137,7 +137,10 @@ export function ganttFigure({ bars, lanes, barriers, xRange = null, yRange = nul
     // every lane labelled (tickvals): plotly would otherwise thin a crowded category axis and
     // could drop learner/0's label
     yaxis: { type: "category", categoryorder: "array", categoryarray: lanes,
-      ...(yRange ? { range: yRange, autorange: false } : { autorange: "reversed" }),
+      // autorange exactly over the lanes: plotly pads a scatter axis by 5% each way, which at 257
+      // lanes left 14 empty rows (~150 px) above learner/0 and shrank every row to 11 px
+      ...(yRange ? { range: yRange, autorange: false }
+        : { autorange: "reversed", autorangeoptions: { minallowed: -0.5, maxallowed: Math.max(lanes.length, 1) - 0.5 } }),
       tickmode: "array", tickvals: lanes, ticktext: lanes,
       tickfont: { family: "ui-monospace, monospace", size: 10 }, showgrid: false, fixedrange: false },
     legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom", font: { size: 11 } },

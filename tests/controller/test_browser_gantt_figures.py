@@ -90,7 +90,7 @@ def test_the_learner_lane_stays_labelled_and_readable_at_128_rollout_lanes(live_
     open_run_page(page, live_url, wide_run)
     assert Span.objects.filter(run=wide_run).values("lane").distinct().count() == 129
     axis = page.evaluate("(() => { const ya = document.getElementById('gantt')._fullLayout.yaxis;"
-                         " return {lanes: ya.categoryarray, ticks: ya.tickvals, px: ya._length / ya.categoryarray.length}; })()")
+                         " return {lanes: ya.categoryarray, ticks: ya.tickvals, px: ya._length / Math.abs(ya.range[0] - ya.range[1])}; })()")
     assert axis["lanes"][0] == "learner/0" and len(axis["lanes"]) == 17  # learner/0 + 16 bands of 8 lanes
     assert axis["lanes"][1] == "rollout/0/0…0/7 ×8" and axis["ticks"] == axis["lanes"]
     assert axis["px"] >= 12

@@ -43,7 +43,7 @@ def wide_run(alice_experiment, streaming_preset):
 def lane_axis(page) -> dict:
     return page.evaluate("""(() => { const g = document.getElementById('gantt'), ya = g._fullLayout.yaxis;
         const lanes = ya.categoryarray;
-        return {lanes, px: ya._length / lanes.length, labels: [...g.querySelectorAll('.ytick text')].map((t) => t.textContent),
+        return {lanes, px: ya._length / Math.abs(ya.range[0] - ya.range[1]), labels: [...g.querySelectorAll('.ytick text')].map((t) => t.textContent),
                 rows: Object.fromEntries(lanes.map((l) => [l, ya._offset + ya.l2p(ya.d2l(l))]))}; })()""")
 
 
