@@ -1,6 +1,6 @@
 """GPU check: the streaming learner and the torch rollout engine on one CUDA device.
 
-    python -m bench.gpu_check [--device cuda] [--sizes s,m] [--json F]
+    python -m bench.gpu_check [--device cuda] [--sizes s,m] [--json F] [--runs sync,streaming,streaming-captured]
 
 Per model size, a seeded random Llama (token ids are drawn, so no tokenizer is needed):
   1. rollout: ``TorchEngine.generate`` of one GRPO batch (P prompts x G samples, fixed length,
@@ -14,6 +14,11 @@ Per model size, a seeded random Llama (token ids are drawn, so no tokenizer is n
      pageable;
   4. exactness: the streamed gradient of a smaller batch against the batch-synchronous
      reference (``reference_gradient``, all graphs held at once) on the same device, fp32.
+  5. engines: the eager fixed-batch engine and the captured-decode engine (``rollout/captured.py``:
+     static KV cache, the decode step a CUDA graph) on the same batch and seeds: tokens/s of each and
+     how many rows sampled the same tokens (all of them, or the captured engine is wrong);
+then, once (``bench/gpu_runs.py``): real ``thundersync train`` runs of the bench workload, learner
+and rollout worker as separate processes on the device, sync and streaming (first step dropped).
 From the measured parts: sync pays R + L + publish per step; streaming on separate rollout
 and learner devices pays about max(R, L) + the work after the last reward (tail: one
 backward + close + optimizer + publish). On one GPU the two cannot overlap, so those two
@@ -28,17 +33,20 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from bench.gpu_runs import ARMS, trainer_runs
 from learner.config import AlgorithmConfig
 from learner.grad.exactness import relative_error
 from learner.grad.learner_common import LearnerOptions
 from learner.grad.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
+from learner.rollout.captured import CapturedEngine
 from learner.rollout.engine import SamplingParams, TorchEngine
 from learner.rollout.weights import WeightStore
 from learner.timeline import Kind
@@ -166,6 +174,35 @@ def exactness(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: random
     return {"exact_n_traj": len(trajs), "rel_error_vs_reference": relative_error(streamed, ref)}
 
 
+def engines(model, vocab: int, groups: int, group_size: int, prompt_len: int, new_tokens: int,
+            rng: random.Random) -> dict:
+    """Eager vs captured decode, one fixed batch each, the same prompts and seeds (a group shares its
+    prompt: prefill shared in both). A failure of either is recorded, not raised: the rest stands."""
+    device = next(model.parameters()).device
+    prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(groups)]
+    batch = [p for p in prompts for _ in range(group_size)]
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=[], seed=0)
+    out, completions = {}, {}
+    for name, make in (("eager", lambda: TorchEngine(model, pad_id=0, continuous_batching=False)),
+                       ("captured", lambda: CapturedEngine(model, pad_id=0))):
+        try:
+            engine = make()
+            engine.generate(batch[:2], SamplingParams(max_new_tokens=4, stop_token_ids=[]))  # kernels, allocator
+            completions[name], s = timed(device, lambda: engine.generate(batch, params))
+        except Exception as exc:  # e.g. a capture this torch/transformers cannot do
+            out[f"{name}_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            continue
+        tokens = sum(len(c.token_ids) for c in completions[name])
+        out.update({f"{name}_s": s, f"{name}_tokens_per_s": tokens / s})
+    if len(completions) == 2:
+        pairs = list(zip(completions["eager"], completions["captured"]))
+        out["captured_rows_same_tokens"] = sum(a.token_ids == b.token_ids for a, b in pairs)
+        out["engine_rows"] = len(pairs)
+        out["captured_logprob_max_abs_diff"] = max(abs(x - y) for a, b in pairs for x, y in zip(a.logprobs, b.logprobs))
+        out["captured_speedup"] = out["eager_s"] / out["captured_s"]
+    return out
+
+
 def check_size(size: str, device: torch.device, args: argparse.Namespace) -> dict:
     rng = random.Random(f"gpu-check/{size}")
     model = random_llama(size, device)
@@ -186,7 +223,9 @@ def check_size(size: str, device: torch.device, args: argparse.Namespace) -> dic
     out.update(derived_sync_step_s=r + l_s + pub_s,
                derived_streaming_step_s=max(r, l_s - out["tail_learner_s"]) + out["tail_learner_s"] + pub_s)
     out["derived_speedup"] = out["derived_sync_step_s"] / out["derived_streaming_step_s"]
-    del model, engine
+    del model
+    out.update(engines(engine.model, vocab, args.groups, args.group_size, args.prompt_len, args.new_tokens, rng))
+    del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -203,6 +242,13 @@ def main() -> int:
     ap.add_argument("--exact-groups", type=int, default=2, help="groups in the exactness batch")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (off: exact fp32, the default)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--runs", default="sync,streaming,streaming-captured",
+                    help=f"thundersync train runs of the bench workload, of {', '.join(ARMS)} ('' for none)")
+    ap.add_argument("--run-size", help="their policy's size (default: the first of --sizes)")
+    ap.add_argument("--run-steps", type=int, default=4, help="steps per run, the first dropped as warm-up")
+    ap.add_argument("--run-prompts", type=int, default=32, help="prompts per step (the bench workload: 32)")
+    ap.add_argument("--run-group-size", type=int, default=8, help="trajectories per prompt (the bench workload: 8)")
+    ap.add_argument("--run-timeout", type=float, default=150.0, help="seconds one run may take")
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
@@ -210,17 +256,31 @@ def main() -> int:
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "workload": {k: v for k, v in vars(args).items() if k != "json"}}
     print(json.dumps(env))
+    runs = {}
+    if args.runs:  # first: fresh processes on a device this one has not touched yet
+        with tempfile.TemporaryDirectory(prefix="gpu-check-runs-") as work:
+            runs = trainer_runs(args.device, args.run_size or args.sizes.split(",")[0], args.runs.split(","),
+                                args.run_steps, args.run_prompts, args.run_group_size, Path(work), args.run_timeout)
     results = {}
     for size in args.sizes.split(","):
-        results[size] = check_size(size, device, args)
+        try:
+            results[size] = check_size(size, device, args)
+        except Exception as exc:  # recorded: the other sizes and the runs still reach the JSON
+            results[size] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         print(json.dumps({size: results[size]}), flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"env": env, "sizes": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"env": env, "sizes": results, "runs": runs}, indent=1))
     cols = ["params_m", "rollout_s", "tokens_per_s", "backward_ms_median", "backward_ms_p90", "close_ms_median",
             "finish_clip_adamw_ms", "learner_s", "publish_pageable_ms", "engine_load_pageable_ms", "publish_ms", "publish_gb_s", "engine_load_ms", "peak_device_gib",
-            "rel_error_vs_reference", "derived_sync_step_s", "derived_streaming_step_s", "derived_speedup"]
+            "rel_error_vs_reference", "derived_sync_step_s", "derived_streaming_step_s", "derived_speedup",
+            "eager_tokens_per_s", "captured_tokens_per_s", "captured_speedup", "captured_rows_same_tokens",
+            "engine_rows", "captured_logprob_max_abs_diff"]
     for c in cols:
-        print(f"{c:26}" + "".join(f"{results[s][c]:>12.4g}" for s in results))
+        print(f"{c:30}" + "".join(f"{results[s].get(c, float('nan')):>12.4g}" for s in results))
+    for arm in ARMS:
+        if arm in runs:
+            print(f"run {arm:26}" + f"step_s median {runs[arm].get('timing_s/step_median', float('nan')):.3f}  "
+                  f"{runs[arm].get('error', '')}")
     return 0
 
 

@@ -187,7 +187,7 @@ class RolloutConfig(Strict):
         "(null: every ready loop; docs/architecture.md)")
     captured_decode: bool = Field(
         False, description="torch engine with continuous_batching false: a static KV cache and, on CUDA, the decode "
-        "step captured once per batch shape as a CUDA graph (one launch per token); the same tokens as eager "
+        "step captured once per generate call as a CUDA graph (one launch per token); the same tokens as eager "
         "(docs/gpu.md)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     on_every_node: bool = Field(

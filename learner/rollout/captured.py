@@ -9,7 +9,8 @@ swaps the decode step for ``StaticDecode``:
   width + max_new_tokens columns, and the attention mask is a fixed (B, 1, 1, columns) additive
   mask whose next column is opened before each step: every decode step reads and writes tensors
   at fixed addresses, with fixed shapes;
-- on CUDA that step is captured once per batch shape (``torch.cuda.CUDAGraph``) and replayed:
+- on CUDA that step is captured once per generate call (``torch.cuda.CUDAGraph``; its capture is
+  part of the call's time) and replayed:
   one launch per token instead of one per kernel. On CPU the same static step runs eagerly, so
   its tokens can be compared with the eager engine's where CI runs (tests/learner/test_captured_engine.py).
 
@@ -78,7 +79,8 @@ class StaticDecode:
                 self._forward()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: a worker's other threads (tools, the outbox feeder) may touch CUDA meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.logits = self._forward()
         for layer, n in zip(layers, at):
             layer.cumulative_length.copy_(n)

@@ -14,7 +14,7 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     from learner.rollout.engine import TorchEngine
     from learner.rollout.models import load_model
 
-    if cfg.rollout.captured_decode:  # docs/gpu.md: a static KV cache, a CUDA graph per batch shape on a GPU
+    if cfg.rollout.captured_decode:  # docs/gpu.md: a static KV cache, a CUDA graph per call on a GPU
         from learner.rollout.captured import CapturedEngine
 
         return CapturedEngine(load_model(policy_dir).to(rollout_device(cfg, replica)), pad_id=tokenizer.pad_token_id)
