@@ -31,6 +31,7 @@ from django.utils import timezone
 from learner.stopping import sweep_semaphores
 
 from . import liveness, nodes, ownership, runlog, warm
+from .child_env import run_environment
 from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .priority import yield_to_runs
@@ -54,7 +55,7 @@ class LearnerProcess:
     def __init__(self, command: list[str], cwd: Path, stderr_lines: int,
                  on_log: Callable[[int, str], None] = lambda number, line: None, env: dict[str, str] | None = None,
                  parse: Callable[[str], object] = lambda line: line):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        env = run_environment(env)  # no secrets of the worker's (controller/child_env.py)
         # forked by this worker's warm runner if it has one (controller/warm.py), else cold
         self.proc = warm.spawn(command, cwd, env) or subprocess.Popen(
             command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -21,6 +21,7 @@ from django.conf import settings
 
 from learner.warm.client import WarmProcess
 
+from .child_env import run_environment
 from .processes import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def start() -> subprocess.Popen | None:
         _runner["proc"] = subprocess.Popen(
             [sys.executable, "-m", "learner.warm.server", "--socket", str(path)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=die_with_parent, env=run_environment(),  # a run forks from it: no secrets
         )
     log.info("warm runner starting (pid %s, socket %s)", _runner["proc"].pid, path)
     return _runner["proc"]
