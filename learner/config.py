@@ -486,7 +486,8 @@ class RunConfig(Strict):
         if self.placement is not None:
             workers = self.rollout.replicas if self.rollout.engine == "vllm" else self.rollout.workers
             problem = placement_problem(self.placement, self.learner.world_size // len(self.learner.nodes or [None]),
-                                        workers, self.model.device, self.algorithm.objective == "opd")
+                                        workers, self.model.device, self.algorithm.objective == "opd",
+                                        self.rollout.engine)
             if problem:
                 raise ValueError(problem)
         return self

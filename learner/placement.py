@@ -42,10 +42,13 @@ class PlacementConfig(BaseModel):
 
 
 def placement_problem(p: PlacementConfig, ranks_per_node: int, workers_per_node: int, device: str,
-                      uses_teacher: bool) -> str | None:
+                      uses_teacher: bool, engine: str = "torch") -> str | None:
     """The first way ``p`` does not fit the run, as "placement.<field>: reason", or None."""
     if device != "cuda":
         return f"placement: GPU placement needs model.device cuda, not {device}"
+    if engine != "torch":  # a vLLM replica chooses its GPU itself; placing it here would be a claim, not a fact
+        return ("placement.rollout: places torch engines only; a vLLM replica runs on the first GPU vLLM sees "
+                "(rollout.engine vllm: leave placement out)")
     for field, gpus in (("learner", p.learner), ("rollout", p.rollout)):
         if bad := [g for g in gpus if g < 0]:
             return f"placement.{field}: GPU indices are >= 0, got {bad[0]}"

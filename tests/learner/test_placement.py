@@ -4,7 +4,7 @@ faked device count, and the process group backend a rank's device selects."""
 import pytest
 
 from learner import cli
-from learner.config import ConfigError, parse_config
+from learner.config import ConfigError, load_config, parse_config
 from learner.distributed.ranks import process_group_backend
 from learner.placement import check_visible, describe, device_map, learner_device, rollout_device, teacher_device
 
@@ -71,6 +71,7 @@ def test_a_shared_gpu_only_when_colocated_is_asked_for():
     ({"placement": {"teacher": 5}}, "placement.teacher: only algorithm.objective opd runs a teacher"),
     ({"algorithm": {"objective": "opd"}, "placement": {"teacher": 2}}, "placement.teacher: GPU 2 is a learner GPU"),
     ({"model": {"device": "cpu"}}, "placement: GPU placement needs model.device cuda, not cpu"),
+    ({"rollout": {"engine": "vllm", "replicas": 4}}, "placement.rollout: places torch engines"),
     ({"placement": {"gpu": [1]}}, "placement.gpu: unknown field"),
 ])
 def test_a_placement_that_does_not_fit_is_one_line_naming_the_field(sections, message):
@@ -94,3 +95,10 @@ def test_ranks_on_gpus_reduce_over_nccl_and_ranks_on_cpu_over_gloo():
     assert process_group_backend("cuda:3") == "cpu:gloo,cuda:nccl"  # the barrier's CPU counts stay on gloo
     assert process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
     assert process_group_backend("cpu") == "gloo"
+
+
+@pytest.mark.parametrize("path, ranks", [("configs/gpu-node.yaml", 4), ("configs/gpu-two-nodes.yaml", 8)])
+def test_the_example_gpu_configs_place_learners_on_0_to_3_and_engines_on_4_to_7(path, ranks):
+    cfg = load_config(path)
+    assert {learner_device(cfg, r) for r in range(ranks)} == {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}
+    assert {rollout_device(cfg, w) for w in range(8)} == {"cuda:4", "cuda:5", "cuda:6", "cuda:7"}
