@@ -5,6 +5,7 @@
 // ({step, values}); nothing is hard-coded.
 import { METRIC } from "./conventions.js";
 import { drawFigure, seriesFigure } from "./plots.js";
+import { systemLabel } from "./sysnames.js";
 
 const DEFAULT_PICKS = [METRIC.GRAD_NORM, METRIC.TOKENS];
 const WALL = "wall";
@@ -45,9 +46,19 @@ function choice(name, checked) {
   box.type = "checkbox";
   box.value = name;
   box.checked = checked;
-  label.append(box, document.createTextNode(` ${name}`));
+  const text = document.createElement("span");
+  text.textContent = name;
+  const role = systemLabel(name); // a process curve: which process (learner, rollout worker) and what
+  if (role) {
+    const note = document.createElement("span");
+    note.className = "metric-role";
+    note.textContent = role;
+    text.append(note);
+  }
+  label.append(box, text);
   label.dataset.metric = name;
-  label.title = name;
+  label.dataset.search = `${name} ${role}`.toLowerCase();
+  label.title = role ? `${name}: ${role}` : name;
   return label;
 }
 
@@ -69,12 +80,13 @@ export class MetricPanel {
     this.search.addEventListener("input", () => this.filter());
   }
 
-  /** Shows the names containing every word typed in the search box (case-insensitive). */
+  /** Shows the names containing every word typed in the search box (case-insensitive), a
+   * process curve's role and quantity included ("learner rss" finds system/driver/rss_mb). */
   filter() {
     const words = this.search.value.toLowerCase().split(/\s+/).filter(Boolean);
     for (const label of this.picker.children) {
-      const name = label.dataset.metric.toLowerCase();
-      label.hidden = !words.every((w) => name.includes(w));
+      const text = label.dataset.search;
+      label.hidden = !words.every((w) => text.includes(w));
     }
   }
 
@@ -138,7 +150,7 @@ export class MetricPanel {
         : [{ name: r.name, colour: r.colour, ...points(r, 0) }]));
       const figure = seriesFigure(series, {
         xTitle: axis === WALL ? "seconds since the first step started" : "step",
-        yTitle: key + (scale === 100 ? " (%)" : ""), height: 240,
+        yTitle: (systemLabel(key) || key) + (scale === 100 ? " (%)" : ""), height: 240,
         yRange: scale === 100 ? [0, 100] : null,
       });
       divs[i].dataset.exportName = key;

@@ -61,6 +61,12 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
     page.fill("#metric-search", "entropy")
     shown = page.evaluate("[...document.querySelectorAll('#metric-picker label')].filter((l) => !l.hidden).map((l) => l.dataset.metric)")
     assert shown == ["actor/entropy"]
+    # the process curves say whose they are: "learner rss" finds the driver's (the learner's) memory
+    for words, found in (("learner rss", ["system/driver/rss_mb"]), ("rollout worker 0 cpu", ["system/rollout_0/cpu_percent"])):
+        page.fill("#metric-search", words)
+        shown = page.evaluate("[...document.querySelectorAll('#metric-picker label')].filter((l) => !l.hidden).map((l) => l.dataset.metric)")
+        assert shown == found, (words, shown)
+    assert page.inner_text("#metric-picker label[data-metric='system/driver/rss_mb'] .metric-role") == "driver / learner · RSS (MB)"
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
     for name in ("actor/entropy", "actor/kl_loss", "system/rollout_0/rss_mb"):
         pick_metrics(page, [name])
