@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from learner.bench.efficiency import efficiency_bound, work_per_step
+from learner.bench.efficiency import overlap_rule, own_bound, work_per_step
 from learner.timeline import Metric, window_metrics
 
 from .fairness import warnings
@@ -23,7 +23,7 @@ MAX_ID = 2**31 - 1
 # Time to reward reads an exponential moving average of reward/mean: per-step rewards of a few
 # groups swing widely, so the first step whose raw reward passes a level is mostly luck.
 DEFAULT_SMOOTHING = 0.8
-WORK_FIELDS = ("engine_busy_s", "learner_work_s", "step_mean_s")  # per step, learner.bench.efficiency
+WORK_FIELDS = ("engine_busy_s", "learner_work_s", "barrier_s", "step_mean_s")  # per step, learner.bench.efficiency
 
 
 class CompareError(ValueError):
@@ -176,12 +176,18 @@ def run_work(run_id: int, rows: list[dict]) -> dict[str, float] | None:
     return work if work["engine_busy_s"] or work["learner_work_s"] else None
 
 
-def efficiencies(works: dict[int, dict | None]) -> dict:
-    """The work bound over the compared runs that have work (efficiency_bound: max(least engine
-    work, least learner work) per step) and each run's bound_s / step_mean_s, at most 1."""
-    measured = {rid: w for rid, w in works.items() if w is not None}
-    bounds = efficiency_bound(measured, alone=set()) if measured else {}
-    return {"bound": next(iter(bounds.values()), None), "efficiency": {rid: b["efficiency"] for rid, b in bounds.items()}}
+def run_rule(run: Run) -> str:
+    """The overlap rule of a run's schedule (learner.bench.efficiency.overlap_rule)."""
+    config = run.config or {}
+    speculation = bool(((config.get("rollout") or {}).get("speculation") or {}).get("enabled"))
+    return overlap_rule(config.get("train", {}).get("schedule", run.schedule.kind), speculation)
+
+
+def efficiencies(works: dict[int, dict | None], rules: dict[int, str]) -> dict[int, dict]:
+    """Each run with work held against its own bound (learner.bench.efficiency.own_bound): the
+    least step its own engine and learner work allow under its schedule's rule, so a run's
+    efficiency, at most 1, does not depend on which other runs are compared."""
+    return {rid: own_bound(w, rules[rid]) for rid, w in works.items() if w is not None}
 
 
 def time_to_reward(rows: list[dict], level: float | None, start: float | None,
@@ -243,17 +249,16 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
     reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
     rollout_s, learner_s = phase_medians(rows[reference["id"]]) if reference else (None, None)
     works = {r.pk: run_work(r.pk, rows[r.pk]) for r in runs}
-    bound = efficiencies(works)
+    bounds = efficiencies(works, {r.pk: run_rule(r) for r in runs})
     for f in figures:
         work = works[f["id"]] or {}
         f.update({key: work.get(key) for key in WORK_FIELDS})
-        f["efficiency"] = bound["efficiency"].get(f["id"])
+        own = bounds.get(f["id"], {})
+        f.update({key: own.get(key) for key in ("bound_s", "bound_rule", "bound_barrier_s", "efficiency")})
         f["speedup_vs_sync"] = reference["step_s"] / f["step_s"] if reference and f["step_s"] else None
         # the speedup's spread: the reference's median over this run's p90 and p10 step
         f["speedup_p10"] = reference["step_s"] / f["step_p90_s"] if reference and f["step_p90_s"] else None
         f["speedup_p90"] = reference["step_s"] / f["step_p10_s"] if reference and f["step_p10_s"] else None
-    least = bound["bound"] or {}
     return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s, "learner_s": learner_s,
-            "bound_s": least.get("bound_s"), "bound_engine_s": least.get("bound_engine_s"),
-            "bound_learner_s": least.get("bound_learner_s"), "reward_level": level, "reward_smoothing": weight,
+            "reward_level": level, "reward_smoothing": weight,
             "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

@@ -243,6 +243,15 @@ SCHEMAS = {
             "speedup_vs_sync": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_s"},
             "efficiency": NULLABLE_NUMBER | {"description": "bound_s / step_mean_s, at most 1 (docs/bench.md, Efficiency); "
                                                            "null for a run without stored spans of work"},
+            "bound_s": NULLABLE_NUMBER | {"description": "the least step this run's own work allows under its "
+                                                        "schedule's rule (bound_rule)"},
+            "bound_rule": {"type": ["string", "null"], "enum": ["serial", "barrier", "overlapped", None],
+                           "description": "serial (sync): engine + learner work; barrier (streaming): max(engine + "
+                                          "optimizer and publish, learner); overlapped (async, fully-async, "
+                                          "speculation): max(engine, learner)"},
+            "bound_barrier_s": NULLABLE_NUMBER | {"description": "per step: the optimizer and publish spans"},
+            "barrier_s": NULLABLE_NUMBER | {"description": "per step: union of the optimizer and publish spans per "
+                                                          "rank, averaged over ranks"},
             "engine_busy_s": NULLABLE_NUMBER | {"description": "per step: union of the engine's rollout spans but "
                                                               "the modelled tool wait, per worker, averaged over workers"},
             "learner_work_s": NULLABLE_NUMBER | {"description": "per step: union of the learner spans per rank, "
@@ -268,9 +277,6 @@ SCHEMAS = {
             "reference": NULLABLE_INT | {"description": "id of the sync run (1.00x), null without one"},
             "rollout_s": NULLABLE_NUMBER | {"description": "R: the sync run's median last reward - step start"},
             "learner_s": NULLABLE_NUMBER | {"description": "L: the sync run's median step end - first backward"},
-            "bound_s": NULLABLE_NUMBER | {"description": "max(bound_engine_s, bound_learner_s): the work bound"},
-            "bound_engine_s": NULLABLE_NUMBER | {"description": "the least engine_busy_s of these runs"},
-            "bound_learner_s": NULLABLE_NUMBER | {"description": "the least learner_work_s of these runs"},
             "reward_level": NULLABLE_NUMBER,
             "reward_smoothing": {"type": "number", "description": "EMA weight applied to reward/mean"},
             "warnings": {"type": "array", "items": {"type": "string"},

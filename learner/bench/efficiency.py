@@ -1,21 +1,30 @@
-"""The bench's efficiency bound: the least work per step that the engine and the learner did in
-any row, so that no schedule can exceed efficiency 1 (docs/bench.md, "Efficiency").
+"""Efficiency: each row's step against the least step its own schedule could take with the work
+it did (docs/bench.md, "Efficiency"), so 1.0 means nothing was left on the table for that
+schedule, whichever other rows or runs it is compared with.
 
 Per row, over each run's measured window (first measured step's start to the last one's end;
-the driver's step windows tile it):
+the driver's step windows tile it), per step:
 
-    engine_busy_s   per step, the union of the engine's own work on each rollout worker (every
-                    rollout span but the modelled tool wait: generation, the tool's real time,
+    engine_busy_s   the union of the engine's own work on each rollout worker (every rollout
+                    span but the modelled tool wait: generation, the tool's real time,
                     verification, teacher scoring, drafting), averaged over the workers
-    learner_work_s  per step, the union of the learner spans on each learner rank (backward,
-                    group closes, optimizer, publish), averaged over the ranks
+    learner_work_s  the union of the learner spans on each learner rank (backward, group
+                    closes, optimizer, publish), averaged over the ranks
+    barrier_s       the part of that learner work after the batch's last reward by any
+                    schedule's rule: the optimizer step and the publish
     step_mean_s     window length / measured steps
 
-A worker or a rank does at most one window of work in one window, so each row's own
-max(engine_busy_s, learner_work_s) <= its step_mean_s. The bound is max(least engine_busy_s,
-least learner_work_s) over the rows compared, and efficiency = bound / step_mean_s <= 1 for
-every row. The rollout makespan R (which a schedule that overlaps two batches' tool waits
-undercuts) and the sync learner's wall time L stay in the report as properties of the workload.
+The bound is what the schedule's own rule lets overlap (``overlap_rule``):
+
+    serial       sync: the learner starts after the last reward and the next rollout after
+                 the publish, so engine and learner work add up: E + L
+    barrier      streaming: learning overlaps the rollout, the optimizer and the publish
+                 cannot: max(E + B, L)
+    overlapped   async, fully-async and every speculative row (drafts run beside the
+                 learner): max(E, L)
+
+Each is at most step_mean_s on any run of that schedule (the work it sums is disjoint in time by
+the schedule's rule, per worker and per rank), so efficiency = bound / step_mean_s <= 1.
 """
 
 from __future__ import annotations
@@ -28,6 +37,10 @@ from learner.timeline import Kind, LEARNER_KINDS, Metric, union_length
 
 # a modelled wait holds a trajectory, not the engine (task.tool_latency)
 NOT_ENGINE_WORK = (Kind.TOOL_WAIT,)
+# learner work after the batch's last reward under every on-policy rule
+BARRIER_KINDS = (Kind.OPTIMIZER, Kind.PUBLISH)
+
+SERIAL, BARRIER, OVERLAPPED = "serial", "barrier", "overlapped"
 
 
 def _resource(lane: str, kind: str) -> str | None:
@@ -46,40 +59,67 @@ def window_work(spans: Iterable[dict[str, Any]], t0: float, t1: float) -> dict[s
     """Seconds of work in [t0, t1]: the engines' and the learner ranks', each the mean over its
     workers / ranks of the union of their spans (overlapping rows of one batch count once)."""
     intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    barrier_spans: list[tuple[str, float, float]] = []
     for s in spans:
         resource = _resource(s["lane"], s["kind"])
         if resource is not None and s["t1"] > t0 and s["t0"] < t1:
             intervals[resource].append((s["t0"], s["t1"]))
+            if s["kind"] in BARRIER_KINDS:
+                barrier_spans.append((resource, s["t0"], s["t1"]))
 
     def mean_busy(prefix: str) -> float:
         lanes = [iv for name, iv in intervals.items() if name.startswith(prefix)]
         return sum(union_length(iv, t0, t1) for iv in lanes) / len(lanes) if lanes else 0.0
 
-    return {"engine": mean_busy("rollout/"), "learner": mean_busy("learner/")}
+    def mean_barrier() -> float:
+        ranks = defaultdict(list)
+        for sp in barrier_spans:
+            ranks[sp[0]].append(sp[1:])
+        return sum(union_length(iv, t0, t1) for iv in ranks.values()) / len(ranks) if ranks else 0.0
+
+    return {"engine": mean_busy("rollout/"), "learner": mean_busy("learner/"), "barrier": mean_barrier()}
 
 
 def work_per_step(runs: list[list[dict[str, Any]]], kept: list[list[dict[str, float]]]) -> dict[str, float]:
-    """engine_busy_s, learner_work_s and step_mean_s of one row: ``kept`` holds each run's measured
-    steps (``measure.measured_steps``), whose windows are pooled."""
-    engine = learner = window = 0.0
+    """engine_busy_s, learner_work_s, barrier_s and step_mean_s of one row: ``kept`` holds each
+    run's measured steps (``measure.measured_steps``), whose windows are pooled."""
+    totals = {"engine": 0.0, "learner": 0.0, "barrier": 0.0}
+    window = 0.0
     steps = 0
     for events, measured in zip(runs, kept):
         t0, t1 = measured[0][Metric.T_START], measured[-1][Metric.T_END]
         work = window_work((e for e in events if e.get("type") == "span"), t0, t1)
-        engine, learner, window, steps = engine + work["engine"], learner + work["learner"], window + t1 - t0, steps + len(measured)
-    return {"engine_busy_s": engine / steps, "learner_work_s": learner / steps, "step_mean_s": window / steps}
+        for key in totals:
+            totals[key] += work[key]
+        window, steps = window + t1 - t0, steps + len(measured)
+    return {"engine_busy_s": totals["engine"] / steps, "learner_work_s": totals["learner"] / steps,
+            "barrier_s": totals["barrier"] / steps, "step_mean_s": window / steps}
 
 
-def efficiency_bound(rows: dict[str, dict[str, Any]], alone: set[str]) -> dict[str, dict[str, float]]:
-    """Per row: ``bound_s`` = max(least engine_busy_s, least learner_work_s) over the rows not in
-    ``alone`` (a row in ``alone``, another learner's reference, is held against its own work) and
-    ``efficiency`` = bound_s / step_mean_s, at most 1 by construction."""
-    pooled = [r for name, r in rows.items() if name not in alone]
-    least = {key: min(r[key] for r in pooled) for key in ("engine_busy_s", "learner_work_s")}
-    out = {}
-    for name, r in rows.items():
-        work = r if name in alone else least
-        bound = max(work["engine_busy_s"], work["learner_work_s"])
-        out[name] = {"bound_engine_s": work["engine_busy_s"], "bound_learner_s": work["learner_work_s"],
-                     "bound_s": bound, "efficiency": bound / r["step_mean_s"]}
-    return out
+def overlap_rule(schedule: str, speculation: bool = False) -> str:
+    """What a schedule lets overlap: ``serial`` (sync), ``barrier`` (streaming), ``overlapped``
+    (async, fully-async, and any schedule drafting the next step beside the learner)."""
+    if speculation or schedule in ("async", "fully-async"):
+        return OVERLAPPED
+    return SERIAL if schedule == "sync" else BARRIER
+
+
+def own_bound(work: dict[str, float], rule: str) -> dict[str, Any]:
+    """``bound_s``: the least step the row's own work allows under ``rule`` (module docstring),
+    and ``efficiency`` = bound_s / step_mean_s, at most 1 on any run of that schedule."""
+    engine, learner, barrier = work["engine_busy_s"], work["learner_work_s"], work.get("barrier_s", 0.0)
+    if rule == SERIAL:
+        bound = engine + learner
+    elif rule == BARRIER:
+        bound = max(engine + barrier, learner)
+    else:
+        bound = max(engine, learner)
+    return {"bound_engine_s": engine, "bound_learner_s": learner, "bound_barrier_s": barrier,
+            "bound_rule": rule, "bound_s": bound, "efficiency": bound / work["step_mean_s"]}
+
+
+def row_rule(name: str) -> str:
+    """The overlap rule of a bench row by its name: ``sync``, ``sync-per-trajectory``,
+    ``streaming+spec``, ..."""
+    schedule, _, variant = name.partition("+")
+    return overlap_rule(schedule.removesuffix("-per-trajectory"), speculation=variant == "spec")

@@ -14,9 +14,10 @@ driver's per-step metrics, docs/architecture.md); the first ``warmup`` steps are
                 wall time alone: backward passes, group closes, the barrier's checks, optimizer,
                 publish and the replicas' weight-load acks, whether or not the driver wraps each
                 of them in a span (``learner_busy_s``, the union of learner spans, is beside it).
-    bound_s     max(least engine work, least learner work) per step over the rows compared,
-                efficiency = bound_s / mean step: at most 1 for every row
-                (``learner/bench/efficiency.py``).
+    bound_s     the least step the row's own engine and learner work allow under its schedule's
+                rule (sync: E + L; streaming: max(E + optimizer and publish, L); async,
+                fully-async, speculative rows: max(E, L)), efficiency = bound_s / mean step: at
+                most 1, whatever else is compared (``learner/bench/efficiency.py``).
 
 R and L are properties of the workload, measured once where each runs alone. They are not the
 bound: a schedule that overlaps two batches' modelled tool waits (fully-async, speculation)
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner.bench.efficiency import efficiency_bound, work_per_step
+from learner.bench.efficiency import own_bound, row_rule, work_per_step
 from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
@@ -147,14 +148,13 @@ def idle_ratios(runs: list[list[dict[str, Any]]], kept_per_run: list[list[dict[s
 
 
 def compare(summaries: dict[str, dict[str, Any]], alone: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
-    """Add the workload's R and L, the efficiency bound and each row's efficiency and speedup
-    (needs sync).
+    """Add the workload's R and L, each row's own bound and efficiency and its speedup (needs sync).
 
     R and L are the micro-batched sync's; a row in ``alone`` (a sync run with another learner:
     the ``sync-per-trajectory`` reference) is held against its own R, L and work, those of the
     learner it trains with."""
     sync = summaries["sync"]
-    bounds = efficiency_bound(summaries, alone)
+    bounds = {name: own_bound(s, row_rule(name)) for name, s in summaries.items()}
 
     def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
         phases = s if name in alone else sync

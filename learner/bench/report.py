@@ -58,7 +58,9 @@ def _step_figure(schedules: dict[str, dict[str, Any]]) -> go.Figure:
                                  name="simulated (the sync runs replayed at its machine speed)",
                                  marker={"symbol": "diamond", "size": 12, "color": "black"}))
     sync = schedules["sync"]
-    fig.add_hline(y=sync["bound_s"], line_dash="dash", annotation_text="bound: least engine or learner work")
+    fig.add_trace(go.Scatter(x=names, y=[schedules[n]["bound_s"] for n in names], mode="markers",
+                             name="bound: the least step this row's own work allows under its schedule",
+                             marker={"symbol": "line-ew-open", "size": 24, "color": "black"}))
     fig.add_hline(y=sync["rollout_s"] + sync["learner_s"], line_dash="dot", annotation_text="R + L")
     fig.update_layout(title="Step time per schedule", yaxis_title="seconds per optimizer step", height=420)
     return fig
@@ -147,8 +149,10 @@ def _description(doc: dict[str, Any]) -> str:
         "<p>R: the sync run's median time from step start to the last reward (the rollout running alone); "
         "L: the sync run's median time from its first backward to the end of the step (the learner alone, "
         "every reward in hand). "
-        "bound = max(least engine work, least learner work) per step over the rows (engine: generation, "
-        "tools' real time, verification; not the modelled waits); efficiency = bound / mean step, at most 1. "
+        "bound: the least step the row's own engine and learner work allow under its schedule (sync: engine + "
+        "learner; streaming: max(engine + optimizer and publish, learner); async, fully-async and speculative rows: "
+        "max(engine, learner); engine: generation, tools' real time, verification, not the modelled waits); "
+        "efficiency = bound / mean step, at most 1, whatever rows are compared. "
         "See docs/bench.md.</p>"
     )
 

@@ -3,8 +3,8 @@
 `thundersync bench` trains the same model on the same task, seed and batch under each
 schedule (a fresh `thundersync train` process per schedule: learner pinned to one core,
 the rollout worker to another, so the overlap is real), drops the warm-up step and reports
-step time, the workload's rollout span R and learner time L, the bound (the least engine and
-learner work per step of any row), efficiency, speedup vs sync, idle ratios, staleness, time
+step time, the workload's rollout span R and learner time L, each row's own bound (the least step
+its engine and learner work allow under its schedule), efficiency, speedup vs sync, idle ratios, staleness, time
 after the last reward and peak learner RSS, beside the simulator's prediction from the
 recorded sync run; with speculation in the trainer also the rows sync+spec and
 streaming+spec. ``--workload longtail`` runs the long-tail agentic workload. ``--balance X``

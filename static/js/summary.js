@@ -66,10 +66,12 @@ function runRow(run, reference, columns) {
 
 function describe(summary) {
   const s = (v) => (v === null || v === undefined ? dash : `${v.toFixed(3)} s`);
-  // the server computes the bound (learner.bench.efficiency, as the bench does); this only words it
-  const bound = summary.bound_s === null ? "No run stored spans of work: no efficiency."
-    : `Work bound ${s(summary.bound_s)} per step = max(least engine work ${s(summary.bound_engine_s)}, `
-      + `least learner work ${s(summary.bound_learner_s)}) over these runs; efficiency = bound / mean step, at most 100%.`;
+  // the server computes each run's bound (learner.bench.efficiency, as the bench does); this only words it
+  const measured = summary.runs.some((run) => run.efficiency !== null && run.efficiency !== undefined);
+  const bound = !measured ? "No run stored spans of work: no efficiency."
+    : "Efficiency = each run's own bound / its mean step, at most 100%: the least step its own engine and learner "
+      + "work allow under its schedule (sync: engine + learner; streaming: max(engine + optimizer and publish, "
+      + "learner); async, fully-async, speculation: max(engine, learner)), whatever else is compared.";
   if (summary.reference === null) return `No sync run among these: no speedup. ${bound}`;
   return `${bound} Sync's R = ${s(summary.rollout_s)}, L = ${s(summary.learner_s)} (medians).`;
 }

@@ -45,11 +45,12 @@ def test_the_sync_run_is_the_reference_and_figures_come_from_the_stored_metrics(
     rollout_s = statistics.median([12 - 10, 16.5 - 14, 20 - 18])
     learner_s = statistics.median([14 - 12.5, 18 - 16.5, 21 - 20.2])
     assert body["rollout_s"] == pytest.approx(rollout_s) and body["learner_s"] == pytest.approx(learner_s)
-    # the work bound (docs/bench.md "Efficiency"): only streaming stored spans; over its window
-    # [30, 36], 3 steps: engine 1 s (29-31 clipped) + 2 s, learner 1 s + 1.5 s
-    assert body["bound_engine_s"] == pytest.approx(3.0 / 3) and body["bound_learner_s"] == pytest.approx(2.5 / 3)
-    assert body["bound_s"] == pytest.approx(1.0)
     fast, ref = body["runs"]
+    # each run's own bound (docs/bench.md "Efficiency"): only streaming stored spans; over its window
+    # [30, 36], 3 steps: engine 1 s (29-31 clipped) + 2 s, learner 1 s + 1.5 s, no optimizer span
+    assert fast["engine_busy_s"] == pytest.approx(3.0 / 3) and fast["learner_work_s"] == pytest.approx(2.5 / 3)
+    assert fast["bound_rule"] == "barrier" and fast["barrier_s"] == 0.0
+    assert fast["bound_s"] == pytest.approx(max(1.0 + 0.0, 2.5 / 3))
     assert [fast["id"], ref["id"]] == [streaming.pk, sync.pk]
     assert ref["step_s"] == 4 and ref["speedup_vs_sync"] == 1.0
     assert fast["step_s"] == 2 and fast["speedup_vs_sync"] == 2.0
@@ -79,8 +80,8 @@ def test_a_chosen_reward_level_and_no_sync_run(alice_client, sync_and_streaming,
     fast, empty = body["runs"]
     assert (fast["time_to_reward_s"], fast["reward_step"]) == (4.5, 1)
     assert fast["speedup_vs_sync"] is None
-    # efficiency needs no sync run: the work bound is the compared runs' own (here streaming's)
-    assert body["bound_s"] == pytest.approx(1.0) and fast["efficiency"] == pytest.approx(0.5)
+    # efficiency needs no sync run: each run is held against its own work
+    assert fast["bound_s"] == pytest.approx(1.0) and fast["efficiency"] == pytest.approx(0.5)
     assert empty["efficiency"] is None
     assert empty["steps_done"] == 0 and empty["step_s"] is None and empty["learner_idle"] is None
     never = alice_client.get(f"/api/compare/?runs={streaming.pk},{other.pk}&reward=5").json()
@@ -121,7 +122,7 @@ def test_no_run_exceeds_efficiency_1_where_max_r_l_gave_more(alice_client, alice
     """A run that never drains the engine (fully-async overlapping two batches' tool waits) steps
     faster than the sync run's R: max(R, L) / step gave it 2.5; the work bound, the bench's
     (learner.bench.efficiency), holds every run to at most 1."""
-    from learner.bench.efficiency import efficiency_bound, window_work
+    from learner.bench.efficiency import own_bound, window_work
 
     from controller.models import Schedule
 
@@ -154,8 +155,14 @@ def test_no_run_exceeds_efficiency_1_where_max_r_l_gave_more(alice_client, alice
         work = window_work(Span.objects.filter(run=run).values("lane", "kind", "t0", "t1"), lo, hi)
         rows[run.pk] = {"engine_busy_s": work["engine"] / 3, "learner_work_s": work["learner"] / 3,
                         "step_mean_s": (hi - lo) / 3}
-    expected = efficiency_bound(rows, alone=set())
-    assert body["bound_s"] == pytest.approx(expected[sync.pk]["bound_s"])
+    rules = {sync.pk: "serial", fast.pk: "overlapped"}
+    expected = {rid: own_bound(w, rules[rid]) for rid, w in rows.items()}
+    assert ref["bound_s"] == pytest.approx(expected[sync.pk]["bound_s"])
     assert quick["efficiency"] == pytest.approx(expected[fast.pk]["efficiency"])
     assert ref["efficiency"] == pytest.approx(expected[sync.pk]["efficiency"])
-    assert quick["efficiency"] == pytest.approx(max(0.6, 0.4) / 1.0)  # fast's own engine work is the least
+    # compared alone, sync keeps its efficiency: its bound is its own work, not the others'
+    other = make_run(alice_experiment, sync_preset, steps=3, name="no spans")
+    store_steps(other, [(40, 43, 42.5, 42.5, 0.1, 0.0)])
+    alone = alice_client.get(f"/api/compare/?runs={sync.pk},{other.pk}").json()["runs"][0]
+    assert alone["efficiency"] == pytest.approx(ref["efficiency"]) == pytest.approx((1.0 + 0.5) / 3.0)
+    assert quick["efficiency"] == pytest.approx(max(0.6, 0.4) / 1.0)  # fast: overlapped, its engine work

@@ -232,13 +232,14 @@ def bench_run(status: str, username: str = "bench", password: str = "bench-passw
 
 
 def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slots: int, max_turns: int = 8,
-                     seed: int = 0):
+                     seed: int = 0, learn_after_rollout: bool = False):
     """Span and metrics events shaped like a streaming GRPO run of a multi-turn tool agent.
 
     Per trajectory: 1 to ``max_turns`` turns of rollout.generate separated by rollout.tool waits (lognormal,
     as learner.rollout.env's latency model), then rollout.verify, on the least-loaded of
     ``workers x slots`` rollout slots; the learner runs each trajectory's backward as soon as
-    its reward exists, closes each group after its last member, then optimizer and publish.
+    its reward exists (``learn_after_rollout``: sync's shape, once every reward is in), closes each
+    group after its last member, then optimizer and publish.
     Metrics come from the spans through learner.timeline.window_metrics, as the learner's do.
     Returns (span events in seq order, metrics events)."""
     import random
@@ -272,7 +273,7 @@ def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slo
                 free[(w, s)] = clock + 0.005
                 rewards.append((clock + 0.005, traj_id, g))
                 traj_id += 1
-        learner, members = t_start, {}
+        learner, members = (max(r[0] for r in rewards) if learn_after_rollout else t_start), {}
         for ready, traj, g in sorted(rewards):
             learner = max(learner, ready)
             d = rng.uniform(0.02, 0.05)

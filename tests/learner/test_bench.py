@@ -65,11 +65,15 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
         assert r["speedup_vs_sync"] == pytest.approx(doc["schedules"]["sync"]["step_s"] / r["step_s"])
         assert 0.0 <= r["trainer_idle_ratio"] <= 1.0 and 0.0 <= r["rollouter_idle_ratio"] <= 1.0
         assert r["step_s_min"] <= r["step_s"] <= r["step_s_max"]
-        assert r["bound_s"] == max(r["bound_engine_s"], r["bound_learner_s"]) > 0
-        assert r["peak_rss_mb"] > 50
-    rows = [r for name, r in doc["schedules"].items() if name != "sync-per-trajectory"]  # that one: its own work
-    assert sync["bound_engine_s"] == min(r["engine_busy_s"] for r in rows)
-    assert sync["bound_learner_s"] == min(r["learner_work_s"] for r in rows)
+        # each row against its own work, under its schedule's rule (learner/bench/efficiency.py)
+        assert (r["bound_engine_s"], r["bound_learner_s"]) == (r["engine_busy_s"], r["learner_work_s"])
+        assert 0 < r["bound_barrier_s"] <= r["learner_work_s"]  # every step has an optimizer and a publish
+        assert r["bound_s"] > 0 and r["peak_rss_mb"] > 50
+    assert sync["bound_rule"] == "serial" and sync["bound_s"] == pytest.approx(sync["engine_busy_s"] + sync["learner_work_s"])
+    streaming = doc["schedules"]["streaming"]
+    assert streaming["bound_rule"] == "barrier" and streaming["bound_s"] == pytest.approx(
+        max(streaming["engine_busy_s"] + streaming["bound_barrier_s"], streaming["learner_work_s"]))
+    assert {doc["schedules"][n]["bound_rule"] for n in ("async", "fully-async")} == {"overlapped"}
     assert doc["workload"]["trajectory_time"]["trajectories"] == 4  # the measured step of the sync run
     assert doc["speculation"]["overlap_factor"] == pytest.approx(sync["step_s"] / doc["schedules"]["streaming"]["step_s"])
     assert doc["schedules"]["sync"]["speedup_vs_sync"] == 1.0
@@ -124,7 +128,7 @@ def test_the_html_report_embeds_plotly_and_needs_no_network(tiny_bench):
     _, page, _ = tiny_bench
     assert "<script src" not in page and "<link" not in page  # plotly.js is inline, nothing fetched
     assert f"v{get_plotlyjs_version()}" in page and "Plotly.newPlot" in page and page.count("plotly-graph-div") >= 3
-    assert "streaming" in page and "bound: least engine or learner work" in page
+    assert "streaming" in page and "bound: the least step this row's own work allows" in page
 
 
 @pytest.mark.slow
@@ -224,36 +228,46 @@ def test_rounds_pool_their_steps_and_weight_idle_by_window_length():
     assert s["trainer_idle_ratio"] == pytest.approx(1 - (1.0 + 6.0) / (2.0 + 6.0))
 
 
-def _run(step_s, last_reward, engine, learner, wait=(), lanes=1):
-    """One measured step (step 1 from t = 0): ``engine`` / ``learner`` / ``wait``: the (t0, t1)
-    of generate, backward and modelled tool-wait spans; every engine span on each of ``lanes``
-    rollout workers, the k-th worker's spans shortened to 1/(k+1) of their length."""
+def _run(step_s, last_reward, engine, learner, wait=(), lanes=1, barrier=()):
+    """One measured step (step 1 from t = 0): ``engine`` / ``learner`` / ``wait`` / ``barrier``:
+    the (t0, t1) of generate, backward, modelled tool-wait and optimizer spans; every engine span
+    on each of ``lanes`` rollout workers, the k-th worker's spans shortened to 1/(k+1) of their length."""
     events = [_metrics(0, -9.0, 9.0, 1.0, 8.0), _metrics(1, 0.0, step_s, 1.0, last_reward)]
     for w in range(lanes):
         events += [_span(1, 0, "rollout.generate", a, a + (b - a) / (w + 1), f"rollout/{w}/0") for a, b in engine]
     events += [_span(1, 0, "rollout.tool_wait", a, b, "rollout/0/0") for a, b in wait]
     events += [_span(1, None, "learner.backward", a, b, "learner/0") for a, b in learner]
+    events += [_span(1, None, "learner.optimizer", a, b, "learner/0") for a, b in barrier]
     return summarize([events], warmup=1)
 
 
-def test_the_bound_is_the_least_work_of_any_row_and_no_row_exceeds_efficiency_1():
-    # sync: generates 0-2.0, its last tool wait ends at 2.5, then learns 2.5-5.8; 6.0 s a step
-    sync = _run(6.0, 2.5, engine=[(0.0, 2.0)], wait=[(2.0, 2.5)], learner=[(2.5, 5.5), (5.5, 5.8)])
-    streaming = _run(3.8, 3.1, engine=[(0.0, 2.2)], learner=[(0.3, 3.7)])
+def test_each_row_is_held_against_its_own_bound_and_none_exceeds_efficiency_1():
+    # sync: generates 0-2.0, its last tool wait ends at 2.5, then learns 2.5-5.8 (the last 0.3 s:
+    # optimizer and publish); 6.0 s a step
+    sync = _run(6.0, 2.5, engine=[(0.0, 2.0)], wait=[(2.0, 2.5)], learner=[(2.5, 5.5)],
+                barrier=[(5.5, 5.8)])
+    streaming = _run(3.8, 3.1, engine=[(0.0, 2.2)], learner=[(0.3, 3.1)], barrier=[(3.1, 3.7)])
     # overlapping two batches' tool waits, a step shorter than sync's rollout makespan R: the
     # makespan bound max(R, L) = 3.5 s would give it efficiency 1.75
     overlapped = _run(2.0, 1.5, engine=[(0.0, 0.6), (0.8, 1.4)], wait=[(0.6, 2.0)], learner=[(0.05, 1.95)])
     out = compare({"sync": sync, "streaming": streaming, "fully-async": overlapped})
     assert sync["engine_busy_s"] == pytest.approx(2.0) and sync["learner_work_s"] == pytest.approx(3.3)
+    assert sync["barrier_s"] == pytest.approx(0.3) and streaming["barrier_s"] == pytest.approx(0.6)
     assert overlapped["engine_busy_s"] == pytest.approx(1.2)  # the modelled waits are no engine work
     for r in out.values():
         assert r["rollout_s"] == 2.5 and r["learner_s"] == 3.5  # R and L: the sync run's phases
-        assert r["bound_engine_s"] == pytest.approx(1.2) and r["bound_learner_s"] == pytest.approx(1.9)
-        assert r["bound_s"] == pytest.approx(1.9)
+    assert out["sync"]["bound_s"] == pytest.approx(2.0 + 3.3)  # serial: engine, then learner
+    assert out["streaming"]["bound_s"] == pytest.approx(max(2.2 + 0.6, 3.4))  # barrier: learner-bound here
+    assert out["fully-async"]["bound_s"] == pytest.approx(1.9)  # overlapped: max(1.2, 1.9)
+    assert out["sync"]["efficiency"] == pytest.approx(5.3 / 6.0)
+    assert out["streaming"]["efficiency"] == pytest.approx(3.4 / 3.8)
     assert out["fully-async"]["efficiency"] == pytest.approx(1.9 / 2.0)
-    assert out["streaming"]["efficiency"] == pytest.approx(1.9 / 3.8)
-    assert out["sync"]["efficiency"] == pytest.approx(1.9 / 6.0)
     assert out["streaming"]["speedup_vs_sync"] == pytest.approx(6.0 / 3.8)
+    # the same rows, compared without the others: the same efficiencies
+    alone = compare({"sync": sync, "streaming": streaming})
+    assert alone["sync"]["efficiency"] == out["sync"]["efficiency"]
+    assert alone["streaming"]["efficiency"] == out["streaming"]["efficiency"]
+    assert compare({"sync": sync, "sync+spec": streaming})["sync+spec"]["bound_rule"] == "overlapped"
 
 
 def test_engine_work_is_the_mean_over_rollout_workers_of_each_ones_busy_time():
@@ -266,9 +280,9 @@ def test_the_per_trajectory_reference_row_is_held_against_its_own_learner():
     slow = _run(9.5, 2.5, engine=[(0.0, 2.5)], learner=[(2.5, 9.5)])  # per-trajectory: L = 7.0 s
     out = compare({"sync": sync, "sync-per-trajectory": slow}, alone={"sync-per-trajectory"})
     ref = out["sync-per-trajectory"]
-    assert ref["learner_s"] == 7.0 and ref["bound_s"] == pytest.approx(7.0) and ref["efficiency"] == pytest.approx(7.0 / 9.5)
+    assert ref["learner_s"] == 7.0 and ref["bound_s"] == pytest.approx(2.5 + 7.0) and ref["efficiency"] == pytest.approx(1.0)
     assert ref["speedup_vs_sync"] == pytest.approx(6.0 / 9.5) and out["sync"]["learner_s"] == 3.5
-    assert out["sync"]["bound_s"] == pytest.approx(3.5)  # the reference row's work is not the workload's
+    assert out["sync"]["bound_s"] == pytest.approx(2.5 + 3.5)  # the reference row's work is not the workload's
 
 
 def test_only_the_pipelined_schedules_have_drain_steps():
