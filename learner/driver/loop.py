@@ -37,7 +37,7 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
-from learner.driver.system_metrics import ProcessSampler, gpu_metrics, run_pids
+from learner.driver.system_metrics import ProcessSampler, gpu_metrics, placed_gpu_metrics, run_pids
 from learner.driver.trajectory_records import TrajectoryRecords
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
@@ -121,6 +121,8 @@ class Trainer:
         values = {**trajectory_curves(rec.trajs), **learner_curves(per_rank, groups[0]["lr"] if groups else None)}
         values.update(self.processes.sample(self.run_pids()))
         values.update(gpu_metrics(self.parts.params[0].device))
+        if self.cfg.placement is not None:  # each placed GPU's role, memory and utilisation (docs/gpu.md)
+            values.update(placed_gpu_metrics(self.cfg.placement))
         return values
 
     def run_pids(self) -> dict[str, int]:

@@ -69,3 +69,27 @@ def gpu_metrics(device: torch.device) -> dict[str, float]:
     except Exception:  # no pynvml / NVML: utilisation is unknown, not 0
         pass
     return values
+
+
+def gpu_roles(placement) -> dict[int, str]:
+    """GPU index -> the roles placed on it ("learner", "rollout", "learner+rollout", ...)."""
+    roles: dict[int, list[str]] = {}
+    for role, gpus in (("learner", placement.learner), ("rollout", placement.rollout),
+                       ("teacher", [] if placement.teacher is None else [placement.teacher])):
+        for g in gpus:
+            roles.setdefault(g, []).append(role)
+    return {g: "+".join(r) for g, r in sorted(roles.items())}
+
+
+def placed_gpu_metrics(placement) -> dict[str, float]:
+    """Every placed GPU of this node, whichever process uses it: ``system/gpu<i>_<roles>/gpu_util``
+    and ``.../gpu_memory_mb`` (device-wide, from NVML; left out where NVML cannot say)."""
+    values = {}
+    for g, role in gpu_roles(placement).items():
+        name = f"{Metric.SYSTEM}gpu{g}_{role}"
+        try:
+            values[f"{name}/gpu_memory_mb"] = torch.cuda.device_memory_used(g) / MB
+            values[f"{name}/gpu_util"] = float(torch.cuda.utilization(g))
+        except Exception:  # no pynvml / NVML
+            continue
+    return values

@@ -102,3 +102,18 @@ def test_the_example_gpu_configs_place_learners_on_0_to_3_and_engines_on_4_to_7(
     cfg = load_config(path)
     assert {learner_device(cfg, r) for r in range(ranks)} == {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}
     assert {rollout_device(cfg, w) for w in range(8)} == {"cuda:4", "cuda:5", "cuda:6", "cuda:7"}
+
+
+def test_each_placed_gpu_reports_its_roles_memory_and_utilisation(monkeypatch):
+    """NVML faked: one step's curves name each GPU by its roles."""
+    import torch
+
+    from learner.driver.system_metrics import placed_gpu_metrics
+
+    monkeypatch.setattr(torch.cuda, "device_memory_used", lambda g: (g + 1) * 2**20)
+    monkeypatch.setattr(torch.cuda, "utilization", lambda g: 10 * g)
+    cfg = config(learner={"world_size": 1}, rollout={"workers": 2},
+                 placement={"learner": [0], "rollout": [0, 1], "colocated": True})
+    assert placed_gpu_metrics(cfg.placement) == {
+        "system/gpu0_learner+rollout/gpu_memory_mb": 1.0, "system/gpu0_learner+rollout/gpu_util": 0.0,
+        "system/gpu1_rollout/gpu_memory_mb": 2.0, "system/gpu1_rollout/gpu_util": 10.0}
