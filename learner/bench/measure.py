@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.bench.efficiency import own_bound, row_rule, work_per_step
+from learner.bench.intervals import median_interval, ratio_interval, spans_one
 from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
@@ -158,8 +159,11 @@ def compare(summaries: dict[str, dict[str, Any]], alone: set[str] = frozenset())
 
     def row(name: str, s: dict[str, Any]) -> dict[str, Any]:
         phases = s if name in alone else sync
+        speedup_ci = ratio_interval(sync["step_s_all"], s["step_s_all"])
         return {**s, "rollout_s": phases["last_reward_s"], "learner_s": phases["learner_phase_s"], **bounds[name],
-                "speedup_vs_sync": sync["step_s"] / s["step_s"]}
+                "speedup_vs_sync": sync["step_s"] / s["step_s"],
+                "step_s_ci90": median_interval(s["step_s_all"]), "speedup_ci90": speedup_ci,
+                "speedup_spans_1": spans_one(speedup_ci) if name != "sync" else None}
 
     return {name: row(name, s) for name, s in summaries.items()}
 

@@ -1,0 +1,65 @@
+"""Bootstrap intervals of the bench's medians and speedups, and the README table made from a bench JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from bench import headline
+from learner.bench.intervals import median_interval, ratio_interval, spans_one
+
+
+def test_the_median_interval_holds_the_median_and_narrows_with_more_steps():
+    few = [1.0, 1.2, 0.9, 1.1, 1.3]
+    many = few * 8
+    lo, hi = median_interval(few)
+    assert lo <= statistics.median(few) <= hi
+    lo8, hi8 = median_interval(many)
+    assert hi8 - lo8 < hi - lo
+    assert median_interval(few) == median_interval(few)  # seeded: the same JSON gives the same interval
+    assert median_interval([1.0]) is None
+
+
+def test_a_speedup_interval_admits_1_only_when_the_rows_overlap():
+    sync = [1.0, 1.05, 0.95, 1.02, 0.98, 1.01]
+    assert not spans_one(ratio_interval(sync, [v / 2 for v in sync]))  # twice as fast, clearly
+    lo, hi = ratio_interval(sync, [v / 2 for v in sync])
+    assert lo <= 2.0 <= hi
+    assert spans_one(ratio_interval(sync, [v * 1.01 for v in reversed(sync)]))  # the same, within noise
+    assert ratio_interval(sync, [1.0]) is None and not spans_one(None)
+
+
+def _bench_json(tmp_path, name, sync_steps, streaming_steps):
+    row = lambda steps: {"step_s": statistics.median(steps), "step_s_all": steps, "steps_measured": len(steps),
+                         "staleness_mean": 0.0, "staleness_max": 0, "learner": "micro-batched"}
+    doc = {"schedules": {"sync": row(sync_steps), "streaming": row(streaming_steps)},
+           "workload": {"name": name, "trajectories_per_step": 256, "rounds": 3},
+           "machine": {"cpus": 2, "processor": "x86_64", "load_avg_start": [1.0, 1, 1], "load_avg_end": [1.2, 1, 1]}}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_readme_table_is_generated_from_the_json_between_its_markers(tmp_path):
+    default = _bench_json(tmp_path, "default", [0.60, 0.62, 0.58, 0.61], [0.40, 0.41, 0.39, 0.42])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{headline.BEGIN}\nold table\n{headline.END}\nafter\n")
+    assert headline.main([str(default), "--write", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old table" not in text
+    streaming = next(line for line in text.splitlines() if line.startswith("| `streaming`"))
+    assert "0.405 s [" in streaming and "(1.49× [" in streaming and "≈" not in streaming
+    assert "3 alternating rounds, 4 measured steps per row" in text and "load 1.0 → 1.2" in text
+    assert f"python -m bench.headline {default}" in text
+
+
+def test_a_missing_or_foreign_json_is_one_line_naming_it(tmp_path, capsys):
+    assert headline.main([str(tmp_path / "nope.json")]) == 2
+    (tmp_path / "other.json").write_text("{}")
+    assert headline.main([str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"json: {tmp_path / 'nope.json'}: no such file", f"json: {tmp_path / 'other.json'}: not a bench JSON with a sync row"]
+    with pytest.raises(SystemExit, match="has no"):
+        headline.write_between_markers(tmp_path / "other.json", "x")
