@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from learner.checkpoint import COMMITTED, RunState, list_checkpoints, load_checkpoint, save_checkpoint
 from learner.checkpoint_integrity import damage, newest_intact
@@ -112,11 +113,16 @@ def test_resume_with_no_intact_checkpoint_is_one_line_and_exit_2(tmp_path):
 def test_a_trained_run_whose_newest_checkpoint_was_overwritten_resumes_from_the_one_before(tmp_path):
     """2 sync steps, a checkpoint after each; 256 bytes of the newest model overwritten at the
     same size: --resume names it, continues from step 0's and ends with an intact step-1 one."""
-    out = tmp_path / "out"
-    common = ["train", "--quiet", "--config", "configs/quickstart.yaml", "--schedule", "sync"]
+    out, config = tmp_path / "out", tmp_path / "small.yaml"
+    small = yaml.safe_load(Path("configs/quickstart.yaml").read_text())
+    small["task"]["tool_latency"] = {"distribution": "none"}
+    small["rollout"]["max_new_tokens"] = 12
+    small["train"].update(prompts_per_step=2, group_size=2, schedule="sync")
+    config.write_text(yaml.safe_dump(small))
     procs = []
     try:
-        procs.append(subprocess.Popen(CLI + common + ["--steps", "2", "--checkpoint-every", "1", "--output", str(out)],
+        procs.append(subprocess.Popen(CLI + ["train", "--quiet", "--config", str(config), "--steps", "2",
+                                             "--checkpoint-every", "1", "--output", str(out)],
                                       stderr=subprocess.PIPE, text=True, start_new_session=True))
         first_err = procs[0].communicate(timeout=300)[1]
         assert procs[0].returncode == 0, first_err
@@ -133,6 +139,7 @@ def test_a_trained_run_whose_newest_checkpoint_was_overwritten_resumes_from_the_
     assert procs[1].returncode == 0, resumed_err
     skipped = [line for line in resumed_err.splitlines() if "damaged checkpoint" in line]
     assert len(skipped) == 1 and str(newest) in skipped[0] and "Traceback" not in resumed_err
-    assert "done: 1 steps" in resumed_err  # step 1 trained again, from step 0's checkpoint
+    trained = [line.split()[1] for line in resumed_err.splitlines() if line.startswith("step ")]
+    assert trained == ["1"], resumed_err  # step 1 trained again, from step 0's checkpoint
     assert [p.name for p in list_checkpoints(out)] == ["step-000000", "step-000001"]
     assert damage(list_checkpoints(out)[-1]) is None
