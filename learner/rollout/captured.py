@@ -5,8 +5,8 @@ model's kernels one by one from Python: on a GPU that, not the arithmetic, bound
 3.4-6.4k tokens/s at 220-550M parameters). ``CapturedEngine`` keeps the same fixed-batch token loop
 (``TorchEngine.generate`` with ``continuous_batching`` off: the keyed sampler, the stop rules) and
 swaps the decode step for ``StaticDecode``:
-- the prefill (shared per prompt, as the eager engine's) is copied into a ``StaticCache`` of
-  width + max_new_tokens columns, and the attention mask is a fixed (B, 1, 1, columns) additive
+- the prefill (shared per prompt, as the eager engine's) is copied into a static cache
+  (``StaticKV``) of width + max_new_tokens columns, and the attention mask is a fixed (B, 1, 1, columns) additive
   mask whose next column is opened before each step: every decode step reads and writes tensors
   at fixed addresses, with fixed shapes;
 - on CUDA that step is captured once per generate call (``torch.cuda.CUDAGraph``; its capture is
@@ -23,11 +23,46 @@ same seeds (bench/gpu_check.py).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import StaticCache
 
 from learner.rollout.engine import TorchEngine
 
 WARMUP_STEPS = 2  # eager runs on a side stream before a capture (lazy inits, allocator, cuBLAS handles)
+
+
+def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) of a transformers ``DynamicCache`` (its layout since 4.54, and the older one)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+class StaticKV:
+    """The keys/values of every layer at fixed addresses: (B, heads, columns, dim) each, written at
+    the column in ``at`` (a device tensor the caller sets before a step, so a captured graph reads
+    it). Duck-types the one cache method a transformers model's forward calls with a 4D mask and
+    explicit positions (``update``), whichever transformers version: its own ``StaticCache``
+    changed how it tracks the write position between versions."""
+
+    def __init__(self, prefill_kv: list[tuple[torch.Tensor, torch.Tensor]], columns: int):
+        self.keys, self.values = [], []
+        for k, v in prefill_kv:  # the prompts' keys/values into columns [0, width)
+            width = k.shape[2]
+            self.keys.append(k.new_zeros(k.shape[:2] + (columns, k.shape[3])))
+            self.values.append(v.new_zeros(v.shape[:2] + (columns, v.shape[3])))
+            self.keys[-1][:, :, :width] = k
+            self.values[-1][:, :, :width] = v
+        self.at = torch.zeros(1, dtype=torch.long, device=self.keys[0].device)
+        self.seen = width
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        self.keys[layer_idx].index_copy_(2, self.at, key_states)
+        self.values[layer_idx].index_copy_(2, self.at, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen  # only read where positions are not given; a Python int: no device read
+
+    is_compileable = True
 
 
 class StaticDecode:
@@ -38,9 +73,7 @@ class StaticDecode:
         batch, width = attn.shape
         self.width, self.n = width, 0
         dtype = next(model.parameters()).dtype
-        self.static = StaticCache(config=model.config, max_cache_len=width + steps)
-        for i, layer in enumerate(cache.layers):  # the prompts' keys/values into columns [0, width)
-            self.static.layers[i].update(layer.keys, layer.values)
+        self.static = StaticKV(_layer_kv(cache), width + steps)
         self.mask = torch.full((batch, 1, 1, width + steps), torch.finfo(dtype).min, dtype=dtype, device=attn.device)
         self.mask[:, 0, 0, :width].masked_fill_(attn.bool(), 0.0)
         self.tok = torch.zeros((batch, 1), dtype=torch.long, device=attn.device)
@@ -56,7 +89,10 @@ class StaticDecode:
 
     def step(self, tok: torch.Tensor, done: torch.Tensor, next_pos: torch.Tensor) -> torch.Tensor:
         # a done row's column stays open: its later tokens are padding nobody reads (its own row only)
-        self.mask[:, 0, 0, self.width + self.n] = 0.0
+        column = self.width + self.n
+        self.mask[:, 0, 0, column] = 0.0
+        self.static.at.fill_(column)
+        self.static.seen = column
         self.tok.copy_(tok[:, None])
         self.pos.copy_(next_pos)
         self.n += 1
@@ -68,10 +104,8 @@ class StaticDecode:
         return self.logits
 
     def _capture(self) -> None:
-        """Warm up on a side stream, capture one step, then rewind the cache's write position: the
-        warm-up steps wrote this step's column (and the next), which the replays write again."""
-        layers = self.static.layers
-        at = [layer.cumulative_length.clone() for layer in layers]
+        """Warm up on a side stream, then capture one step. The warm-up steps write this step's
+        column, which every replay writes again from the inputs set before it."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -82,8 +116,6 @@ class StaticDecode:
         # thread_local: a worker's other threads (tools, the outbox feeder) may touch CUDA meanwhile
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.logits = self._forward()
-        for layer, n in zip(layers, at):
-            layer.cumulative_length.copy_(n)
 
 
 class CapturedEngine(TorchEngine):
