@@ -214,6 +214,9 @@ def compare(request):
 
 def render_compare(request, chosen: list[Run], asked: set[int], error: str, status: int,
                    comparison: Comparison | None = None):
+    for r in chosen:  # a sweep's runs: the value each was launched with (its plot's x)
+        swept = comparison.sweep_field if comparison else ""
+        r.sweep_value_json = json.dumps(r.overrides.get(swept)) if swept else ""
     context = {"runs": chosen, "all_runs": owned_runs(request.user), "asked": asked, "comparison": comparison,
                "config_diff": config_diff(chosen) if chosen else [], "error": error}
     return render(request, "compare.html", context, status=status)

@@ -6,6 +6,7 @@ import { fetchSpans, getJSON } from "./api.js";
 import { drawSummary } from "./summary.js";
 import { MetricPanel, metricPoints } from "./metricpanel.js";
 import { METRIC } from "./conventions.js";
+import { drawSweep } from "./sweepplot.js";
 
 const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
 const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
@@ -16,6 +17,7 @@ const LIVE_POLL_MS = 3000; // while a run trains, the page re-reads metrics and 
 const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
   id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule, status: li.dataset.status,
   apiBase: li.dataset.apiBase, colour: RUN_COLOURS[i % RUN_COLOURS.length],
+  sweepValue: li.dataset.sweepValue ? JSON.parse(li.dataset.sweepValue) : null,
   metrics: [], stepSpans: new Map(), // step -> spans
 }));
 const $ = (id) => document.getElementById(id);
@@ -125,6 +127,15 @@ async function drawTimelines(step) {
   container.dataset.step = String(step);
 }
 
+/** A sweep's figure against its swept value (static/js/sweepplot.js), from the latest summary. */
+let lastSummary = null;
+const sweepPanel = $("sweep-panel");
+function drawSweepPanel() {
+  if (!sweepPanel || !lastSummary) return null;
+  return drawSweep($("chart-sweep"), runs, lastSummary, $("sweep-metric").value, sweepPanel.dataset.field);
+}
+$("sweep-metric")?.addEventListener("change", () => drawSweepPanel()?.catch(showError));
+
 /** The summary and the reward chart, redrawn when the level or the smoothing changes; the input
  * shows the level in use (the API's default until the user types one). Returns the redraw. */
 function watchSummary() {
@@ -134,7 +145,9 @@ function watchSummary() {
     const summary = await drawSummary($("compare-summary"), $("summary-note"), $("compare-warnings"),
       runs.map((r) => r.id), chosen, Number(smoothing.value));
     if (chosen === null && summary.reward_level !== null) input.value = String(Number(summary.reward_level.toFixed(4)));
+    lastSummary = summary;
     await drawReward(summary.reward_level, summary.reward_smoothing);
+    await drawSweepPanel();
   };
   input.addEventListener("change", () => {
     chosen = input.value.trim() === "" ? null : Number(input.value);

@@ -4,11 +4,11 @@ compare page names the sweep, lists the field among the config differences and, 
 have trained, shows each run's efficiency at most 100%; a bad override is the form's error."""
 
 import pytest
-from tests.harness.web_harness import browser_page, live_url, log_in  # noqa: F401 (fixtures)
+from tests.harness.web_harness import SCREENSHOTS, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
 from controller.models import Comparison, Run, Schedule
 
-from .test_browser_insight import store_workload
+from .test_browser_insight import api, store_workload
 
 pytestmark = pytest.mark.browser
 
@@ -48,6 +48,27 @@ def test_a_sweep_launches_from_the_experiment_page_as_one_comparison(live_url, b
     efficiency = page.evaluate("[...document.querySelectorAll('#compare-summary td[data-field=efficiency]')]"
                                ".map((td) => Number(td.dataset.value))")
     assert all(0 < e <= 1 for e in efficiency), efficiency
+
+    # the sweep's plot: a summary figure against train.lr, one line per schedule; a single run's
+    # bar is its step time's p10-p90
+    summary = {f["id"]: f for f in api(alice, f"/api/compare/?runs={','.join(str(r.pk) for r in runs)}")["runs"]}
+    plotted = "document.getElementById('chart-sweep')"
+    traces_js = f"{plotted}.data.map((t) => ({{name: t.name, x: t.x, y: t.y, plus: t.error_y.array, minus: t.error_y.arrayminus}}))"
+    page.wait_for_function(f"{plotted}?.data?.length === 2")
+    assert page.evaluate(f"{plotted}.layout.xaxis.title.text") == "train.lr"
+    for trace in page.evaluate(traces_js):
+        mine = [r for r in runs if r.schedule.kind == trace["name"]]
+        assert trace["x"] == [1e-4, 3e-4] and len(mine) == 2
+        assert trace["y"] == pytest.approx([summary[r.pk]["step_s"] for r in mine])
+        assert trace["plus"] == pytest.approx([summary[r.pk]["step_p90_s"] - summary[r.pk]["step_s"] for r in mine])
+        assert trace["minus"] == pytest.approx([summary[r.pk]["step_s"] - summary[r.pk]["step_p10_s"] for r in mine])
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#sweep-panel").screenshot(path=str(SCREENSHOTS / "sweep-plot.png"))
+    page.select_option("#sweep-metric", "final_reward")
+    page.wait_for_function(f"{plotted}.dataset.metric === 'final_reward'")
+    for trace in page.evaluate(traces_js):
+        mine = [r for r in runs if r.schedule.kind == trace["name"]]
+        assert trace["y"] == pytest.approx([summary[r.pk]["final_reward"] for r in mine])
 
     # the run page shows what the launch set beyond the experiment's config
     page.goto(f"{live_url}/runs/{runs[3].pk}/")
