@@ -34,6 +34,9 @@ from dataclasses import dataclass
 # Before any open bucket ran: an open row at twice a known one (measured 2.1–2.6 on the bench
 # workload, docs/learner.md), so the first open bucket is taken only where it clearly pays.
 PRIOR_OPEN_RATIO = 2.0
+# Before a grouped micro-batch ran (learner/grad/grouped.py): its seconds over a known micro-batch's
+# of the same token slots, as measured on the bench's policy (docs/learner.md, "The grouped backward").
+GROUPED_PRIOR_RATIO = 1.3
 DECAY = 0.9  # weight of the older observations at each new one (the machine's speed drifts)
 
 
@@ -54,6 +57,19 @@ class BackwardCosts:
     open_rows_s: float = 0.0
     known_slots: float = 0.0  # decayed token slots and real tokens of known micro-batches: their padding
     known_tokens: float = 0.0
+    grouped_s: float = 0.0  # decayed seconds of grouped micro-batches, and the fit's known seconds for their slots
+    grouped_known_s: float = 0.0
+
+    @property
+    def grouped_ratio(self) -> float:
+        """A grouped micro-batch's seconds over a known one's of the same slots (``GROUPED_PRIOR_RATIO``
+        until one ran with a fit to compare against)."""
+        return self.grouped_s / self.grouped_known_s if self.grouped_known_s > 0 else GROUPED_PRIOR_RATIO
+
+    def observe_grouped(self, slots: int, seconds: float) -> None:
+        if self.known:
+            self.grouped_s = DECAY * self.grouped_s + seconds
+            self.grouped_known_s = DECAY * self.grouped_known_s + self.known_s(slots)
 
     @property
     def slots_per_token(self) -> float:
@@ -255,6 +271,37 @@ class DrainPolicy:
         if ratio > 2.0 or not budget.pays(premium, self.costs.known_s(waiting_slots), now):
             return False
         return ratio * row_s * rows <= budget.remaining_rollout_s(now)
+
+    def grouped_pays(self, budget: EarlyWorkBudget, slots: int, rows: int, open_rows: int, full: bool,
+                     waiting_slots: int, now: float | None = None) -> bool:
+        """A micro-batch of the grouped pool (``rows`` known rows and open groups' members in one
+        backward, ``open_rows`` of them open, ``slots`` token slots), while the learner would idle: run it now?
+        ``finished-groups-first``: always; ``closed-groups``: never; ``cost-aware``: its premium
+        ((``grouped_ratio`` − 1) × a known micro-batch's seconds for its slots, the cost beyond sync's)
+        must be no more than the tail it saves (its known seconds: a grouped backward at more than
+        twice a known one never runs); a ``full`` one then runs (sync runs full micro-batches too, and
+        these rows' groups close in the wave at the rollout's end); an unfilled one only in place of
+        sync's own unfilled one (``partial_pays``), or, near the rollout's end, as ``open_pays`` judges
+        a bucket: the premium plus the fixed cost of one more backward within the allowance and no
+        more than the tail it saves, and it ends before the predicted last arrival."""
+        if self.name != "cost-aware":
+            return self.eager
+        ratio = self.costs.grouped_ratio
+        premium = max(ratio - 1.0, 0.0) * self.costs.known_s(slots) if open_rows else 0.0
+        if ratio > 2.0 or not self.costs.known:
+            return False
+        if full or self.partial_pays(budget, slots):
+            return True
+        extra = premium + self.costs.fixed_s
+        if not budget.pays(extra, self.costs.known_s(waiting_slots), now):
+            return False
+        return ratio * self.costs.known_row_s * rows <= budget.remaining_rollout_s(now)
+
+    def charge_grouped(self, budget: EarlyWorkBudget, slots: int, seconds: float) -> None:
+        """A grouped micro-batch ran: its ratio is observed, its measured premium comes off the allowance."""
+        premium = max(seconds - self.costs.known_s(slots), 0.0) if self.costs.known else 0.0
+        self.costs.observe_grouped(slots, seconds)
+        budget.spend(premium)
 
     def charge_open(self, budget: EarlyWorkBudget, rows: int, seconds: float) -> None:
         """An open bucket ran in ``seconds``: its measured premium (beyond its rows' known seconds)

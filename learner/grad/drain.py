@@ -167,6 +167,36 @@ class DrainPlanner:
         bucket.speculative = candidate
         return [bucket]
 
+    def open_waiting(self) -> list[Bucket]:
+        """The grouped backward's pool (learner/grad/grouped.py): every bucket of the open groups that
+        hold sums or may take them (groups without sums in order of first arrival, while fewer than
+        K would hold them), zero-variance candidates only with ``speculate`` (marked speculative).
+        Nothing is taken until ``take``."""
+        free = None if self.cap is None else self.cap - self.open_sums
+        out: list[Bucket] = []
+        for g in self.order:
+            group = self.groups[g]
+            if group.closed or not group.waiting:
+                continue
+            candidate = group.all_equal_so_far()
+            if candidate and not self.speculate:
+                continue
+            if not group.has_sums:
+                if free is not None and free <= 0:
+                    continue
+                free = None if free is None else free - 1
+            for bucket in self._group_buckets(g, group.waiting):
+                bucket.speculative = candidate
+                out.append(bucket)
+        return out
+
+    def take(self, group_id: int, trajs: Sequence[Trajectory]) -> None:
+        """``trajs`` of open group ``group_id`` are learnt now into its sums (which it holds from now)."""
+        group = self.groups[group_id]
+        group.has_sums = True
+        taken = {t.id for t in trajs}
+        group.waiting = [t for t in group.waiting if t.id not in taken]
+
     def waiting_tokens(self) -> int:
         """Tokens of the arrived members of open groups not learnt yet."""
         return sum(len(t.input_ids) for g in self.groups.values() if not g.closed for t in g.waiting)

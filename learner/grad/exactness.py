@@ -127,6 +127,7 @@ def early_work_everywhere() -> BackwardCosts:
 def streamed_gradient(
     model: torch.nn.Module, ref_model: torch.nn.Module, algo: AlgorithmConfig, trajs: list[Trajectory],
     rng: random.Random, options: LearnerOptions | None = None, costs: BackwardCosts | None = None,
+    idle: float = 0.4,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """Feed the batch in a random order (adaptive: random drains, and ``idle_work`` called at random
     between them, as a driver with an empty queue would); returns (p.grad by name, batch stats +
@@ -145,7 +146,7 @@ def streamed_gradient(
     for chunk in arrival_chunks(items, options.path, rng):
         learner.learn(chunk)
         max_open = max(max_open, len(learner.acc.open_groups))
-        while options.path == "adaptive" and rng.random() < 0.4 and learner.idle_work():
+        while options.path == "adaptive" and rng.random() < idle and learner.idle_work():
             max_open = max(max_open, len(learner.acc.open_groups))
     stats = learner.finish_batch()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}  # LoRA: adapters
@@ -179,6 +180,8 @@ class CaseSpec:
     shared_prompt: bool = False  # learner.shared_prompt_backward, on batches whose groups share prompts
     early: bool = False  # cost-aware from ``early_work_everywhere``: its rules decide, not a cold start's "never"
     lora: tuple[str, ...] | None = None  # model.lora: adapters on these modules (only they train)
+    grouped: bool = True  # learner.grouped_backward (adaptive): open buckets and known rows share backwards
+    idle: float = 0.4  # adaptive: the chance that the driver calls idle_work after a drain (again after each)
 
     def seed_key(self, seed: int, k: int) -> str:
         return f"{seed}/{self.objective}/{self.mode}/{self.std}/{self.dtype}/{self.learner}/" \
@@ -186,7 +189,8 @@ class CaseSpec:
                ("/deterministic" if self.deterministic else "") + \
                ("" if self.drain == "finished-groups-first" else f"/{self.drain}") + ("/packed" if self.pack else "") + \
                ("/shared-prompt" if self.shared_prompt else "") + ("/early" if self.early else "") + \
-               (f"/lora={','.join(self.lora)}" if self.lora else "")
+               (f"/lora={','.join(self.lora)}" if self.lora else "") + ("" if self.grouped else "/per-bucket") + \
+               ("" if self.idle == 0.4 else f"/idle={self.idle}")
 
 
 def zero_variance_batch(rng: random.Random) -> list[Trajectory]:
@@ -220,9 +224,10 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
                              deterministic=spec.deterministic,
                              speculate_zero_variance=rng.random() < 0.5,  # either zero-variance rule
                              drain_policy=spec.drain, pack_rows=spec.pack, shared_prompt_backward=spec.shared_prompt,
-                             shared_prompt_max_tokens=rng.choice((12, 32768)) if spec.shared_prompt else 32768)
+                             shared_prompt_max_tokens=rng.choice((12, 32768)) if spec.shared_prompt else 32768,
+                             grouped_backward=spec.grouped)
     g_stream, stats = streamed_gradient(model, ref_model, algo, trajs, rng, options,
-                                        early_work_everywhere() if spec.early else None)
+                                        early_work_everywhere() if spec.early else None, spec.idle)
     g_ref = reference_gradient(model, trajs, algo, ref_model)
     rel = relative_error(g_stream, g_ref)
     tol = TOLERANCE[spec.dtype]
@@ -234,6 +239,7 @@ def run_case(spec: CaseSpec, rng: random.Random) -> dict:
         "pack_rows": spec.pack, "shared_prompt": spec.shared_prompt, "lora": ",".join(spec.lora or ()),
         "early_work": spec.early,
         "open_rows": stats.get("open_rows", 0), "early_micro_batches": stats.get("early_micro_batches", 0),
+        "grouped_micro_batches": stats.get("grouped_micro_batches", 0), "grouped_backward": spec.grouped,
         "shared_prompt_rows": stats.get("shared_prompt_rows", 0),
         "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs),
         "micro_batch_tokens": options.micro_batch_tokens, "speculate_zero_variance": options.speculate_zero_variance,
@@ -273,7 +279,28 @@ def case_specs() -> list[CaseSpec]:
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, "device", aux, True, True)
                   for aux in ("off", "on")]
         specs += shared_prompt_specs(dtype)
+        specs += grouped_specs(dtype)
     return specs
+
+
+def grouped_specs(dtype: torch.dtype) -> list[CaseSpec]:
+    """The grouped backward (learner.grouped_backward, adaptive, GRPO: OPD has no open buckets):
+    idle_work after most drains, so micro-batches mix buckets of several open groups and known rows;
+    every loss mode × K ∈ {0, 2, unlimited}, KL/entropy on and off, padded and packed; the drain
+    policy forced always and as measured (cost-aware from a fit under which it decides); under LoRA
+    (``LORA_TARGETS`` with keys/values and with an adapter only after the last attention);
+    zero-variance groups; and the per-bucket path it replaces, with the same arrivals."""
+    specs = [CaseSpec("grpo", m, "unbiased", dtype, "adaptive", cap, aux=aux, pack=pack, idle=0.9)
+             for i, m in enumerate(LOSS_AGG_MODES) for cap in (0, 2, None) for aux in ("off", "on")
+             for pack in ((i + (cap or 0)) % 2 == 0,)]
+    specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, aux=aux, drain="cost-aware",
+                       pack=True, early=True, idle=0.9) for cap in (2, None) for aux in ("off", "on")]
+    specs += [CaseSpec("grpo", LOSS_AGG_MODES[j], "unbiased", dtype, "adaptive", None, aux=aux, lora=targets,
+                       idle=0.9) for j, targets in enumerate(LORA_TARGETS[::2]) for aux in ("off", "on")]
+    specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", None, aux=aux, zero_variance=True,
+                       idle=0.9) for aux in ("off", "on")]
+    return specs + [CaseSpec("grpo", "token-mean", "unbiased", dtype, "adaptive", cap, aux=aux, grouped=False,
+                             idle=0.9) for cap in (2, None) for aux in ("off", "on")]
 
 
 # LoRA targets of the shared-prompt cases: every layer's keys/values carry gradient; layer 0's

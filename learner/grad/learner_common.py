@@ -45,6 +45,7 @@ class LearnerOptions:
     pack_rows: bool = True  # several rows per micro-batch line, no padding between them (learner/grad/packing.py)
     shared_prompt_backward: bool = False  # a group's prompt forwarded and back-propagated once (learner/grad/shared_prompt.py)
     shared_prompt_max_tokens: int = 32768  # prompt tokens whose activations are kept at once; beyond: the ordinary path
+    grouped_backward: bool = True  # adaptive: open buckets and known rows share micro-batches (learner/grad/grouped.py)
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
@@ -58,7 +59,8 @@ class LearnerOptions:
                    speculate_zero_variance=cfg.speculate_zero_variance(), drain_policy=cfg.learner.drain_policy,
                    early_work_share=cfg.learner.early_work_share, pack_rows=cfg.learner.pack_rows,
                    shared_prompt_backward=cfg.learner.shared_prompt_backward,
-                   shared_prompt_max_tokens=cfg.learner.shared_prompt_max_tokens)
+                   shared_prompt_max_tokens=cfg.learner.shared_prompt_max_tokens,
+                   grouped_backward=cfg.learner.grouped_backward)
 
     @property
     def min_stream_tokens(self) -> int:

@@ -50,6 +50,10 @@ class LossTally:
             else:
                 self._open[group].append((float(reward), pg.detach()))
 
+    def add_bucket(self, group: int, reward: float, value: torch.Tensor) -> None:
+        """A bucket's policy-loss value from a grouped micro-batch (its entropy and KL came with ``add``)."""
+        self._open[group].append((float(reward), value.detach()))
+
     def close(self, group: int, mu: float, denom: float) -> None:
         """An open group closed with its μ and σ + ε: its buckets' values weighted by their A."""
         for reward, value in self._open.pop(group, []):

@@ -35,6 +35,7 @@ from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
 from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
+from learner.grad.grouped_drain import GroupedPool
 from learner.grad.loss_tally import LossTally
 from learner.grad.learner_common import (
     LearnerOptions,
@@ -101,6 +102,7 @@ class _Batch:
     # runs on the machine), and the known micro-batches run before the batch's last arrival
     cpu_s: float = 0.0
     open_micro_batches: int = 0
+    grouped_micro_batches: int = 0  # of those, grouped backwards mixing buckets (learner/grad/grouped.py)
     early_micro_batches: int = 0
     early_rows: int = 0
     tally: LossTally = field(default_factory=LossTally)  # the step's policy loss, entropy, KL
@@ -232,10 +234,13 @@ class StreamingLearner(InProcessLearner):
         """Nothing waits: learn deferred work where the drain policy says it pays (docs/learner.md):
         known rows not yet a full micro-batch, else an open group's bucket."""
         state = self._state("idle_work")
-        if state.ready and self.backward.early_known_pays(state):  # they share one backward whatever their groups
+        if self.backward.pool.enabled and self.backward.pool.idle(state, on_phase):
+            return True  # known and open rows in grouped micro-batches (learner/grad/grouped_drain.py)
+        if state.ready and self.backward.early_known_pays(state):
             self.backward.ready(state, on_phase, flush=True)
             return True
-        tasks = state.planner.idle(self.backward.open_bucket_judge(state)) if self.algo.objective == "grpo" else []
+        grpo = self.algo.objective == "grpo" and not self.backward.pool.enabled
+        tasks = state.planner.idle(open_bucket_judge(self.policy, state)) if grpo else []
         self.backward.tasks(state, tasks, on_phase)
         return bool(tasks)
 
@@ -288,7 +293,7 @@ class StreamingLearner(InProcessLearner):
                 **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
                 "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
                 "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
-                "early_rows": state.early_rows,
+                "early_rows": state.early_rows, "grouped_micro_batches": state.grouped_micro_batches,
                 **({} if open_cost is None else {"open_row_cost": open_cost})}
 
 
@@ -308,6 +313,7 @@ class OnPolicyBackward:
         self.prompts = (SharedPrompts(self.model, self.ref_model if self.algo.kl_coef > 0 else None,
                                       self.options.shared_prompt_max_tokens)
                         if self.options.shared_prompt_backward else None)
+        self.pool = GroupedPool(self)
 
     def _cut(self, row: Row) -> Row:
         return row if self.prompts is None else self.prompts.cut(row)
@@ -398,16 +404,6 @@ class OnPolicyBackward:
         slots = sum(layout([len(r.ids) for r in part], part.line_width).slots for part in parts)
         return self.policy.partial_pays(state.budget, slots, len(parts))
 
-    def open_bucket_judge(self, state: _Batch):
-        """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
-        if self.policy.eager:
-            return None
-
-        def accept(bucket: Bucket) -> bool:
-            waiting = sum(len(r.ids) for r in state.ready) + state.planner.waiting_tokens()
-            return self.policy.open_pays(state.budget, len(bucket.trajs), waiting)
-        return accept
-
     def rows(self, state: _Batch, rows: list[Row], on_phase: PhaseCallback | None) -> None:
         """Rows whose weights are known (GRPO known advantages, OPD turns): straight into G."""
         for part in self._plan(rows):
@@ -415,21 +411,25 @@ class OnPolicyBackward:
         self.release_prompts(state, on_phase)
 
     def _micro_batch(self, state: _Batch, rows: MicroBatchRows, bucket: Bucket | None,
-                     on_phase: PhaseCallback | None) -> float:
-        """One forward + backward: known rows straight into G, a bucket's rows into its group's sums;
+                     on_phase: PhaseCallback | None, keys: list | None = None) -> float:
+        """One forward + backward: known rows straight into G, a bucket's rows into its group's sums,
+        or (``keys``: each row's (group, reward), None for known) the grouped backward of a mix;
         returns its seconds (without a shared prompt's forward, as the drain policy weighs them)."""
         t_start, cpu0 = time.monotonic(), time.thread_time()
         past, groups = (None, []) if not rows[0].prompt else self.prompts.past(rows, self.algo.kl_coef > 0)
         # a group's prompt forward (once per group, at its first micro-batch: work the sync does as
         # well) is in the span, not in this micro-batch's per-row cost that the drain policy weighs
         t0 = time.monotonic()
-        fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True, past=past)
-        for b, row in enumerate(fwd.rows):
-            self.logprobs.keep(row.traj, fwd.row_logp(b))
-        pg = on_policy_pg_loss(fwd, self.algo.objective)
-        state.tally.add(fwd, pg, *((bucket.group, bucket.reward) if bucket is not None else ()))
-        aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
-        gradients_into(self.acc, self.prompts, pg, aux, bucket, groups, self.one_pass)
+        if keys is not None:
+            fwd, pg, aux = *self.pool.forward_backward(rows, keys, state.tally), None
+        else:
+            fwd = forward(self.model, self.ref_model, self.algo, rows, rows.line_width, stats=True, past=past)
+            for b, row in enumerate(fwd.rows):
+                self.logprobs.keep(row.traj, fwd.row_logp(b))
+            pg = on_policy_pg_loss(fwd, self.algo.objective)
+            state.tally.add(fwd, pg, *((bucket.group, bucket.reward) if bucket is not None else ()))
+            aux = None if fwd.aux is None else (fwd.w * fwd.aux).sum()
+            gradients_into(self.acc, self.prompts, pg, aux, bucket, groups, self.one_pass)
         if self.prompts is not None:
             for row in rows:
                 self.prompts.learnt(row.group)
@@ -437,11 +437,23 @@ class OnPolicyBackward:
         del fwd, pg, aux, past
         t1 = time.monotonic()
         state.cpu_s += time.thread_time() - cpu0
-        self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=bucket is not None, tokens=sum(grid.lengths))
+        grouped = bucket is not None or keys is not None
+        self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=grouped, tokens=sum(grid.lengths))
         state.budget.ran(grid.slots)
-        count_micro_batch(state, len(rows), bucket is not None, t1 - t0, early=self.algo.objective == "grpo")
+        count_micro_batch(state, len(rows), grouped, t1 - t0, early=self.algo.objective == "grpo")
         report_micro_batch(state, rows, grid, t_start, t1, on_phase)
         return t1 - t0
+
+
+def open_bucket_judge(policy: DrainPolicy, state: _Batch):
+    """The planner's ``accept`` for the largest open bucket (None: always, the eager policy)."""
+    if policy.eager:
+        return None
+
+    def accept(bucket: Bucket) -> bool:
+        waiting = sum(len(r.ids) for r in state.ready) + state.planner.waiting_tokens()
+        return policy.open_pays(state.budget, len(bucket.trajs), waiting)
+    return accept
 
 
 def count_micro_batch(state: _Batch, rows: int, open_group: bool, seconds: float, early: bool) -> None:
