@@ -35,6 +35,7 @@ from typing import Any
 
 from learner.bench.efficiency import own_bound, row_rule, work_per_step
 from learner.bench.intervals import median_interval, ratio_interval, spans_one
+from learner.bench.trained import trained_against_sync, trained_figures
 from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
@@ -115,7 +116,8 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "last_reward_s": median_of(lambda v: v[Metric.LAST_REWARD_T] - v[Metric.T_START]),
         "first_backward_s": median_of(lambda v: v[Metric.FIRST_BACKWARD_T] - v[Metric.T_START]),
         "learner_phase_s": median_of(lambda v: v[Metric.T_END] - v[Metric.FIRST_BACKWARD_T]),
-        **work_per_step(runs, kept_per_run),
+        **(work := work_per_step(runs, kept_per_run)),
+        **trained_figures(steps, work["step_mean_s"]),
         **idle_ratios(runs, kept_per_run),
         "staleness_mean": statistics.fmean(v[Metric.STALENESS_MEAN] for v in steps),
         "staleness_max": int(max(v[Metric.STALENESS_MAX] for v in steps)),
@@ -163,7 +165,8 @@ def compare(summaries: dict[str, dict[str, Any]], alone: set[str] = frozenset())
         return {**s, "rollout_s": phases["last_reward_s"], "learner_s": phases["learner_phase_s"], **bounds[name],
                 "speedup_vs_sync": sync["step_s"] / s["step_s"],
                 "step_s_ci90": median_interval(s["step_s_all"]), "speedup_ci90": speedup_ci,
-                "speedup_spans_1": spans_one(speedup_ci) if name != "sync" else None}
+                "speedup_spans_1": spans_one(speedup_ci) if name != "sync" else None,
+                **trained_against_sync(name, s, sync)}
 
     return {name: row(name, s) for name, s in summaries.items()}
 

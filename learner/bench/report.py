@@ -144,6 +144,8 @@ def _description(doc: dict[str, Any]) -> str:
         f"{w['steps_per_schedule']} steps per schedule ({w['warmup_steps']} warm-up dropped), seed {w['seed']}. "
         f"Modelled tool latency: {_latency(lat)}. Measured R = {w['rollout_s']:.2f}s, L = {w['learner_s']:.2f}s, "
         f"R/L = {w['balance_measured']:.2f}{target}.{_tail(w.get('trajectory_time'))}</p>"
+        + "".join(f"<p class='warning'><b>Trained distribution:</b> {html.escape(r['trained_warning'])}</p>"
+                  for r in doc["schedules"].values() if r.get("trained_warning")) +
         f"<p>Machine: {m.get('cpus', '?')} cpus, learner on core {m.get('learner_core', '?')}, rollout on "
         f"{m.get('rollout_cores', '?')}, torch {html.escape(str(m.get('torch', '?')))}{load}.</p>"
         "<p>R: the sync run's median time from step start to the last reward (the rollout running alone); "

@@ -7,7 +7,8 @@ from typing import Any
 COLUMNS = [("learner", "learner", "{}"), ("step_s", "step_s", "{:.2f}"), ("spread", None, None),
            ("R", "rollout_s", "{:.2f}"), ("L", "learner_s", "{:.2f}"), ("engine", "engine_busy_s", "{:.2f}"),
            ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
-           ("speedup", "speedup_vs_sync", "{:.2f}x"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
+           ("speedup", "speedup_vs_sync", "{:.2f}x"), ("tok/s", "trained_tokens_per_s", "{:.0f}"),
+           ("len", "response_length_mean", "{:.1f}"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
            ("kept", "kept_token_share", "{:.1%}"), ("whole", "whole_draft_share", "{:.1%}"),
@@ -45,6 +46,7 @@ def summary_text(doc: dict[str, Any]) -> str:
     if tail:
         lines.append(f"trajectory time (sync, {tail['trajectories']} trajectories): p50 {tail['p50_s']:.2f} s, "
                      f"p99 {tail['p99_s']:.2f} s, max {tail['max_s']:.2f} s, p99/p50 {tail['p99_over_p50']:.1f}")
+    lines += [f"warning: {r['trained_warning']}" for r in doc["schedules"].values() if r.get("trained_warning")]
     gains = doc.get("speculation") or {}
     if gains:
         lines.append("gains: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}x" for k, v in gains.items()))

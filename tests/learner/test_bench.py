@@ -12,7 +12,7 @@ from learner.cli import main
 
 FIELDS = ("learner_s", "step_s", "rollout_s", "learner_s", "bound_s", "efficiency", "speedup_vs_sync", "trainer_idle_ratio",
           "rollouter_idle_ratio", "staleness_mean", "staleness_max", "tail_s", "peak_rss_mb", "engine_busy_s",
-          "learner_work_s", "step_mean_s")
+          "learner_work_s", "step_mean_s", "trained_tokens_per_s", "trained_trajectories_per_s", "response_length_mean")
 
 TINY = """\
 name: tiny-bench

@@ -63,3 +63,34 @@ def test_a_missing_or_foreign_json_is_one_line_naming_it(tmp_path, capsys):
     assert err == [f"json: {tmp_path / 'nope.json'}: no such file", f"json: {tmp_path / 'other.json'}: not a bench JSON with a sync row"]
     with pytest.raises(SystemExit, match="has no"):
         headline.write_between_markers(tmp_path / "other.json", "x")
+
+
+# ------------------------------------------------------------------ what each row trained
+
+
+def _steps(lengths, tokens_each=None, reward=0.3):
+    return [{"response_length/mean": n, "response/tokens": n * 8.0, "response/turns_mean": 2.0,
+             "reward/mean": reward} for n in lengths]
+
+
+def test_throughput_counts_trained_tokens_and_trajectories_per_second_of_window():
+    from learner.bench.trained import trained_figures
+
+    f = trained_figures(_steps([10.0, 12.0]), step_mean_s=2.0)
+    assert f["trained_tokens_per_s"] == pytest.approx((80 + 96) / 2 / 2.0)
+    assert f["trained_trajectories_per_s"] == pytest.approx(8 / 2.0)
+    assert f["response_length_mean"] == 11.0 and f["turns_mean"] == 2.0
+
+
+def test_a_row_that_trained_shorter_trajectories_is_warned_about_and_one_within_noise_is_not():
+    from learner.bench.trained import trained_against_sync
+
+    sync = {"response_length_all": [20.0, 21.0, 19.5, 20.5, 20.2, 19.8], "reward_mean": 0.17}
+    short = {"response_length_all": [13.5, 14.0, 13.8, 14.2, 13.9, 14.1], "reward_mean": 0.05}
+    same = {"response_length_all": [20.1, 19.9, 20.4, 19.7, 20.6, 20.0], "reward_mean": 0.18}
+    out = trained_against_sync("fully-async", short, sync)
+    assert out["response_length_vs_sync"] == pytest.approx(13.95 / 20.1, rel=1e-3)
+    assert out["trained_warning"].startswith("fully-async trained 31% shorter trajectories than sync")
+    assert "reward 0.050 vs 0.170" in out["trained_warning"]
+    assert trained_against_sync("streaming", same, sync)["trained_warning"] is None
+    assert trained_against_sync("sync", sync, sync)["response_length_vs_sync"] is None
