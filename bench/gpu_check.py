@@ -194,6 +194,10 @@ def engines(model, vocab: int, groups: int, group_size: int, prompt_len: int, ne
             continue
         tokens = sum(len(c.token_ids) for c in completions[name])
         out.update({f"{name}_s": s, f"{name}_tokens_per_s": tokens / s})
+        if isinstance(engine, CapturedEngine):  # did the graph replay, or the static step run eagerly?
+            out["captured_graph"] = engine.capture and engine.capture_error is None
+            if engine.capture_error:
+                out["captured_capture_error"] = engine.capture_error
     if len(completions) == 2:
         pairs = list(zip(completions["eager"], completions["captured"]))
         out["captured_rows_same_tokens"] = sum(a.token_ids == b.token_ids for a, b in pairs)

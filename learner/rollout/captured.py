@@ -22,6 +22,8 @@ same seeds (bench/gpu_check.py).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from learner.rollout.engine import TorchEngine
@@ -68,7 +70,8 @@ class StaticKV:
 class StaticDecode:
     """The decode step over a static cache (``capture``: replayed as one CUDA graph)."""
 
-    def __init__(self, model: torch.nn.Module, cache, attn: torch.Tensor, steps: int, capture: bool):
+    def __init__(self, model: torch.nn.Module, cache, attn: torch.Tensor, steps: int, capture: bool,
+                 on_error: Callable[[str], None] = lambda error: None):
         self.model = model
         batch, width = attn.shape
         self.width, self.n = width, 0
@@ -78,7 +81,7 @@ class StaticDecode:
         self.mask[:, 0, 0, :width].masked_fill_(attn.bool(), 0.0)
         self.tok = torch.zeros((batch, 1), dtype=torch.long, device=attn.device)
         self.pos = torch.zeros((batch, 1), dtype=torch.long, device=attn.device)
-        self.capture = capture
+        self.capture, self.on_error = capture, on_error
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
@@ -99,7 +102,12 @@ class StaticDecode:
         if not self.capture:
             return self._forward()
         if self.graph is None:
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as exc:  # a model or torch build whose step cannot be captured
+                self.capture = False
+                self.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                return self._forward()
         self.graph.replay()
         return self.logits
 
@@ -128,6 +136,13 @@ class CapturedEngine(TorchEngine):
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
             raise ValueError(f"capture: CUDA graphs need a CUDA model, this one is on {self.device}")
+        self.capture_error: str | None = None
 
     def _decoder(self, cache, attn: torch.Tensor, steps: int) -> StaticDecode:
-        return StaticDecode(self.model, cache, attn, steps, self.capture)
+        return StaticDecode(self.model, cache, attn, steps, self.capture and self.capture_error is None,
+                            self._capture_failed)
+
+    def _capture_failed(self, error: str) -> None:
+        """A step that cannot be captured runs the static step eagerly from then on (the same tokens,
+        launch-bound again); said in the stats, and by ``capture_error``, not silently."""
+        self.capture_error = self.stats.extra["capture_error"] = error

@@ -59,3 +59,20 @@ def test_the_config_builds_the_captured_engine_and_refuses_it_with_continuous_ba
     assert isinstance(make_engine(cfg, str(tmp_path), SimpleNamespace(pad_token_id=0), 0), CapturedEngine)
     with pytest.raises(ConfigError, match=r"^rollout.captured_decode: decodes a fixed batch per call"):
         parse_config({"rollout": {"captured_decode": True}})
+
+
+def test_a_step_that_cannot_be_captured_runs_the_static_step_eagerly_and_says_why(monkeypatch):
+    """The capture fault injected (CPU has no CUDA graphs): the call still samples the eager tokens."""
+    from learner.rollout import captured
+
+    def refuse(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(captured.StaticDecode, "_capture", refuse)
+    engine = CapturedEngine(tiny_model(), pad_id=0)
+    engine.capture = True  # as on CUDA
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=[])
+    got = engine.generate(PROMPTS, params)
+    assert engine.capture_error == "RuntimeError: operation not permitted when stream is capturing"
+    assert engine.stats.extra["capture_error"] == engine.capture_error
+    assert [c.token_ids for c in got] == [c.token_ids for c in both(tiny_model(), PROMPTS, params, None)[0]]
