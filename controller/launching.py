@@ -14,7 +14,7 @@ from .broker import enqueue, enqueue_or_withdraw
 from .models import Comparison, Experiment, Run, Schedule
 from .outages import OUTAGE_ERRORS
 from .overrides import format_override
-from .quotas import check_config, check_queue
+from .quotas import QuotaExceeded, check_config, check_queue, quota_for
 from .frames import status_frame
 
 
@@ -66,13 +66,30 @@ def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: 
                                                sweep_field=sweep.field if sweep else "",
                                                sweep_values=sweep.values if sweep else [])
         label = name or f"{'sweep' if sweep else 'comparison'} {comparison.pk}"
-        for value, swept in values:
-            for schedule in schedules:
-                run_name = f"{label} · {schedule.name}" + (f" · {format_override(sweep.field, value)}" if sweep else "")
-                runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
-                                       overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
+        try:
+            for value, swept in values:
+                for schedule in schedules:
+                    run_name = (f"{label} · {schedule.name}"
+                                + (f" · {format_override(sweep.field, value)}" if sweep else ""))
+                    runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
+                                           overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
+        except QuotaExceeded as err:
+            if err.status != 429:
+                raise
+            raise queue_full(experiment, comparison, len(values) * len(schedules)) from None
         transaction.on_commit(partial(enqueue_all_or_withdraw, comparison.pk, [(r.pk, r.celery_task_id) for r in runs]))
     return comparison
+
+
+def queue_full(experiment: Experiment, comparison: Comparison, size: int) -> QuotaExceeded:
+    """The 429 of a comparison that does not fit the queue, counting what was queued before it
+    (its own runs counted so far are rolled back with it)."""
+    before = Run.objects.filter(experiment__owner=experiment.owner, status=Run.Status.QUEUED).exclude(
+        comparison=comparison).count()
+    limit = quota_for(experiment.owner).queued_runs
+    return QuotaExceeded("quota", (
+        f"you already have {before} queued runs and this launch adds {size}, your quota is {limit}: "
+        "wait for some to start, cancel some, or launch fewer"), status=429)
 
 
 def enqueue_all_or_withdraw(comparison_id: int, runs: list[tuple[int, str]]) -> None:

@@ -175,3 +175,17 @@ def test_a_launch_whose_override_is_over_a_cost_quota_names_the_overrides(alice_
     assert response.status_code == 400
     assert "tokens per step, over your quota of 4194304" in response.json()["errors"]["overrides"]
     assert not Run.objects.exists()
+
+
+def test_a_sweep_that_does_not_fit_the_queue_counts_what_was_queued_before_it(alice, alice_client, alice_experiment,
+                                                                              sync_preset):
+    UserQuota.objects.create(user=alice, queued_runs=10)
+    for _ in range(8):
+        make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED)
+    response = post_json(alice_client, "/api/comparisons/", {
+        "experiment": alice_experiment.pk, "schedules": [sync_preset.pk], "steps": 3,
+        "sweep": {"field": "train.lr", "values": [1e-4, 2e-4, 3e-4, 4e-4]}})
+    assert response.status_code == 429
+    assert response.json()["errors"]["quota"].startswith(
+        "you already have 8 queued runs and this launch adds 4, your quota is 10")
+    assert Run.objects.filter(status=Run.Status.QUEUED).count() == 8
