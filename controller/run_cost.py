@@ -54,8 +54,8 @@ def tokens_per_step(config: dict) -> Cost:
 
 def generator_settings(config: dict) -> Iterator[tuple[str, float]]:
     """(config path, value) of every number in a reasoning-gym dataset's options: the terms,
-    digits, lengths, sizes of what it generates (``min_terms: 2000`` made a step 500 times
-    slower), lists and nested options included; booleans and ``seed`` are not sizes."""
+    digits, lengths, sizes of what it generates, which a step's generation and scoring time
+    grow with; lists and nested options included; booleans and ``seed`` are not sizes."""
     if config["task"]["name"] != "reasoning-gym":
         return
     for i, dataset in enumerate(config["task"].get("datasets") or []):
