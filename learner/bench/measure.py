@@ -36,6 +36,7 @@ from typing import Any
 from learner.bench.efficiency import own_bound, row_rule, work_per_step
 from learner.bench.intervals import median_interval, ratio_interval, spans_one
 from learner.bench.trained import trained_against_sync, trained_figures
+from learner.bench.window import equal_work
 from learner.sim.workload import MODELLED_KINDS
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS, window_metrics
 
@@ -75,7 +76,8 @@ def _spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "iqr": [q1, q3], "min": min(values), "max": max(values)}
 
 
-def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None) -> dict[str, Any]:
+def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = None,
+              batch: tuple[int, int] | None = None) -> dict[str, Any]:
     """What one schedule's runs did, over their measured steps ``warmup .. end-1``, pooled.
 
     ``runs``: one event list per run of the schedule (the bench repeats each schedule in
@@ -85,7 +87,8 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
     window length; they are not read from the per-step metrics: the driver computes those
     when the step ends, before the rollout spans still running beside the learner (async,
     fully-async) have reached it. staleness_mean is the mean of the per-step means (every
-    step trains the same number of trajectories).
+    step trains the same number of trajectories). ``batch``: (trajectories per step, group size),
+    for the equal-work window (``learner.bench.window``).
     """
     kept_per_run = [measured_steps(events, warmup, end) for events in runs]
     steps = [v for kept in kept_per_run for v in kept]
@@ -118,6 +121,7 @@ def summarize(runs: list[list[dict[str, Any]]], warmup: int, end: int | None = N
         "learner_phase_s": median_of(lambda v: v[Metric.T_END] - v[Metric.FIRST_BACKWARD_T]),
         **(work := work_per_step(runs, kept_per_run)),
         **trained_figures(steps, work["step_mean_s"]),
+        **(equal_work(runs, kept_per_run, *batch) if batch else {}),
         **idle_ratios(runs, kept_per_run),
         "staleness_mean": statistics.fmean(v[Metric.STALENESS_MEAN] for v in steps),
         "staleness_max": int(max(v[Metric.STALENESS_MAX] for v in steps)),

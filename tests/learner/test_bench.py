@@ -84,6 +84,11 @@ def test_it_writes_every_field_for_sync_and_each_schedule(tiny_bench):
     assert streaming["open_row_cost"] is None or streaming["open_row_cost"] > 0
     assert "efficiency_ceiling" not in doc["schedules"]["async"]
     assert doc["workload"]["trajectories_per_step"] == 4 and doc["workload"]["tool_latency"]["scale"] == 1.0
+    # the on-policy rows train what their own window produced: no backlog, the equal-work step is the window's
+    for name in ("sync", "streaming"):
+        r = doc["schedules"][name]
+        assert r["backlog_per_step"] == 0 and r["produced_per_step"] == 4
+        assert r["step_equal_work_s"] == pytest.approx(r["step_mean_s"])
     assert doc["machine"]["cpus"] >= 1 and len(doc["machine"]["load_avg_start"]) == 3
 
 

@@ -94,3 +94,26 @@ def test_a_row_that_trained_shorter_trajectories_is_warned_about_and_one_within_
     assert "reward 0.050 vs 0.170" in out["trained_warning"]
     assert trained_against_sync("streaming", same, sync)["trained_warning"] is None
     assert trained_against_sync("sync", sync, sync)["response_length_vs_sync"] is None
+
+
+# ------------------------------------------------------------------ equal-work windows
+
+
+def test_a_window_that_trains_a_backlog_is_charged_for_it():
+    from learner.bench.window import equal_work
+
+    def verify(t1, lane="rollout/0/1"):
+        return {"type": "span", "kind": "rollout.verify", "lane": lane, "t0": t1 - 0.01, "t1": t1}
+
+    # two measured steps of 4 trajectories in [10, 12]: only 4 rewards arrive inside the window
+    # (the other 4 trained were finished before it), and one 2-member group was dropped
+    kept = [{"step/t_start": 10.0, "step/t_end": 11.0}, {"step/t_start": 11.0, "step/t_end": 12.0,
+                                                        "rollout/dropped_groups": 1.0}]
+    events = [verify(t) for t in (9.5, 9.8, 10.5, 10.6, 11.2, 11.4, 11.9, 12.0)] + [verify(11.5, "learner/0")]
+    out = equal_work([events], [kept], batch=4, group_size=2)
+    assert out["produced_per_step"] == (6 - 2) / 2  # 6 arrivals in (10, 12], 2 of them dropped
+    assert out["backlog_per_step"] == (8 - 4) / 2
+    assert out["step_equal_work_s"] == pytest.approx(2.0 * 4 / 4)  # 2 s produced one batch
+    steady = equal_work([[verify(t) for t in (10.2, 10.4, 10.6, 10.8, 11.2, 11.4, 11.6, 11.8)]],
+                        [[{"step/t_start": 10.0, "step/t_end": 11.0}, {"step/t_start": 11.0, "step/t_end": 12.0}]], 4, 2)
+    assert steady["backlog_per_step"] == 0 and steady["step_equal_work_s"] == pytest.approx(1.0)
