@@ -134,6 +134,15 @@ def device_map(cfg: Any) -> dict[str, str]:
     return lanes
 
 
+def bind_device(device: str) -> None:
+    """Make GPU ``device`` ("cuda:<i>") this process's current CUDA device: what NCCL, new streams
+    and CUDA graphs use. Plain "cuda" and "cpu" leave the process as it is (GPU 0 is current)."""
+    if device.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+
+
 def describe(lanes: dict[str, str]) -> str:
     """One line: "learner/0 cuda:0, rollout/0 cuda:4, ..."."""
     return ", ".join(f"{lane} {dev}" for lane, dev in lanes.items())

@@ -33,9 +33,11 @@ class RankFailure(RuntimeError):
 
 
 def process_group_backend(device: str) -> str:
-    """gloo for ranks on CPU; for ranks on CUDA, NCCL for CUDA tensors (the gradient reduction, the
-    weight broadcast) and gloo for the CPU tensors the barrier exchanges (one group, both backends)."""
-    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+    """gloo for ranks on CPU; for ranks each on its own GPU ("cuda:<i>", learner.placement), NCCL
+    for CUDA tensors (the gradient reduction, the weight broadcast) and gloo for the CPU tensors
+    the barrier exchanges (one group, both backends). Ranks on plain "cuda" all share the node's
+    first GPU, which NCCL refuses (one rank per GPU): gloo, as before placement existed."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda:") else "gloo"
 
 
 def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -45,10 +47,10 @@ def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = D
     import torch
     import torch.distributed as dist
 
-    on_cuda = device.startswith("cuda")
-    if on_cuda:  # NCCL binds a rank to the current device
-        torch.cuda.set_device(torch.device(device))
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if on_cuda else "cpu")  # DeepSpeed's accelerator
+    from learner.placement import bind_device
+
+    bind_device(device)  # NCCL binds a rank to the current device
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")  # DeepSpeed's
     # what a launcher would set; DeepSpeed reads them
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank if local_rank is None else local_rank))

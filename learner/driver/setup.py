@@ -20,7 +20,7 @@ from learner.grad.learner_common import LearnerOptions, OptimizerStep
 from learner.grad.learner_protocol import Learner
 from learner.grad.off_policy import OffPolicyLearner
 from learner.lora import publish_view, with_lora
-from learner.placement import learner_device
+from learner.placement import bind_device, learner_device
 from learner.rollout.boot import BootedWorkers
 from learner.rollout.chat import turn_stop_ids
 from learner.rollout.cores import core_plan
@@ -79,6 +79,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.model.builtin_seed)
                    if cfg.algorithm.objective == "opd" else None)
     dtype, device = getattr(torch, cfg.model.dtype), torch.device(learner_device(cfg, 0))  # rank 0: this process
+    bind_device(str(device))
     model = with_lora(load_model(policy_dir, dtype).to(device), cfg.model.lora).train()
     tokenizer = load_tokenizer(policy_dir)
     ref = None

@@ -114,16 +114,17 @@ class StaticDecode:
     def _capture(self) -> None:
         """Warm up on a side stream, then capture one step. The warm-up steps write this step's
         column, which every replay writes again from the inputs set before it."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: a worker's other threads (tools, the outbox feeder) may touch CUDA meanwhile
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.logits = self._forward()
+        with torch.cuda.device(self.tok.device):  # streams and the graph on the model's GPU, whichever is current
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    self._forward()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # thread_local: a worker's other threads (tools, the outbox feeder) may touch CUDA meanwhile
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.logits = self._forward()
 
 
 class CapturedEngine(TorchEngine):

@@ -406,10 +406,11 @@ def worker_main(wid: int, cfg_json: str, policy_dir: str, teacher_dir: str | Non
     try:
         pin_to_core(core)
         from learner.rollout.engine_factory import make_engine
-        from learner.placement import teacher_device
+        from learner.placement import bind_device, rollout_device, teacher_device
         from learner.rollout.models import load_model, load_tokenizer
 
         cfg = RunConfig.model_validate_json(cfg_json)
+        bind_device(rollout_device(cfg, wid))  # the engine's GPU is current (streams, CUDA graphs)
         tok = load_tokenizer(policy_dir)
         engine = make_engine(cfg, policy_dir, tok, wid)
         teacher = load_model(teacher_dir).to(teacher_device(cfg, wid)) if teacher_dir else None

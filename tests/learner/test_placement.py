@@ -93,7 +93,7 @@ def test_a_gpu_the_node_lacks_stops_the_run_before_any_process_starts(monkeypatc
 
 def test_ranks_on_gpus_reduce_over_nccl_and_ranks_on_cpu_over_gloo():
     assert process_group_backend("cuda:3") == "cpu:gloo,cuda:nccl"  # the barrier's CPU counts stay on gloo
-    assert process_group_backend("cuda") == "cpu:gloo,cuda:nccl"
+    assert process_group_backend("cuda") == "gloo"  # ranks sharing the node's first GPU: NCCL refuses that
     assert process_group_backend("cpu") == "gloo"
 
 
