@@ -1,5 +1,5 @@
 """The demo experiment (manage.py demo) as a new user first sees it, in a real browser: its
-description says what a run is (20 steps of under a second each, as measured, not "a few seconds"),
+description says what a run is (20 steps of about half a second each, as measured, not "a few seconds"),
 its runs train 20 steps, and the config panel shows every line whole."""
 
 import pytest
@@ -20,7 +20,7 @@ def test_the_demo_experiment_says_what_a_run_is_and_shows_its_whole_config(live_
     log_in(page, live_url, "alice", "alice-password")
     page.goto(f"{live_url}/experiments/{experiment.pk}/")
     description = page.inner_text(".page-head .sub")
-    assert "20 GRPO steps per run" in description and "each step takes under a second" in description
+    assert "20 GRPO steps per run" in description and "each step takes about half a second" in description
     assert "a few seconds" not in description and "about a minute" not in description
     config = page.locator("#experiment-config")
     lines = config.inner_text().splitlines()

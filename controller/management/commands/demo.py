@@ -22,11 +22,12 @@ from controller.models import Experiment, Run, Schedule
 DEMO_USER = "demo"
 DEMO_EXPERIMENT = "quickstart"
 # configs/quickstart.yaml trains one step (a quick check of the install); the demo's runs are
-# long enough for the charts to show a trend. Measured through the app on 2 cores (the demo's
-# warm runner up): 0.3-0.7 s a step, 12-19 s a run from launch to finished.
+# long enough for the charts to show a trend. Measured on this demo (2 cores, load ~6, two
+# streaming runs through POST /api/runs/ once the warm runner was up): median step 0.50-0.53 s
+# (0.26-2.0 s, the first step the longest), 14.5-16.6 s from launch to finished.
 DEMO_STEPS = 20
-DEMO_DESCRIPTION = (f"A tiny model on arith-tool, {DEMO_STEPS} GRPO steps per run: each step takes under a second "
-                    "on a CPU, a run 10-20 s from launch (longer while the worker is still booting).")
+DEMO_DESCRIPTION = (f"A tiny model on arith-tool, {DEMO_STEPS} GRPO steps per run: each step takes about half a "
+                    "second on a CPU, a run 15-20 s from launch (longer while the worker is still booting).")
 # Global presets: one per schedule kind; fully-async's staleness bound is its knob.
 PRESETS = [
     ("sync", "sync", {}),
