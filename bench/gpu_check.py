@@ -145,6 +145,42 @@ def learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: ran
     }
 
 
+def grouped_learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: random.Random,
+                         chunk: int) -> dict:
+    """The same batch learnt in grouped micro-batches (learner/grad/grouped.py): arrivals in random
+    order, ``chunk`` at a time; after each chunk the adaptive learner's idle work learns everything
+    waiting (open groups' members and known rows) in one grouped backward. Per-trajectory learner cost:
+    the forwards and backwards, the closes and the barrier, over the trajectories."""
+    device = next(model.parameters()).device
+    budget = chunk * max(len(t.input_ids) for t in trajs)
+    learner = StreamingLearner(model, algo, options=LearnerOptions(
+        path="adaptive", micro_batch_tokens=budget, drain_policy="finished-groups-first", speculate_zero_variance=True))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    order = rng.sample(trajs, len(trajs))
+    learner.begin_batch(dict(Counter(t.group for t in trajs)))
+    work = 0.0
+
+    def arrive(items):
+        learner.learn(items)
+        while learner.idle_work():  # the driver's idle calls, while the rollout would run
+            pass
+
+    for k in range(0, len(order), chunk):
+        work += timed(device, lambda: arrive(order[k:k + chunk]))[1]
+
+    def barrier():
+        out = learner.finish_batch()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out
+
+    finished, opt_s = timed(device, barrier)
+    return {"grouped_learner_s": work + opt_s, "grouped_ms_per_traj": 1e3 * (work + opt_s) / len(trajs),
+            "grouped_micro_batches": finished["micro_batches"], "grouped_open_rows": finished["open_rows"],
+            "grouped_backwards": finished["grouped_micro_batches"]}
+
+
 def publish(model, engine: TorchEngine) -> dict:
     """A GPU learner's store page-locks its shared host tensors (``WeightStore.pin``); a store
     made from host tensors is left pageable, which is what the pinning is measured against."""
@@ -216,7 +252,15 @@ def check_size(size: str, device: torch.device, args: argparse.Namespace) -> dic
     trajs, out = rollout(engine, vocab, args.groups, args.group_size, args.prompt_len, args.new_tokens, rng)
     out.update(params_m=sum(p.numel() for p in model.parameters()) / 1e6)
     learner_step(model, trajs[: 2 * args.group_size], algo, rng)  # warm-up: kernels, allocator, AdamW state
-    out.update(learner_step(model, trajs, algo, rng))
+    way, chunk = getattr(args, "learner", "per-trajectory"), getattr(args, "grouped_chunk", 16)
+    if way in ("per-trajectory", "both"):
+        out.update(learner_step(model, trajs, algo, rng))
+        out["per_trajectory_ms_per_traj"] = 1e3 * out["learner_s"] / len(trajs)
+    if way in ("grouped", "both"):
+        grouped_learner_step(model, trajs[: 2 * args.group_size], algo, rng, chunk)  # warm-up
+        out.update(grouped_learner_step(model, trajs, algo, rng, chunk))
+        out.setdefault("learner_s", out["grouped_learner_s"])  # grouped alone: the derived steps use it
+        out.setdefault("tail_learner_s", out["grouped_learner_s"] * min(1.0, chunk / len(trajs)))
     out.update(publish(model, engine))
     small = [t for t in trajs if t.group < args.exact_groups]
     short = [Trajectory(**{**t.__dict__, "input_ids": t.input_ids[: args.prompt_len + 32],
@@ -246,6 +290,10 @@ def main() -> int:
     ap.add_argument("--exact-groups", type=int, default=2, help="groups in the exactness batch")
     ap.add_argument("--tf32", action="store_true", help="TF32 matmuls (off: exact fp32, the default)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--learner", choices=("per-trajectory", "grouped", "both"), default="per-trajectory",
+                    help="how the learner step learns the batch: one backward per trajectory as it arrives, "
+                         "grouped micro-batches of --grouped-chunk arrivals (learner/grad/grouped.py), or both")
+    ap.add_argument("--grouped-chunk", type=int, default=16, help="arrivals per grouped micro-batch")
     ap.add_argument("--runs", default="sync,streaming,streaming-captured",
                     help=f"thundersync train runs of the bench workload, of {', '.join(ARMS)} ('' for none)")
     ap.add_argument("--run-size", help="their policy's size (default: the first of --sizes)")
@@ -274,7 +322,8 @@ def main() -> int:
         print(json.dumps({size: results[size]}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"env": env, "sizes": results, "runs": runs}, indent=1))
-    cols = ["params_m", "rollout_s", "tokens_per_s", "backward_ms_median", "backward_ms_p90", "close_ms_median",
+    cols = ["params_m", "rollout_s", "tokens_per_s", "per_trajectory_ms_per_traj", "grouped_ms_per_traj",
+            "grouped_backwards", "backward_ms_median", "backward_ms_p90", "close_ms_median",
             "finish_clip_adamw_ms", "learner_s", "publish_pageable_ms", "engine_load_pageable_ms", "publish_ms", "publish_gb_s", "engine_load_ms", "peak_device_gib",
             "rel_error_vs_reference", "derived_sync_step_s", "derived_streaming_step_s", "derived_speedup",
             "eager_tokens_per_s", "captured_tokens_per_s", "captured_speedup", "captured_rows_same_tokens",
