@@ -34,6 +34,10 @@ COLUMNS = {
 }
 DEFAULT_SORT = "-created"
 FILTERS = ("q", "schedule", "status", "tag", "experiment")
+# ?group=: rows of one experiment, schedule preset or tag together (a run under its first tag),
+# in the sort's order inside each group
+GROUPS = {"experiment": lambda r: r.experiment.name, "schedule": lambda r: str(r.schedule),
+          "tag": lambda r: (r.tag_list() or ["(no tag)"])[0]}
 
 
 class ListError(ValueError):
@@ -51,6 +55,7 @@ class ListQuery:
 
     chosen: dict = field(default_factory=dict)
     sort: str = DEFAULT_SORT
+    group: str = ""
     errors: list[str] = field(default_factory=list)
 
 
@@ -74,6 +79,11 @@ def read_query(params, experiment_ids: set[int]) -> ListQuery:
         except ListError as err:
             query.chosen[name] = ""
             query.errors.append(f"{err.field}: {err}")
+    group = params.get("group", "").strip()
+    if group in GROUPS or not group:
+        query.group = group
+    else:
+        query.errors.append(f"group: no grouping “{group[:40]}” (one of {', '.join(GROUPS)})")
     sort = params.get("sort", DEFAULT_SORT).strip() or DEFAULT_SORT
     if sort.lstrip("-") in COLUMNS:
         query.sort = sort
@@ -133,3 +143,15 @@ def sorted_runs(runs, sort: str):
     known = [r for r in listed if r.figures[figure] is not None]
     known.sort(key=lambda r: r.figures[figure], reverse=descending)  # stable: newest first among equals
     return known + [r for r in listed if r.figures[figure] is None]
+
+
+def grouped(runs, query: ListQuery):
+    """The sorted runs with each one's ``group`` label, a group's runs together (groups by name,
+    the sort kept inside each); unchanged without a grouping."""
+    if not query.group:
+        return runs
+    listed = list(runs) if isinstance(runs, list) else with_table_figures(list(runs))
+    label = GROUPS[query.group]
+    for r in listed:
+        r.group = label(r)
+    return sorted(listed, key=lambda r: r.group.lower())  # stable: the sort's order inside a group

@@ -14,7 +14,7 @@ from learner.config import SCHEDULES
 
 from .forms import NoteForm
 from .models import Comparison, Run, join_tags
-from .run_table import COLUMNS, ListQuery, read_query, sorted_runs, with_table_figures
+from .run_table import COLUMNS, GROUPS, ListQuery, grouped, read_query, sorted_runs, with_table_figures
 from .runlog import run_dir
 from .views import owned_runs
 
@@ -65,7 +65,7 @@ def sort_label(sort: str) -> str:
 def runs_list(request):
     experiments = request.user.experiments.order_by("name")
     query = read_query(request.GET, set(experiments.values_list("id", flat=True)))
-    runs = sorted_runs(filtered_runs(request.user, query), query.sort)
+    runs = grouped(sorted_runs(filtered_runs(request.user, query), query.sort), query)
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     shown = list(page.object_list)
     if shown and not hasattr(shown[0], "figures"):  # sorted by a database column: this page's figures only
@@ -73,7 +73,8 @@ def runs_list(request):
     params = request.GET.copy()
     params.pop("page", None)
     context = {
-        "page": page, "runs": shown, "chosen": {**query.chosen, "sort": query.sort}, "query": params.urlencode(),
+        "page": page, "runs": shown, "chosen": {**query.chosen, "sort": query.sort, "group": query.group},
+        "query": params.urlencode(), "groups": GROUPS,
         "errors": query.errors, "headers": header_links(request.GET, query.sort),
         "schedules": SCHEDULES, "statuses": Run.Status.values, "experiments": experiments,
         "sorts": {**SORT_CHOICES, **({} if query.sort in SORT_CHOICES else {query.sort: sort_label(query.sort)})},

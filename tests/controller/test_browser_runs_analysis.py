@@ -1,6 +1,6 @@
 """The runs list as an analysis table, in a real browser against the real app: metric columns from
 the stored step metrics, a sort on every column, a bad sort or filter said (not ignored), ticked
-rows compared; a comparison's page links to its runs, follows their status, and is deleted with
+rows compared, grouped by experiment, schedule or tag; a comparison's page links to its runs, follows their status, and is deleted with
 its runs kept."""
 
 import re
@@ -70,6 +70,11 @@ def test_the_fastest_streaming_run_is_found_ticked_with_sync_and_compared(
     error = page.inner_text("#runs-error")
     assert "sort: no column “fastest”" in error and "status: no status “nope”" in error
     assert len(names(page)) == 4
+    # grouped by experiment, fastest first inside each group
+    page.goto(f"{live_url}/runs/?group=experiment&sort=step_s")
+    assert page.evaluate("[...document.querySelectorAll('#runs-list tr.group-row')].map((tr) => tr.textContent)") == [
+        "experiment: other", "experiment: quickstart"]
+    assert names(page) == ["other experiment's", "streaming fast", "streaming slow", "sync run"]
 
     # from the list alone: the experiment's runs, fastest median step first
     page.goto(f"{live_url}/runs/")
@@ -139,6 +144,12 @@ def test_every_column_sorts_both_ways_and_a_figureless_run_comes_last(alice, ana
     assert page.context["errors"] == ["schedule: no schedule “warp” (one of sync, async, fully-async, streaming)",
                                       "experiment: no experiment #abc among yours"]
     assert len(page.context["runs"]) == 5
+    page = client.get("/runs/", {"group": "colour"})
+    assert page.status_code == 400 and page.context["errors"] == [
+        "group: no grouping “colour” (one of experiment, schedule, tag)"]
+    Run.objects.filter(name="sync run").update(tags=",baseline,")
+    listed = [(r.group, str(r)) for r in client.get("/runs/", {"group": "tag", "sort": "name"}).context["runs"]]
+    assert listed[0] == ("(no tag)", "no steps yet") and listed[-1] == ("baseline", "sync run")
     # another user's comparison cannot be deleted
     bob = type(alice).objects.create_user("bob2", password="x")
     other = Client()
