@@ -49,7 +49,8 @@ class ModelConfig(Strict):
                          json_schema_extra={"server_path": "model"})
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's GPU)")
+        "cpu", description="where the learner trains and the torch engine and teacher run (cuda: the node's first "
+                           "GPU, or each process's own as placement says)")
     cache_dir: str | None = Field(None, description="where built-in models are cached (default ~/.cache/thundersync)",
                                   json_schema_extra={"server_path": "run"})
     builtin_seed: int = Field(
