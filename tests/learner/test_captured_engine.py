@@ -76,3 +76,14 @@ def test_a_step_that_cannot_be_captured_runs_the_static_step_eagerly_and_says_wh
     assert engine.capture_error == "RuntimeError: operation not permitted when stream is capturing"
     assert engine.stats.extra["capture_error"] == engine.capture_error
     assert [c.token_ids for c in got] == [c.token_ids for c in both(tiny_model(), PROMPTS, params, None)[0]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_on_cuda_the_replayed_graph_samples_the_eager_engines_tokens():
+    model = tiny_model().cuda()
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=[2, 3])
+    engine = CapturedEngine(model, pad_id=0)
+    static = engine.generate(PROMPTS, params, [11, 12, 13, 14, 15])
+    assert engine.capture and engine.capture_error is None  # the graph replayed
+    eager = TorchEngine(model, pad_id=0, continuous_batching=False).generate(PROMPTS, params, [11, 12, 13, 14, 15])
+    assert [c.token_ids for c in static] == [c.token_ids for c in eager]
