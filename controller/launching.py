@@ -14,6 +14,7 @@ from .broker import enqueue, enqueue_or_withdraw
 from .models import Comparison, Experiment, Run, Schedule
 from .outages import OUTAGE_ERRORS
 from .overrides import format_override
+from .disk_quota import check_disk
 from .quotas import QuotaExceeded, check_config, check_queue, quota_for
 from .frames import status_frame
 
@@ -33,6 +34,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     overrides = overrides or {}
     config = run_config(experiment.config, schedule.overrides(), steps, name, overrides)
     check_config(experiment.owner, config)
+    check_disk(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)

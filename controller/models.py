@@ -266,6 +266,7 @@ class UserQuota(models.Model):
     generator_setting = models.PositiveIntegerField(
         null=True, blank=True, help_text="any number in a reasoning-gym dataset's options")
     keep_checkpoints = models.PositiveIntegerField(null=True, blank=True, help_text="train.keep_checkpoints of one run")
+    disk_mb = models.PositiveIntegerField(null=True, blank=True, help_text="MB all of the user's run directories hold")
 
     def __str__(self):
         return f"quota of {self.user}"

@@ -1,5 +1,5 @@
 """Per-user quotas: trajectories and tokens per step, steps per run, processes per run,
-generator sizes, checkpoints kept, runs at once, runs waiting.
+generator sizes, checkpoints kept, disk per user, runs at once, runs waiting.
 
 Site defaults are ``THUNDERSYNC_QUOTA_DEFAULTS``; a ``UserQuota`` row (admin) overrides
 any of them for one user. Config limits are checked when an experiment is saved and again
@@ -23,7 +23,7 @@ from .models import Run, UserQuota
 
 LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs", "rollout_workers",
           "learner_world_size", "task_size", "processes", "tokens_per_step", "generator_setting",
-          "keep_checkpoints")
+          "keep_checkpoints", "disk_mb")
 # Per-run resources: config path -> the quota that bounds it (processes, generated items, disk).
 RESOURCE_LIMITS = {"rollout.workers": "rollout_workers", "rollout.replicas": "rollout_workers",
                    "learner.world_size": "learner_world_size", "task.size": "task_size",
@@ -47,6 +47,7 @@ class Quota:
     tokens_per_step: int
     generator_setting: int
     keep_checkpoints: int
+    disk_mb: int
 
 
 class QuotaExceeded(Exception):

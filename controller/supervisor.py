@@ -32,6 +32,7 @@ from learner.stopping import sweep_semaphores
 
 from . import liveness, nodes, ownership, runlog, warm
 from .child_env import run_environment
+from .disk_quota import DiskWatch
 from .processes import die_with_parent, me
 from .ingestion import RunIngestor, finish_run
 from .priority import yield_to_runs
@@ -257,6 +258,7 @@ class RunWatch:
         self.child, self.ingestor, self.run_id, self.spans_nodes = child, ingestor, run_id, spans_nodes
         self.me = me()
         self.db = DatabaseRetry(run_id, self.me)
+        self.disk = DiskWatch(run_id)
         self.stopping: str | None = None  # why the learner is being stopped: cancelled / lost / a failure
         self.failure = ""
         self.kill_at: float | None = None
@@ -305,6 +307,8 @@ class RunWatch:
             self.stop("cancelled", "cancel requested")
         if self.spans_nodes and not self.ingestor.failure and (failure := nodes.node_failure(self.run_id)):
             self.stop("failed", failure)  # a node's task died or failed: the run fails everywhere
+        if over := self.disk.over():  # the owner's runs outgrew their disk quota (controller/disk_quota.py)
+            self.stop("failed", over)
 
     def watchdogs(self, now: float) -> None:
         if self.child.reader_error:

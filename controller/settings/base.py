@@ -169,7 +169,9 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "tokens_per_step": 4_194_304,
     "generator_setting": 100,
     "keep_checkpoints": 10,
+    "disk_mb": 50_000,  # what a user's run directories hold (controller/disk_quota.py)
 }
+THUNDERSYNC_DISK_CHECK_S = 30.0  # how often a run's supervisor measures its owner's disk use
 
 # Login throttling (controller/login_throttle.py): failures counted per (account, address)
 # and per address; past a limit each attempt waits a cool-down after the last failure.
