@@ -310,9 +310,13 @@ def main() -> int:
     print(json.dumps(env))
     runs = {}
     if args.runs:  # first: fresh processes on a device this one has not touched yet
-        with tempfile.TemporaryDirectory(prefix="gpu-check-runs-") as work:
-            runs = trainer_runs(args.device, args.run_size or args.sizes.split(",")[0], args.runs.split(","),
-                                args.run_steps, args.run_prompts, args.run_group_size, Path(work), args.run_timeout)
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpu-check-runs-") as work:
+                runs = trainer_runs(args.device, args.run_size or args.sizes.split(",")[0], args.runs.split(","),
+                                    args.run_steps, args.run_prompts, args.run_group_size, Path(work),
+                                    args.run_timeout)
+        except Exception as exc:  # recorded: the sizes still run
+            runs = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
     results = {}
     for size in args.sizes.split(","):
         try:
