@@ -279,6 +279,14 @@ def check_size(size: str, device: torch.device, args: argparse.Namespace) -> dic
     return out
 
 
+def arm_list(text: str) -> str:
+    """--runs: a comma list of ``ARMS`` names, or '' for none."""
+    unknown = [a for a in text.split(",") if a and a not in ARMS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown run {unknown[0]!r} (choose from {', '.join(ARMS)})")
+    return ",".join(a for a in text.split(",") if a)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -294,7 +302,7 @@ def main() -> int:
                     help="how the learner step learns the batch: one backward per trajectory as it arrives, "
                          "grouped micro-batches of --grouped-chunk arrivals (learner/grad/grouped.py), or both")
     ap.add_argument("--grouped-chunk", type=int, default=16, help="arrivals per grouped micro-batch")
-    ap.add_argument("--runs", default="sync,streaming,streaming-captured",
+    ap.add_argument("--runs", default="sync,streaming,streaming-captured", type=arm_list,
                     help=f"thundersync train runs of the bench workload, of {', '.join(ARMS)} ('' for none)")
     ap.add_argument("--run-size", help="their policy's size (default: the first of --sizes)")
     ap.add_argument("--run-steps", type=int, default=4, help="steps per run, the first dropped as warm-up")
