@@ -93,6 +93,11 @@ def _fsync_dir(path: Path) -> None:
 BEHAVIOR = "behavior.safetensors"
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a read-only or vanished directory): one
+    line naming it; what was half written is removed."""
+
+
 def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep: int,
                     behavior: dict | None = None) -> Path:
     """Write the checkpoint of the boundary after step ``state.steps_done - 1``; returns its path.
@@ -105,14 +110,19 @@ def save_checkpoint(out_dir: str | Path, model, optimizer, state: RunState, keep
     for stale in final.parent.glob(".tmp-*"):  # a run killed while writing (one writer per directory)
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    tmp.mkdir()
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
-    save_file(tensors, str(tmp / "model.safetensors"))
-    if behavior is not None:
-        save_file(behavior, str(tmp / BEHAVIOR))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(asdict(state)))
-    _commit(tmp)
+    try:
+        tmp.mkdir()
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+        save_file(tensors, str(tmp / "model.safetensors"))
+        if behavior is not None:
+            save_file(behavior, str(tmp / BEHAVIOR))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(asdict(state)))
+        _commit(tmp)
+    except Exception as err:  # noqa: BLE001 - a full disk surfaces as OSError, safetensors' or torch's own error
+        shutil.rmtree(tmp, ignore_errors=True)  # the committed checkpoints before it stay as they are
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0]
+        raise CheckpointWriteError(f"cannot write the checkpoint {final}: {reason}") from err
     if final.exists():  # a resumed run that passes the same step again
         discard(final)
     os.rename(tmp, final)

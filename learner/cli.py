@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from learner import stopping
-from learner.checkpoint import CHECKPOINTS, RUN_CONFIG, latest_checkpoint, remove_uncommitted, write_run_config
+from learner.checkpoint import (CHECKPOINTS, RUN_CONFIG, CheckpointWriteError, latest_checkpoint, remove_uncommitted,
+                                write_run_config)
 from learner.checkpoint_integrity import damaged_dir, newest_intact
 from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
@@ -222,6 +223,10 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
         return stop.exit_code
     except EventsUnwritable:
         raise
+    except CheckpointWriteError as exc:  # a full disk: which checkpoint and why, not a traceback
+        sink.emit({"type": "run", "status": "failed", "error": str(exc)})
+        print(f"thundersync: run failed: {exc}", file=sys.stderr)
+        return 1
     except RolloutError as exc:  # e.g. a task's reward failed on a row: its reason, not our traceback
         reason = str(exc).splitlines()[0]
         sink.emit({"type": "run", "status": "failed", "error": f"RolloutError: {reason}"})
