@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from learner.bench.measure import load_events, measured_steps
+from learner.bench.measure import BenchError, load_events, measured_steps
 from learner.timeline import Metric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,11 @@ def train_once(cfg: dict, work: Path, timeout_s: float) -> dict:
     if proc.returncode != 0:
         out["error"] = " | ".join(proc.stderr.strip().splitlines()[-4:])
         return out
-    steps = measured_steps(load_events(events), warmup=1)
+    try:
+        steps = measured_steps(load_events(events), warmup=1)
+    except (BenchError, OSError, ValueError) as exc:  # the run ended without a measured step
+        out["error"] = str(exc).splitlines()[0]
+        return out
     out["steps_measured"] = len(steps)
     for key in KEPT:
         values = [s[key] for s in steps if key in s]
