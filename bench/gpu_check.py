@@ -317,7 +317,7 @@ def main() -> int:
            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "workload": {k: v for k, v in vars(args).items() if k != "json"}}
     print(json.dumps(env))
     runs = {}
-    if args.runs:  # first: fresh processes on a device this one has not touched yet
+    if args.runs:  # first: fresh processes, before this one holds models and caches on the device
         try:
             with tempfile.TemporaryDirectory(prefix="gpu-check-runs-") as work:
                 runs = trainer_runs(args.device, args.run_size or args.sizes.split(",")[0], args.runs.split(","),
