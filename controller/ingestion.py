@@ -18,6 +18,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from . import live, trajectories
+from .assignments import Assignments
 from .models import Checkpoint, Run, StepMetric
 from .frames import log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
 from .serializers import SPAN_FIELDS
@@ -77,6 +78,7 @@ class RunIngestor:
         self._metrics: dict[int, dict] = {}
         self._checkpoints: list[Checkpoint] = []
         self._trajectories: list = []  # TrajectoryRecord, after their step (controller/trajectories.py)
+        self._assignments = Assignments()  # fully-async: its rollout spans' steps (controller/assignments.py)
         self._became_running = False
         self._log: deque[tuple[int, str]] = deque()  # (line number, text) from the stderr reader thread
         self._last_flush = time.monotonic()
@@ -133,6 +135,8 @@ class RunIngestor:
             self._checkpoints.append(Checkpoint(run_id=self.run_id, step=event["step"], path=event["path"]))
         elif kind == "trajectory":
             self._trajectories.append(trajectories.record_from_event(self.run_id, event))
+        elif kind == "assignment":
+            self._assignments.take(event)
         elif kind == "run":
             self._take_run_event(event)
         else:
@@ -156,7 +160,7 @@ class RunIngestor:
 
     def pending(self) -> bool:
         return bool(self._spans or self._metrics or self._checkpoints or self._trajectories or self._became_running
-                    or self._log)
+                    or self._log or self._assignments.pending)
 
     def wait_s(self) -> float:
         """How long the supervisor may wait for the next line before it must call flush_if_due."""
@@ -181,6 +185,7 @@ class RunIngestor:
         self._last_flush = time.monotonic()
         try:
             with transaction.atomic():
+                self._assignments.apply(self.run_id, spans)  # before the spans are written
                 write_spans(self.run_id, spans)
                 StepMetric.objects.bulk_create(
                     [StepMetric(run_id=self.run_id, step=step, values=values) for step, values in metrics.items()],
@@ -196,6 +201,7 @@ class RunIngestor:
             self._metrics = {**metrics, **self._metrics}
             self._became_running = self._became_running or became_running
             raise
+        self._assignments.committed()
         if became_running:
             live.publish(self.run_id, status_frame(Run.objects.get(pk=self.run_id)))
         if spans:

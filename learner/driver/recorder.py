@@ -38,6 +38,12 @@ class Recorder:
         for s in spans:
             self.emit_span(s)
 
+    def assign(self, step: int, trajs: list[Trajectory]) -> None:
+        """``trajs`` are trained in ``step``: fully-async rolls a group out before any step takes
+        it, so its rollout spans carry step -1 until this event (docs/spans.md, "Assignment"),
+        which the controller applies to them; ``policy_version`` stays the sampling version."""
+        self.sink.emit({"type": "assignment", "step": step, "trajs": [t.id for t in trajs]})
+
     def begin_step(self, step: int) -> None:
         self.step, self.first_backward = step, None
 

@@ -31,6 +31,7 @@ from learner.config import RunConfig
 from learner.driver import rules
 from learner.driver.metrics import StepRecord
 from learner.driver.pipeline import BatchGate, GroupPool
+from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer
 from learner.driver.rollouts import Rollouts
 from learner.grad.learner_common import PhaseCallback
@@ -46,6 +47,7 @@ class Driver(Protocol):
     rollouts: Rollouts
     learner: Learner
     checkpoints: Checkpointer
+    recorder: Recorder  # the span stream
     on_phase: PhaseCallback  # the learner's phases become spans
 
     def learn(self, items: list[Trajectory | ScoredTurn]) -> None: ...
@@ -190,6 +192,7 @@ class FullyAsync:
             for t in self.pool.pop_members(g):
                 t.step = rec.step
                 rec.trajs.append(t)
+        run.recorder.assign(rec.step, rec.trajs)  # their rollout spans were stamped -1
         return list(rec.trajs)
 
     def after_publish(self, run: Driver) -> None:

@@ -77,6 +77,18 @@ def test_fully_async_respects_the_staleness_bound():
     # a trajectory with A = 0 exactly (a zero-variance group) has no backward: it is counted instead
     skipped = [int(m["values"]["learner/skipped_trajectories"]) for m in sink.metrics()]
     assert [len(t) + k for t, k in zip(per_step.values(), skipped)] == [train.prompts_per_step * train.group_size] * train.steps
+    # each step names the trajectories it took, after their rollout spans (stamped -1, before any
+    # step took them) and before the step's first backward; the controller re-tags them from it
+    events = sink.events
+    assigned = {e["step"]: (i, set(e["trajs"])) for i, e in enumerate(events) if e.get("type") == "assignment"}
+    assert sorted(assigned) == list(range(train.steps))
+    for step, (at, trajs) in assigned.items():
+        assert len(trajs) == train.prompts_per_step * train.group_size and per_step[step] <= trajs
+        rolled = [i for i, e in enumerate(events) if e.get("type") == "span" and e["traj"] in trajs
+                  and e["kind"].startswith("rollout.")]
+        assert rolled and max(rolled) < at and all(events[i]["step"] == -1 for i in rolled)
+        assert all(i > at for i, e in enumerate(events) if e.get("type") == "span" and e["kind"] == "learner.backward"
+                   and e["step"] == step)
 
 
 def test_every_step_emits_the_span_kinds_and_verl_metrics(streaming_run):
