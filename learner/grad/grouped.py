@@ -75,6 +75,12 @@ class Destinations:
         self.gather[self.dest[order], slot] = self.tokens[order]
         self.keep[self.dest[order], slot] = True
         self.gather_flat = self.gather.reshape(-1)
+        self._keep: dict[torch.dtype, torch.Tensor] = {}
+
+    def keep_as(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._keep:
+            self._keep[dtype] = self.keep.to(dtype)
+        return self._keep[dtype]
 
 
 class GroupedGradients:
@@ -135,6 +141,12 @@ class GroupedGradients:
         self._grads, self._recent = [None] * len(self.params), []
         return out
 
+    def segment_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Per destination, the sum of a (lines, width) per-token tensor over its tokens (count,)."""
+        dest = self._dest
+        return torch.zeros(dest.count, dtype=values.dtype, device=values.device).index_add_(
+            0, dest.dest, values.reshape(-1)[dest.tokens])
+
     # -- hooks ---------------------------------------------------------------------------------
     def _hook(self, module: nn.Module, kind: str):
         def forward_hook(mod, args, output):
@@ -167,7 +179,7 @@ class GroupedGradients:
                 return value
         dest = self._dest
         a = saved.reshape(dest.n, -1).index_select(0, dest.gather_flat).view(dest.count, -1, saved.shape[-1])
-        value = a.to(dtype) * dest.keep.to(dtype)
+        value = a.to(dtype) * dest.keep_as(dtype)
         self._recent = [(key, value), *self._recent[:1]]
         return value
 

@@ -68,11 +68,11 @@ class GroupedPool:
                                      fwd.logp.dtype, device)
             aux = None if fwd.aux is None else fwd.w * fwd.aux
             grouped_into(host.acc, self.grouped, pg_terms, aux, open_tokens, dests)
-        with torch.no_grad():
-            tally.add(fwd, (pg_terms * (1 - open_tokens)).sum())
-            for key in {k for k in keys if k is not None}:
-                mine = grid.place([[float(k == key)] * len(r.ids) for r, k in zip(rows, keys)], fwd.logp.dtype, device)
-                tally.add_bucket(key[0], key[1], (pg_terms * mine).sum())
+            with torch.no_grad():  # the loss curve: G's part now, each bucket's at its group's close
+                tally.add(fwd, (pg_terms * (1 - open_tokens)).sum())
+                for key, value in zip(dests, self.grouped.segment_sums(pg_terms.detach())):
+                    if key is not None:
+                        tally.add_bucket(key[0], key[1], value)
         for b, row in enumerate(fwd.rows):
             host.logprobs.keep(row.traj, fwd.row_logp(b))
         return fwd, None
