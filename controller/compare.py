@@ -204,9 +204,22 @@ def time_to_reward(rows: list[dict], level: float | None, start: float | None,
 
 
 def default_reward_level(all_rows: list[list[dict]], weight: float) -> float | None:
-    """The highest smoothed reward/mean every run with rewards reached at least once."""
-    bests = [max(v for _, v in found) for found in (smoothed_rewards(rows, weight) for rows in all_rows) if found]
-    return min(bests) if bests else None
+    """The highest smoothed reward/mean that every run crosses after its first step: above each
+    run's first smoothed reward and reached by each at a later step, so the time to it measures
+    learning, not the first batch's luck. None when no level is (a run whose reward never rises
+    above its first step's, or one with a single rewarded step): the page says so. The best every
+    run reached at least once, the earlier default, was the first step's reward whenever a
+    reward fell, and read "(step 0)" for every run."""
+    curves = [[v for _, v in smoothed_rewards(rows, weight)] for rows in all_rows]
+    curves = [c for c in curves if c]
+    if not curves or any(len(c) < 2 for c in curves):
+        return None
+    level = min(max(c[1:]) for c in curves)
+    return level if level > max(c[0] for c in curves) else None
+
+
+NO_LEVEL = ("no reward level is crossed by every run after its first step: the smoothed reward of some run "
+            "never rises above its first step's (type a level to read the time to it)")
 
 
 def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) -> dict:
@@ -243,7 +256,8 @@ def speculation_figures(rows: list[dict]) -> dict:
 def compare_summary(runs: list[Run], level: float | None = None, weight: float = DEFAULT_SMOOTHING) -> dict:
     """The compare page's summary table (GET /api/compare/): see docs/pages.md."""
     rows = step_rows([r.pk for r in runs])
-    if level is None:
+    chosen = level is not None
+    if not chosen:
         level = default_reward_level([rows[r.pk] for r in runs], weight)
     figures = [run_figures(r, rows[r.pk], level, weight) for r in runs]
     reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
@@ -261,4 +275,5 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
         f["speedup_p90"] = reference["step_s"] / f["step_p10_s"] if reference and f["step_p10_s"] else None
     return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s, "learner_s": learner_s,
             "reward_level": level, "reward_smoothing": weight,
+            "reward_level_note": NO_LEVEL if level is None and not chosen else "",
             "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

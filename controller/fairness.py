@@ -76,10 +76,13 @@ def warnings(runs: list[Run], steps_done: dict[int, int]) -> list[str]:
     return found
 
 
-def fair_key(run: Run) -> tuple:
-    """Runs with the same key differ in their schedule only (once the knobs are left out)."""
+def fair_key(run: Run, knobs: set[str]) -> tuple:
+    """Runs with the same key differ in their schedule only: ``knobs``, the paths any of the
+    candidates' presets sets, are left out of every run's key (fully-async's preset sets
+    train.max_staleness, which a sync run holds at its default: leaving it out of fully-async's
+    key alone set it apart from every other run), and the launch overrides are kept in."""
     flat = flatten(run.config)
-    kept = {p: v for p, v in flat.items() if p not in OWN_PATHS | set(run.schedule.overrides())}
+    kept = {p: v for p, v in flat.items() if p not in OWN_PATHS | (knobs - set(run.overrides))}
     return run.experiment_id, train_value(run, "steps"), run.config.get("seed"), repr(sorted(kept.items()))
 
 
@@ -92,8 +95,9 @@ def comparable_latest(runs: list[Run], steps_done: dict[int, int]) -> tuple[list
     if not complete:
         return [], "No run has finished all its steps yet."
     groups: dict[tuple, dict[str, Run]] = {}
+    knobs = schedule_paths(complete)
     for r in sorted(complete, key=lambda r: r.created, reverse=True):
-        groups.setdefault(fair_key(r), {}).setdefault(r.schedule.kind, r)
+        groups.setdefault(fair_key(r, knobs), {}).setdefault(r.schedule.kind, r)
     for group in groups.values():  # dicts keep insertion order: newest group first
         picked = [r for r in group.values() if steps_done[r.pk] >= MIN_STEPS]
         if len(picked) >= 2:

@@ -97,7 +97,10 @@ export async function drawSummary(table, note, warnings, runIds, level = null, s
   head.append(headerRow(summary.reward_level, columns));
   body.append(...summary.runs.map((r) => runRow(r, summary.reference, columns)));
   table.replaceChildren(head, body);
-  note.textContent = describe(summary);
+  // no automatic level: say why rather than show a time to a level nobody crossed
+  const why = summary.reward_level_note ? ` Time to reward: ${summary.reward_level_note}.` : "";
+  note.textContent = describe(summary) + why;
   table.dataset.rewardLevel = summary.reward_level === null ? "" : String(summary.reward_level);
+  table.dataset.rewardNote = summary.reward_level_note ?? "";
   return summary;
 }

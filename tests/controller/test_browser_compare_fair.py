@@ -93,11 +93,16 @@ def test_time_to_reward_reads_smoothed_reward_at_a_visible_level(live_url, brows
     """Before the fix: the level was the raw reward's, invisible, and the chart had no smoothing."""
     page, errors = browser_page
     sync, streaming = runs["sync"], runs["streaming"]
+    for r, base in ((sync, 0.2), (streaming, 0.25)):  # rising: a level every run crosses after its first step
+        for m in StepMetric.objects.filter(run=r):
+            m.values["reward/mean"] = base + 0.1 * m.step
+            m.save()
     log_in(page, live_url, "alice", "alice-password")
     open_compare(page, live_url, sync, streaming)
     rewards = {r.pk: [m.values["reward/mean"] for m in StepMetric.objects.filter(run=r).order_by("step")]
                for r in (sync, streaming)}
-    level = min(max(smoothed(v, 0.8)) for v in rewards.values())
+    level = min(max(smoothed(v, 0.8)[1:]) for v in rewards.values())
+    assert level > max(v[0] for v in rewards.values())
     assert page.input_value("#reward-smoothing") == "0.8"
     assert float(page.input_value("#reward-level")) == pytest.approx(level, abs=1e-4)  # the level in use, shown
     traces = page.evaluate("document.getElementById('chart-reward').data.map((t) => ({name: t.name, y: t.y}))")
@@ -106,13 +111,14 @@ def test_time_to_reward_reads_smoothed_reward_at_a_visible_level(live_url, brows
     first = {r.pk: StepMetric.objects.get(run=r, step=0).values["step/t_start"] for r in (sync, streaming)}
     for r in (sync, streaming):
         crossing = next(i for i, v in enumerate(smoothed(rewards[r.pk], 0.8)) if v >= level)
+        assert crossing >= 1
         end = StepMetric.objects.get(run=r, step=crossing).values["step/t_end"]
         cell = page.get_attribute(f"#compare-summary tr[data-run-id='{r.pk}'] td[data-field='time_to_reward_s']",
                                   "data-value")
         assert float(cell) == pytest.approx(end - first[r.pk])
     # raw reward instead: the level and the lines follow
     page.select_option("#reward-smoothing", "0")
-    raw_level = min(max(v) for v in rewards.values())
+    raw_level = min(max(v[1:]) for v in rewards.values())
     page.wait_for_function("(level) => Math.abs(Number(document.getElementById('reward-level').value) - level) < 1e-4",
                            arg=raw_level)
     assert errors == []
