@@ -12,6 +12,7 @@ import { readableLog } from "./logview.js";
 import { foldLanes, zoomedLanes } from "./lanefold.js";
 import { TrajectoryTable, trajectoryRows } from "./trajtable.js";
 import { TrajectoryRecords, renderTrajectoryText } from "./trajrecords.js";
+import { processFigure } from "./processchart.js";
 
 const TERMINAL = new Set(["finished", "succeeded", "done", "failed", "cancelled", "canceled"]);
 const MAX_RETRY_MS = 5000;
@@ -196,6 +197,7 @@ for (const input of [el.laneMode, $("traj-step")]) {
   });
 }
 
+$("process-quantity").addEventListener("change", () => drawCharts());
 el.foldLanes.addEventListener("change", () => { laneWindow = null; followEpoch++; requestGantt({ now: true }); });
 
 function watchUserZoom() {
@@ -276,6 +278,7 @@ async function drawMetrics() {
       s(METRIC.STALENESS_MEAN, "mean", 1, { colour: "#b07aa1" }),
       s(METRIC.STALENESS_MAX, "max", 1, { colour: "#b07aa1", dash: "dot" }),
     ], { yTitle: "policy versions" })),
+    draw($("chart-processes"), processFigure(list, $("process-quantity").value)),
   ]);
 }
 const metricPanel = new MetricPanel($("metric-panel"), { onScreen });

@@ -67,6 +67,20 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
         shown = page.evaluate("[...document.querySelectorAll('#metric-picker label')].filter((l) => !l.hidden).map((l) => l.dataset.metric)")
         assert shown == found, (words, shown)
     assert page.inner_text("#metric-picker label[data-metric='system/driver/rss_mb'] .metric-role") == "driver / learner · RSS (MB)"
+    # every process on one wall-clock chart, named by its role, its points the stored samples
+    stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
+    processes = "document.getElementById('chart-processes')"
+    for quantity in ("cpu_percent", "rss_mb"):
+        page.select_option("#process-quantity", quantity)
+        page.locator("#chart-processes").scroll_into_view_if_needed()
+        page.wait_for_function(f"{processes}.layout?.uirevision === 'processes-{quantity}' && {processes}.data?.length >= 2")
+        lines = {t["name"]: t for t in page.evaluate(f"{processes}.data.map((t) => ({{name: t.name, x: t.x, y: t.y}}))")}
+        assert {"driver / learner", "rollout worker 0"} <= set(lines), list(lines)
+        learner = [v[f"system/driver/{quantity}"] for v in stored if f"system/driver/{quantity}" in v]
+        assert lines["driver / learner"]["y"] == pytest.approx(learner)
+        start = min(v["step/t_start"] for v in stored)
+        assert lines["driver / learner"]["x"] == pytest.approx(
+            [v["step/t_end"] - start for v in stored if f"system/driver/{quantity}" in v])
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
     for name in ("actor/entropy", "actor/kl_loss", "system/rollout_0/rss_mb"):
         pick_metrics(page, [name])
