@@ -6,8 +6,9 @@ model the shared-memory tensors by reference: ``collective_rpc`` calls the model
 ``load_weights`` (which fuses q/k/v and gate/up as it does at start-up), then the prefix
 cache is reset so no KV block computed with the old weights can serve a later request.
 
-Sampling: one vLLM request per prompt with its own ``seed`` (per-request generator, so a
-trajectory samples the same tokens whatever batch it lands in), stop on the stop token ids
+Sampling: one vLLM request per prompt, keyed by its stream (``rollout/vllm_keyed.py``: the
+logits processor draws the torch engine's keyed Gumbel-max, so a trajectory samples the same
+tokens whatever batch it lands in and a draft can be verified), stop on the stop token ids
 (the stop token is kept in the output, as the torch engine does), and ``logprobs=0`` with
 ``logprobs_mode='raw_logprobs'``: the log-prob of the sampled token under the model's own
 distribution, log softmax(z)_y before temperature/top-p, which is what the learner
@@ -25,7 +26,9 @@ from typing import Mapping
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.engine import Completion, EngineStats, OnDone, SamplingParams, report_all
+from learner.rollout.engine import Admit, Completion, EngineStats, OnDone, SamplingParams, Stream, stream_of
+from learner.rollout.step_cost import StepCost
+from learner.rollout.vllm_steps import run_requests
 from learner.rollout.vllm_layout import serving_dir
 
 KV_CACHE_BYTES_MAX = 2**30  # vLLM's CPU default is 4 GiB per engine; ours fit their batch
@@ -69,12 +72,16 @@ class VllmEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU start-up warnings are benign here
         from vllm import LLM
 
+        from learner.rollout.vllm_keyed import KeyedGumbelProcessor
+
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RopeCacheReloadNotice())
 
         if cfg.rollout.temperature > MAX_TEMPERATURE:
             raise ValueError(f"rollout.temperature: the vllm engine samples at temperature <= {MAX_TEMPERATURE}, "
                              f"got {cfg.rollout.temperature}")
         self.replica, self.version, self.stats = replica, 0, EngineStats()
+        self.continuous_batching = True  # rows join and drafts yield between engine steps (vllm_steps.py)
+        self.step_cost = StepCost()  # learned from its steps: where a draft fits (rollout/drafts.py)
         self.pad_id = tokenizer.pad_token_id
         self._tmp = tempfile.TemporaryDirectory(prefix=f"thundersync-vllm-{replica}-")
         model_dir, self.layout = serving_dir(policy_dir, self._tmp.name)
@@ -96,37 +103,46 @@ class VllmEngine:
             enforce_eager=True, enable_prefix_caching=enable_prefix_caching, block_size=BLOCK_SIZE,
             kv_cache_memory_bytes=kv_bytes, logprobs_mode="raw_logprobs", skip_tokenizer_init=True,
             generation_config="vllm",  # no sampling defaults from generation_config.json
-            max_num_seqs=max_seqs,
+            max_num_seqs=max_seqs, logits_processors=[KeyedGumbelProcessor],
+            max_logprobs=-1,  # full-vocabulary prompt log-probs (``logits``: verification, tests)
         )
         self.stats.extra["startup_s"] = time.monotonic() - t0
 
-    def _vllm_params(self, params: SamplingParams, seed: int, max_tokens: int):
+    def _vllm_params(self, params: SamplingParams, seed: "int | Stream", max_tokens: int):
+        """vLLM greedy; at temperature > 0 the keyed processor has chosen the token it takes."""
         from vllm import SamplingParams as VSP
 
-        return VSP(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
+        from learner.rollout.vllm_keyed import keyed_args
+
+        keyed = keyed_args(stream_of(seed), params.temperature, params.top_p) if params.temperature > 0 else None
+        return VSP(max_tokens=max_tokens, temperature=0.0, extra_args=keyed,
                    logprobs=0, stop_token_ids=list(params.stop_token_ids), ignore_eos=True,
                    detokenize=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 seeds: list[int] | None = None, on_done: OnDone | None = None) -> list[Completion]:
+                 seeds: "list[int | Stream] | None" = None, on_done: OnDone | None = None,
+                 admit: Admit | None = None, keys: list | None = None, cut=None) -> list[Completion]:
+        """As the torch engine's (``Engine.generate``), continuously batched (``vllm_steps.py``);
+        ``keys`` are not needed: vLLM's prefix cache finds a context's keys/values itself."""
         if not prompts:
             return []
         seeds = seeds if seeds is not None else [params.seed + b for b in range(len(prompts))]
-        too_long = [len(p) for p in prompts if len(p) >= self.max_model_len]
-        if too_long:
-            raise ValueError(f"prompts: a prompt of {too_long[0]} tokens leaves no room in max_model_len {self.max_model_len}")
-        sps = [self._vllm_params(params, s, min(params.max_new_tokens, self.max_model_len - len(p)))
-               for p, s in zip(prompts, seeds)]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
-        result = []
-        for out in outs:
-            c = out.outputs[0]
-            # logprobs=0: one dict per sampled token holding exactly that token's log-prob
-            logps = [float(step[tok].logprob) for tok, step in zip(c.token_ids, c.logprobs)]
-            result.append(Completion(list(c.token_ids), logps, c.finish_reason == "stop"))
+
+        def request(prompt: list[int], seed):
+            if len(prompt) >= self.max_model_len:
+                raise ValueError(f"prompts: a prompt of {len(prompt)} tokens leaves no room in max_model_len "
+                                 f"{self.max_model_len}")
+            # a Stream that starts at n continues a turn: at most max_new_tokens - n more tokens
+            room = min(params.max_new_tokens - stream_of(seed).start, self.max_model_len - len(prompt))
+            return self._vllm_params(params, seed, room)
+
+        for p in prompts:
+            request(p, seeds[0])  # a prompt too long fails before any request starts
+        result = run_requests(self.llm.llm_engine, list(zip(prompts, seeds)), request, on_done, admit, cut,
+                              self.step_cost)
         self.stats.calls += 1
         self.stats.tokens_out += sum(len(c.token_ids) for c in result)
-        return report_all(result, on_done)  # LLM.generate returns the whole batch at once
+        return result
 
     def push_weights(self, named_tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy the tensors into the served model (no cache reset: ``load_weights`` is the
@@ -156,6 +172,31 @@ class VllmEngine:
         outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
         return [[0.0] + [float(d[tok].logprob) for tok, d in zip(seq[1:], o.prompt_logprobs[1:])]
                 for seq, o in zip(sequences, outs)]
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Full-vocabulary raw log-probs from one prefill of each sequence: row j - 1 is
+        log softmax(z) of position j given the tokens before it, (len - 1, V) float32. The keyed
+        sample of a row equals that of its logits up to the rounding of the shift by logsumexp;
+        for the small vocabularies this is meant for (each entry comes back as a Python object)."""
+        from vllm import SamplingParams as VSP
+
+        sp = VSP(max_tokens=1, prompt_logprobs=-1, detokenize=False, temperature=0.0)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        result = []
+        for o in outs:
+            rows = torch.full((len(o.prompt_logprobs) - 1, vocab), float("-inf"))
+            for j, d in enumerate(o.prompt_logprobs[1:]):
+                rows[j, list(d)] = torch.tensor([lp.logprob for lp in d.values()])
+            result.append(rows)
+        return result
+
+    def verify_drafts(self, drafts: list, temperature: float, top_p: float, keep=None) -> list:
+        """Drafts' verdicts under the loaded weights from a vLLM prefill (``vllm_verify.py``);
+        ``keep`` is not needed: vLLM's prefix cache keeps the kept prefix's keys/values."""
+        from learner.rollout.vllm_verify import verify_on_vllm
+
+        return verify_on_vllm(self, drafts, temperature, top_p)
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
