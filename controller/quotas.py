@@ -105,6 +105,9 @@ def check_cost(quota: Quota, config: dict) -> None:
         if cost.value > bound:
             raise QuotaExceeded(cost.inputs[0], f"{cost.formula}, over your quota of {bound} {what}",
                                 inputs=cost.inputs)
+    for path, value in run_cost.dataset_sizes(config):
+        if value > quota.task_size:
+            raise QuotaExceeded(path, f"{path} = {value} is over your quota of {quota.task_size} (task_size)")
     for path, value in run_cost.generator_settings(config):
         if abs(value) > quota.generator_setting:
             raise QuotaExceeded(path, (f"{path} = {value} is over your quota of {quota.generator_setting} for a "

@@ -5,8 +5,9 @@ and fair use")."""
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# A reasoning-gym dataset's own options that are not sizes of what it generates.
-NOT_A_SIZE = {"seed"}
+# A reasoning-gym dataset's own options that are not sizes of one generated item: its seed,
+# and how many items (bounded by the task_size quota, as task.size is).
+NOT_A_SIZE = {"seed", "size"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def tokens_per_step(config: dict) -> Cost:
 def generator_settings(config: dict) -> Iterator[tuple[str, float]]:
     """(config path, value) of every number in a reasoning-gym dataset's options: the terms,
     digits, lengths, sizes of what it generates, which a step's generation and scoring time
-    grow with; lists and nested options included; booleans and ``seed`` are not sizes."""
+    grow with; lists and nested options included; booleans, ``seed`` and ``size`` are not."""
     if config["task"]["name"] != "reasoning-gym":
         return
     for i, dataset in enumerate(config["task"].get("datasets") or []):
@@ -68,3 +69,13 @@ def generator_settings(config: dict) -> Iterator[tuple[str, float]]:
                 stack.extend((f"{path}[{j}]", value) for j, value in enumerate(node))
             elif isinstance(node, (int, float)) and not isinstance(node, bool):
                 yield path, node
+
+
+def dataset_sizes(config: dict) -> Iterator[tuple[str, int]]:
+    """(config path, value) of each reasoning-gym dataset's own ``size`` option."""
+    if config["task"]["name"] != "reasoning-gym":
+        return
+    for i, dataset in enumerate(config["task"].get("datasets") or []):
+        size = (dataset.get("config") or {}).get("size")
+        if isinstance(size, (int, float)) and not isinstance(size, bool):
+            yield f"task.datasets[{i}].config.size", size

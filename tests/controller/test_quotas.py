@@ -157,6 +157,13 @@ def test_a_reasoning_gym_generator_setting_is_bounded(alice_client, value):
         "(terms, digits, sizes of what it generates)")
 
 
+def test_a_datasets_own_size_is_bounded_by_the_task_size_quota_not_as_a_setting(alice_client):
+    task = {"name": "reasoning-gym", "size": 100, "datasets": [
+        {"name": "basic_arithmetic", "config": {"size": 200_000, "max_terms": 3}}]}
+    assert refusal(alice_client, {**QUICKSTART, "task": task}) == (
+        "task.datasets[0].config.size = 200000 is over your quota of 100000 (task_size)")
+
+
 def test_checkpoints_kept_are_bounded(alice_client):
     assert refusal(alice_client, with_section("train", keep_checkpoints=1000)) == (
         "train.keep_checkpoints = 1000 is over your quota of 10")
