@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.set_defaults(func=cmd_audit)
 
-    for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run")):
+    for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run"), ("race", "learner.bench.race")):
         try:
             module = importlib.import_module(path)
         except ImportError as err:  # the other commands still work; this one says why it cannot
