@@ -106,26 +106,26 @@ def step_figures(rows: list[dict]) -> dict:
             "learner_idle": mean_of(rows, Metric.TRAINER_IDLE), "staleness": mean_of(rows, Metric.STALENESS_MEAN)}
 
 
-def sync_reference(run: Run, syncs: list[Run]) -> Run | None:
-    """The sync run of ``run``'s comparison it is measured against: in a sweep, the one launched with
-    the same swept value."""
+def sync_references(run: Run, syncs: list[Run]) -> list[Run]:
+    """The sync runs of ``run``'s comparison it is measured against: in a sweep, those launched
+    with the same swept value (several with repeats)."""
     sweep = run.comparison.sweep_field if run.comparison_id else ""
-    same = [s for s in syncs if s.comparison_id == run.comparison_id
+    return [s for s in syncs if s.comparison_id == run.comparison_id
             and (not sweep or s.overrides.get(sweep) == run.overrides.get(sweep))]
-    return same[0] if same else None
 
 
 def with_table_figures(runs: list[Run]) -> list[Run]:
     """Each run with ``figures`` (step_figures, and ``speedup``: its comparison's sync run's median
-    step over its own; None outside a comparison with a sync run)."""
+    step over its own, the median of the sync runs' with repeats; None outside a comparison with a
+    sync run)."""
     comparisons = {r.comparison_id for r in runs if r.comparison_id}
     syncs = list(Run.objects.filter(comparison_id__in=comparisons, schedule__kind="sync").order_by("id"))
     rows = step_rows(sorted({r.pk for r in runs} | {s.pk for s in syncs}))
     sync_step = {s.pk: median_of(rows[s.pk], Metric.STEP_S) for s in syncs}
     for r in runs:
         r.figures = step_figures(rows[r.pk])
-        reference = sync_reference(r, syncs) if r.comparison_id else None
-        ref_s = sync_step.get(reference.pk) if reference else None
+        steps = [sync_step[s.pk] for s in sync_references(r, syncs)] if r.comparison_id else []
+        ref_s = statistics.median([v for v in steps if v is not None] or [0.0])
         r.figures["speedup"] = ref_s / r.figures["step_s"] if ref_s and r.figures["step_s"] else None
     return runs
 

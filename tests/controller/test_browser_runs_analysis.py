@@ -150,6 +150,13 @@ def test_every_column_sorts_both_ways_and_a_figureless_run_comes_last(alice, ana
     Run.objects.filter(name="sync run").update(tags=",baseline,")
     listed = [(r.group, str(r)) for r in client.get("/runs/", {"group": "tag", "sort": "name"}).context["runs"]]
     assert listed[0] == ("(no tag)", "no steps yet") and listed[-1] == ("baseline", "sync run")
+    # repeats: the speedup is over the median of the comparison's sync runs' median steps
+    again = make_run(alice_experiment, runs["sync run"].schedule, steps=4, name="sync again",
+                     comparison=runs["sync run"].comparison)
+    store_steps(again, 3.0)
+    figures = {str(r): r.figures for r in client.get("/runs/").context["runs"]}
+    assert figures["streaming fast"]["speedup"] == pytest.approx((2.015 + 3.015) / 2 / 1.015)
+    assert figures["other experiment's"]["speedup"] is None  # in no comparison
     # another user's comparison cannot be deleted
     bob = type(alice).objects.create_user("bob2", password="x")
     other = Client()
