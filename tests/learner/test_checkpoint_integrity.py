@@ -19,6 +19,7 @@ from learner.checkpoint import COMMITTED, RunState, list_checkpoints, load_check
 from learner.checkpoint_integrity import damage, newest_intact
 
 from .test_checkpoint_commit import tiny_checkpoints
+from .test_checkpoint_full_disk import FULL_DISK_AT
 
 CLI = [sys.executable, "-m", "learner.cli"]
 
@@ -110,23 +111,31 @@ def test_resume_with_no_intact_checkpoint_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_trained_run_whose_newest_checkpoint_was_overwritten_resumes_from_the_one_before(tmp_path):
-    """2 sync steps, a checkpoint after each; 256 bytes of the newest model overwritten at the
-    same size: --resume names it, continues from step 0's and ends with an intact step-1 one."""
-    out, config = tmp_path / "out", tmp_path / "small.yaml"
+def test_a_run_stopped_by_a_full_disk_whose_newest_checkpoint_is_then_damaged_resumes_from_the_one_before(tmp_path):
+    """3 sync steps, a checkpoint after each; the disk fills while step 2's is written: the run
+    fails in one line, steps 0 and 1 committed. Then 256 bytes of step 1's model are overwritten
+    at the same size: --resume names it, continues from step 0's, trains steps 1 and 2 again."""
+    out, config, inject = tmp_path / "out", tmp_path / "small.yaml", tmp_path / "inject"
     small = yaml.safe_load(Path("configs/quickstart.yaml").read_text())
     small["task"]["tool_latency"] = {"distribution": "none"}
     small["rollout"]["max_new_tokens"] = 12
     small["train"].update(prompts_per_step=2, group_size=2, schedule="sync")
     config.write_text(yaml.safe_dump(small))
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(FULL_DISK_AT)
+    full_disk = {**os.environ, "THUNDERSYNC_TEST_FULL_AT": ".tmp-step-000002-",
+                 "PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
     procs = []
     try:
-        procs.append(subprocess.Popen(CLI + ["train", "--quiet", "--config", str(config), "--steps", "2",
+        procs.append(subprocess.Popen(CLI + ["train", "--quiet", "--config", str(config), "--steps", "3",
                                              "--checkpoint-every", "1", "--output", str(out)],
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
-        first_err = procs[0].communicate(timeout=300)[1]
-        assert procs[0].returncode == 0, first_err
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True, env=full_disk))
+        full_err = procs[0].communicate(timeout=300)[1]
+        assert procs[0].returncode == 1 and "Traceback" not in full_err, full_err
+        assert full_err.strip().splitlines()[-1] == (f"thundersync: run failed: cannot write the checkpoint "
+                                                     f"{out}/checkpoints/step-000002: No space left on device")
         newest = list_checkpoints(out)[-1]
+        assert newest.name == "step-000001" and not list((out / "checkpoints").glob(".tmp-*"))
         overwrite_same_size(newest / "model.safetensors", offset=4096)
         procs.append(subprocess.Popen(CLI + ["train", "--quiet", "--resume", str(out)], stderr=subprocess.PIPE,
                                       text=True, start_new_session=True))
@@ -140,6 +149,6 @@ def test_a_trained_run_whose_newest_checkpoint_was_overwritten_resumes_from_the_
     skipped = [line for line in resumed_err.splitlines() if "damaged checkpoint" in line]
     assert len(skipped) == 1 and str(newest) in skipped[0] and "Traceback" not in resumed_err
     trained = [line.split()[1] for line in resumed_err.splitlines() if line.startswith("step ")]
-    assert trained == ["1"], resumed_err  # step 1 trained again, from step 0's checkpoint
-    assert [p.name for p in list_checkpoints(out)] == ["step-000000", "step-000001"]
-    assert damage(list_checkpoints(out)[-1]) is None
+    assert trained == ["1", "2"], resumed_err  # from step 0's checkpoint
+    assert [p.name for p in list_checkpoints(out)] == ["step-000000", "step-000001", "step-000002"]
+    assert all(damage(path) is None for path in list_checkpoints(out))
