@@ -91,7 +91,7 @@ def commit_point(run: Run, run_dir: Path) -> None:
     acknowledged = set(run.checkpoints.values_list("step", flat=True)) & set(on_disk)
     # a damaged one does not count (learner/checkpoint_integrity.py): the learner would skip it,
     # and removing the newer ones for it could leave nothing to resume from
-    intact = [step for step in sorted(acknowledged, reverse=True) if damage(on_disk[step]) is None][:1]
+    intact = [step for step in sorted(acknowledged, reverse=True) if damage(on_disk[step], load_unverified=False) is None][:1]
     if not intact:
         return
     for step, path in on_disk.items():

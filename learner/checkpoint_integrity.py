@@ -56,11 +56,16 @@ def state_problem(text: str) -> str | None:
     return None
 
 
-def damage(path: Path) -> str | None:
-    """Why checkpoint ``path`` cannot be resumed from (one line), or None when it is intact."""
+def damage(path: Path, load_unverified: bool = True) -> str | None:
+    """Why checkpoint ``path`` cannot be resumed from (one line), or None when it is intact.
+    ``load_unverified=False``: a checkpoint without digests is judged by its ``state.json``
+    alone, without importing torch (the web app's worker; the learner loads it whole)."""
     try:
         marker = json.loads((path / COMMITTED).read_text()) if (path / COMMITTED).exists() else {}
         digests = marker.get("sha256")
+        if digests is None and not load_unverified:
+            problem = state_problem((path / "state.json").read_text())
+            return f"state.json: {problem}" if problem else None
         if digests is None:
             return _unverifiable_loads(path)
         for name in sorted(set(marker["files"]) | set(digests)):
