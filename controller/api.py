@@ -29,7 +29,7 @@ EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str
 SCHEDULE_FIELDS = {"name": (str,), "kind": (str,), "knobs": (dict,)}
 RUN_FIELDS = {"experiment": (int,), "schedule": (int,), "steps": (int,), "name": (str,), "overrides": (dict, str)}
 COMPARISON_FIELDS = {"experiment": (int,), "schedules": (list,), "steps": (int,), "name": (str,),
-                     "overrides": (dict, str), "sweep": (dict,)}
+                     "overrides": (dict, str), "sweep": (dict,), "repeats": (int,)}
 SWEEP_FIELDS = {"field": (str,), "values": (list, str)}
 
 
@@ -129,7 +129,7 @@ def comparisons(request):
     data = validated(form).cleaned_data
     try:
         comparison = launch_comparison(experiment, data["schedules"], data["steps"], data["name"], data["overrides"],
-                                       sweep_of(data))
+                                       sweep_of(data), data["repeats"])
     except (ConfigError, QuotaExceeded) as err:
         field, status, reason = launch_error(err, "schedules", data)
         raise ApiError(status, {field: reason}) from None

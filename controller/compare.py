@@ -16,9 +16,9 @@ from learner.timeline import Metric, window_metrics
 
 from .fairness import warnings
 from .models import Run, Span, StepMetric
+from .pooled import REFERENCE_SCHEDULE, pooled_summary
 
 MIN_COMPARED, MAX_COMPARED = 2, 4
-REFERENCE_SCHEDULE = "sync"
 MAX_ID = 2**31 - 1
 # Time to reward reads an exponential moving average of reward/mean: per-step rewards of a few
 # groups swing widely, so the first step whose raw reward passes a level is mostly luck.
@@ -273,7 +273,9 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
         # the speedup's spread: the reference's median over this run's p90 and p10 step
         f["speedup_p10"] = reference["step_s"] / f["step_p90_s"] if reference and f["step_p90_s"] else None
         f["speedup_p90"] = reference["step_s"] / f["step_p10_s"] if reference and f["step_p10_s"] else None
+    pooled = pooled_summary(runs, rows)  # repeats of a schedule together, with intervals (controller/pooled.py)
     return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s, "learner_s": learner_s,
+            "pooled": pooled, "trained_warnings": [g["trained_warning"] for g in pooled if g["trained_warning"]],
             "reward_level": level, "reward_smoothing": weight,
             "reward_level_note": NO_LEVEL if level is None and not chosen else "",
             "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

@@ -5,7 +5,9 @@ slot: the worker that takes it starts the queued run that is fairest now. That i
 the user with a queued run, fewer running runs than their ``concurrent_runs`` quota, and
 the longest time since one of their runs started (never first), their oldest queued run
 first. So users who queue many runs at once interleave with everyone else instead of
-starving them. A slot that finds nothing it may start is dropped; when a run ends, one
+starving them. A comparison's runs start one at a time, in the order they were launched (its
+alternating rounds, controller/launching.py): two of them training at once would share the
+cores, and their ratio would measure that contention. A slot that finds nothing it may start is dropped; when a run ends, one
 slot is sent again if runs are waiting (``top_up``), which is when a limit frees up.
 
 The pick and the claim (queued -> starting) happen in one transaction under a PostgreSQL
@@ -14,7 +16,7 @@ embedded demo, has one worker and serialises writers anyway).
 """
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from .broker import enqueue
@@ -30,9 +32,15 @@ def waiting():
     return Run.objects.filter(status=Run.Status.QUEUED, cancel_requested=False)
 
 
+def startable():
+    """Waiting runs that may start now: not one of a comparison with a run starting or running."""
+    busy = Run.objects.filter(status__in=ACTIVE, comparison__isnull=False).values("comparison_id")
+    return waiting().filter(Q(comparison__isnull=True) | ~Q(comparison_id__in=busy))
+
+
 def next_run_id() -> int | None:
     """The queued run that should start now (see the module doc), or None."""
-    owners = dict(waiting().values_list("experiment__owner").annotate(oldest=Min("created")))
+    owners = dict(startable().values_list("experiment__owner").annotate(oldest=Min("created")))
     if not owners:
         return None
     running = dict(Run.objects.filter(status__in=ACTIVE, experiment__owner__in=owners)
@@ -45,7 +53,7 @@ def next_run_id() -> int | None:
         return None
     never = timezone.now().replace(year=1)
     user = min(eligible, key=lambda u: (last_start.get(u) or never, owners[u], u))
-    return waiting().filter(experiment__owner=user).order_by("created", "id").values_list("id", flat=True)[0]
+    return startable().filter(experiment__owner=user).order_by("created", "id").values_list("id", flat=True)[0]
 
 
 def claim_next_run(task_id: str = "") -> int | None:

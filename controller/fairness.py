@@ -70,10 +70,24 @@ def warnings(runs: list[Run], steps_done: dict[int, int]) -> list[str]:
     if short:
         found.append(f"Too few steps to measure ({_listing(short, [steps_done[r.pk] for r in short])} steps; "
                      f"at least {MIN_STEPS} for a median).")
-    kinds = [(r.schedule.kind, repr(sorted(r.overrides.items()))) for r in runs]
-    if len(set(kinds)) < len(kinds):
+    if shared_schedule(runs):
         found.append("Two runs share a schedule: the comparison is between repeats, not schedules.")
     return found
+
+
+def shared_schedule(runs: list[Run]) -> bool:
+    """Two runs of one schedule and the same overrides, other than one comparison's repeats
+    (which its summary pools: controller/pooled.py)."""
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.schedule.kind, repr(sorted(r.overrides.items()))), []).append(r)
+
+    def repeats(members: list[Run]) -> bool:
+        first = members[0]
+        return (len({r.comparison_id for r in members}) == 1 and first.comparison_id is not None
+                and first.comparison.repeats > 1)
+
+    return any(len(members) > 1 and not repeats(members) for members in groups.values())
 
 
 def fair_key(run: Run, knobs: set[str]) -> tuple:

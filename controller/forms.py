@@ -21,6 +21,9 @@ MAX_CONFIG_CHARS = MAX_YAML_CHARS
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
 DEFAULT_SCHEDULE = "streaming"
 COMPARED_PRESETS = ("sync", "async", "streaming")  # ticked by default in "compare schedules"
+# a comparison's runs per schedule: 2 by default, so each schedule has a repeat in another round;
+# a sweep 1 by default (its values already multiply its runs up to MAX_COMPARED)
+DEFAULT_REPEATS, SWEEP_REPEATS, MAX_REPEATS = 2, 1, 4
 
 
 class ConfigField(forms.Field):
@@ -168,6 +171,11 @@ class ComparisonForm(forms.Form):
     steps = forms.IntegerField(min_value=MIN_COMPARED_STEPS, max_value=MAX_STEPS,
                                help_text=f"the same for every run; at least {MIN_COMPARED_STEPS} for a median")
     name = forms.CharField(max_length=200, required=False)
+    repeats = forms.IntegerField(
+        required=False, widget=forms.NumberInput(attrs={"min": 1, "max": MAX_REPEATS,
+                                                        "placeholder": f"{DEFAULT_REPEATS} (a sweep: {SWEEP_REPEATS})"}),
+        error_messages={"invalid": f"a whole number of runs per schedule, 1-{MAX_REPEATS}"},
+        help_text=f"runs per schedule, 1-{MAX_REPEATS}, in alternating rounds, one run at a time; the summary pools them")
     overrides = OverridesField(required=False, help_text=OVERRIDES_HELP + "; the same for every run")
     sweep_field = forms.CharField(max_length=200, required=False, label="Sweep field",
                                   help_text="optional: one config field, e.g. train.lr")
@@ -186,6 +194,14 @@ class ComparisonForm(forms.Form):
     def clean_schedules(self):
         # in schedule order: sync first, the compare page's 1.00x reference
         return sorted(self.cleaned_data["schedules"], key=lambda s: (SCHEDULES.index(s.kind), s.name))
+
+    def clean_repeats(self):
+        repeats = self.cleaned_data.get("repeats")
+        if repeats is None:  # not given: a required field would refuse any other None
+            return SWEEP_REPEATS if self.data.get("sweep_field") or self.data.get("sweep_values") else DEFAULT_REPEATS
+        if not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+            raise ValidationError(f"between 1 and {MAX_REPEATS} runs per schedule")
+        return repeats
 
     def clean_sweep_field(self):
         field = self.cleaned_data["sweep_field"].strip()

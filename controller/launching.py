@@ -55,30 +55,39 @@ class Sweep:
     values: list[Any]
 
 
+def rounds(cells: list, repeats: int) -> list[tuple[int, Any]]:
+    """(round, cell) in launch order: every cell once per round, odd rounds in reverse (A B, B A,
+    A B, ...), so a drift of the machine's speed over the comparison lands on every schedule
+    alike instead of on whichever runs last; dispatch starts them in this order, one at a time."""
+    return [(k, cell) for k in range(repeats) for cell in (cells if k % 2 == 0 else cells[::-1])]
+
+
 def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "",
-                      overrides: dict[str, Any] | None = None, sweep: Sweep | None = None) -> Comparison:
-    """One run per schedule of the experiment's config (per sweep value and schedule with a
-    ``sweep``), all with ``steps``, the config's seed and ``overrides``, as one comparison. All or
-    none are queued: a ConfigError or QuotaExceeded (as launch_run) of any run rolls every row
-    back, and the owner's row lock (quotas.check_queue) is held until the last one is counted."""
+                      overrides: dict[str, Any] | None = None, sweep: Sweep | None = None,
+                      repeats: int = 1) -> Comparison:
+    """``repeats`` runs per schedule of the experiment's config (per sweep value and schedule with
+    a ``sweep``) in alternating rounds (``rounds``), all with ``steps``, the config's seed and
+    ``overrides``, as one comparison. All or none are queued: a ConfigError or QuotaExceeded (as
+    launch_run) of any run rolls every row back, and the owner's row lock (quotas.check_queue) is
+    held until the last one is counted."""
     values = [(None, {})] if sweep is None else [(v, {sweep.field: v}) for v in sweep.values]
+    cells = [(value, swept, schedule) for value, swept in values for schedule in schedules]
     runs = []
     with transaction.atomic():
-        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps,
+        comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps, repeats=repeats,
                                                sweep_field=sweep.field if sweep else "",
                                                sweep_values=sweep.values if sweep else [])
         label = name or f"{'sweep' if sweep else 'comparison'} {comparison.pk}"
         try:
-            for value, swept in values:
-                for schedule in schedules:
-                    run_name = (f"{label} · {schedule.name}"
-                                + (f" · {format_override(sweep.field, value)}" if sweep else ""))
-                    runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
-                                           overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
+            for k, (value, swept, schedule) in rounds(cells, repeats):
+                run_name = (f"{label} · {schedule.name}" + (f" · {format_override(sweep.field, value)}" if sweep else "")
+                            + (f" · round {k + 1}" if repeats > 1 else ""))
+                runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
+                                       overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
         except QuotaExceeded as err:
             if err.status != 429:
                 raise
-            raise queue_full(experiment, comparison, len(values) * len(schedules)) from None
+            raise queue_full(experiment, comparison, len(cells) * repeats) from None
         transaction.on_commit(partial(enqueue_all_or_withdraw, comparison.pk, [(r.pk, r.celery_task_id) for r in runs]))
     return comparison
 

@@ -128,6 +128,9 @@ class Comparison(models.Model):
     # a sweep: one config field over a few values, one run per value and schedule
     sweep_field = models.CharField(max_length=200, blank=True)
     sweep_values = models.JSONField(default=list, blank=True)
+    # runs per schedule (and sweep value), launched in alternating rounds and run one at a time
+    # (controller/dispatch.py), so the machine's drift spreads over every schedule; the summary pools them
+    repeats = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         ordering = ["-created", "-id"]

@@ -8,7 +8,7 @@ import copy
 
 from .compare import MAX_COMPARED, MIN_COMPARED
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
-from .forms import MAX_CONFIG_CHARS, MAX_STEPS
+from .forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_REPEATS, MAX_STEPS
 from .limits import INT32_MAX
 from .models import Run, Schedule
 from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES
@@ -145,6 +145,9 @@ SCHEMAS = {
                       "description": "the same for every run (the seed is the config's)"},
             "name": text(200),
             "overrides": OVERRIDES,
+            "repeats": {"type": "integer", "minimum": 1, "maximum": MAX_REPEATS, "default": DEFAULT_REPEATS,
+                        "description": "runs per schedule (and sweep value), launched in alternating rounds and "
+                                       "run one at a time; the summary pools them"},
             "sweep": {
                 "type": "object", "additionalProperties": False, "required": ["field", "values"],
                 "description": (f"one config field over 2-{MAX_SWEEP_VALUES} values: one run per value and schedule, "
@@ -164,6 +167,7 @@ SCHEMAS = {
         "properties": {
             "id": {"type": "integer"}, "name": {"type": "string"}, "experiment": {"type": "integer"},
             "steps": {"type": "integer"}, "url": {"type": "string", "description": "its compare page"},
+            "repeats": {"type": "integer", "description": "runs per schedule (and sweep value)"},
             "sweep": {"type": ["object", "null"], "properties": {"field": {"type": "string"}, "values": {"type": "array"}}},
             "note": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
             "created": {"type": "string", "format": "date-time"},
@@ -282,6 +286,21 @@ SCHEMAS = {
             "warnings": {"type": "array", "items": {"type": "string"},
                          "description": "what makes a ratio between these runs unfair (empty: nothing)"},
             "runs": {"type": "array", "items": ref("CompareRun")},
+            "reward_level_note": {"type": "string", "description": "why there is no automatic reward level (empty: "
+                                                                   "there is one, or the level was chosen)"},
+            "pooled": {"type": "array", "description": "per schedule preset and overrides: its runs' steps pooled "
+                                                        "(controller/pooled.py)", "items": {"type": "object", "properties": {
+                "label": {"type": "string"}, "schedule": {"type": "string"},
+                "runs": {"type": "array", "items": {"type": "integer"}}, "steps": {"type": "integer"},
+                "step_s": NULLABLE_NUMBER | {"description": "median step over the pooled steps"},
+                "step_ci90": {"type": ["array", "null"], "items": {"type": "number"}, "description": "bootstrap 90%"},
+                "speedup_vs_sync": NULLABLE_NUMBER, "speedup_ci90": {"type": ["array", "null"], "items": {"type": "number"}},
+                "speedup_spans_one": {"type": "boolean", "description": "the speedup's interval admits 1"},
+                "reward_mean": NULLABLE_NUMBER, "response_length_vs_sync": NULLABLE_NUMBER,
+                "response_length_vs_sync_ci90": {"type": ["array", "null"], "items": {"type": "number"}},
+                "trained_warning": {"type": ["string", "null"]}}}},
+            "trained_warnings": {"type": "array", "items": {"type": "string"},
+                                 "description": "schedules that trained other trajectories than sync's (learner/bench/trained.py)"},
         },
     },
 }

@@ -64,7 +64,8 @@ def comparison_json(comparison: Comparison) -> dict:
     runs = comparison.runs.select_related("experiment", "schedule").order_by("id")
     sweep = {"field": comparison.sweep_field, "values": comparison.sweep_values} if comparison.sweep_field else None
     return {"id": comparison.pk, "name": str(comparison), "experiment": comparison.experiment_id,
-            "steps": comparison.steps, "sweep": sweep, "url": f"/comparisons/{comparison.pk}/",
+            "steps": comparison.steps, "repeats": comparison.repeats, "sweep": sweep,
+            "url": f"/comparisons/{comparison.pk}/",
             "note": comparison.note, "tags": comparison.tag_list(), "created": iso(comparison.created),
             "runs": [run_json(r) for r in runs]}
 

@@ -111,7 +111,7 @@ def compare_schedules(request, experiment_id: int):
     found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
     form = ComparisonForm(request.POST, user=request.user, experiment=found)
     comparison = try_launch(form, "schedules", lambda data: launch_comparison(
-        found, data["schedules"], data["steps"], data["name"], data["overrides"], sweep_of(data)))
+        found, data["schedules"], data["steps"], data["name"], data["overrides"], sweep_of(data), data["repeats"]))
     if comparison:
         return redirect("comparison", comparison.pk)
     return experiment_page(request, found, LaunchForm(user=request.user), form)

@@ -4,6 +4,7 @@ import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
 import { fetchSpans, getJSON } from "./api.js";
 import { drawSummary } from "./summary.js";
+import { drawPooled } from "./pooled.js";
 import { MetricPanel, metricPoints } from "./metricpanel.js";
 import { METRIC } from "./conventions.js";
 import { drawSweep } from "./sweepplot.js";
@@ -145,6 +146,7 @@ function watchSummary() {
     const summary = await drawSummary($("compare-summary"), $("summary-note"), $("compare-warnings"),
       runs.map((r) => r.id), chosen, Number(smoothing.value));
     if (chosen === null && summary.reward_level !== null) input.value = String(Number(summary.reward_level.toFixed(4)));
+    drawPooled($("pooled-panel"), $("compare-pooled"), $("trained-warnings"), summary);
     lastSummary = summary;
     await drawReward(summary.reward_level, summary.reward_smoothing);
     await drawSweepPanel();

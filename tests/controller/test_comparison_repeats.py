@@ -1,0 +1,73 @@
+"""A comparison's repeats: POST /api/comparisons/ takes ``repeats`` (default 2, a sweep 1, bounded,
+a bad value named), launches the runs in alternating rounds, and dispatch starts them one at a
+time while other runs still start beside them."""
+
+import pytest
+
+from controller.dispatch import claim_next_run
+from controller.models import Comparison, Run, Schedule
+
+from .conftest import make_run, post_json
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def presets(db):
+    return [Schedule.objects.create(owner=None, name=k, kind=k) for k in ("sync", "async", "streaming")]
+
+
+def body(experiment, presets, **more):
+    return {"experiment": experiment.pk, "schedules": [p.pk for p in presets], "steps": 3, **more}
+
+
+def test_repeats_default_to_two_in_alternating_rounds(alice_client, alice_experiment, presets):
+    response = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets))
+    assert response.status_code == 201, response.content
+    assert response.json()["repeats"] == 2
+    runs = list(Comparison.objects.get().runs.order_by("created", "id"))
+    assert [r.schedule.kind for r in runs] == ["sync", "async", "streaming", "streaming", "async", "sync"]
+    Run.objects.update(status=Run.Status.CANCELLED)  # out of the queue quota's count
+    three = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets[:2], repeats=3))
+    runs = Comparison.objects.get(pk=three.json()["id"]).runs.order_by("created", "id")
+    assert [r.schedule.kind for r in runs] == ["sync", "async", "async", "sync", "sync", "async"]
+    Run.objects.update(status=Run.Status.CANCELLED)
+    sweep = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets[:2],
+                                                             sweep={"field": "train.lr", "values": [1e-4, 3e-4]}))
+    assert sweep.json()["repeats"] == 1 and len(sweep.json()["runs"]) == 4
+
+
+@pytest.mark.parametrize("repeats, reason", [
+    (0, "between 1 and 4 runs per schedule"), (5, "between 1 and 4 runs per schedule"),
+    ("2", "expected an integer"), (2.5, "expected an integer"), (True, "expected an integer"),
+])
+def test_a_bad_repeats_is_named_and_nothing_is_stored(alice_client, alice_experiment, presets, repeats, reason):
+    response = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets, repeats=repeats))
+    assert response.status_code == 400, response.content
+    assert reason in str(response.json()["errors"]["repeats"])
+    assert Comparison.objects.count() == 0 and Run.objects.count() == 0
+
+
+def test_a_bad_repeats_from_the_experiment_page_is_said_on_its_field(alice_client, alice_experiment, presets):
+    form = {"schedules": [p.pk for p in presets[:2]], "steps": 3, "repeats": "many"}
+    page = alice_client.post(f"/experiments/{alice_experiment.pk}/compare/", form)
+    assert page.status_code == 400 and "a whole number of runs per schedule, 1-4" in page.content.decode()
+    assert Comparison.objects.count() == 0
+
+
+def test_a_comparisons_runs_start_one_at_a_time_in_launch_order(alice_client, alice_experiment, presets):
+    post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets[:2]))
+    order = list(Comparison.objects.get().runs.order_by("created", "id").values_list("id", flat=True))
+    alone = make_run(alice_experiment, presets[0], status=Run.Status.QUEUED, name="not in a comparison")
+    first = claim_next_run()
+    assert first == order[0]
+    # the user's quota allows 2 at once: the second slot goes to the run outside the comparison
+    assert claim_next_run() == alone.pk
+    Run.objects.filter(pk=alone.pk).update(status=Run.Status.SUCCEEDED)
+    assert claim_next_run() is None  # the comparison's next run waits for its first to end
+    started = [first]
+    for _ in order[1:]:
+        Run.objects.filter(pk=started[-1]).update(status=Run.Status.SUCCEEDED)
+        started.append(claim_next_run())
+        assert claim_next_run() is None
+    assert started == order
