@@ -58,6 +58,7 @@ def test_a_comparison_launches_repeats_in_alternating_rounds_and_pools_them_with
     page.wait_for_selector("#compare-app[data-live='0']", timeout=30_000)
     page.wait_for_function("document.querySelectorAll('#compare-summary td[data-field=speedup_vs_sync]').length === 4")
     assert page.inner_text("#live-note") == ""
+    assert page.is_hidden("#compare-warnings")  # repeats of one comparison are not "two runs share a schedule"
 
     # pooled: one row per schedule over both its runs' steps, the median and the ratio with their intervals
     page.wait_for_selector("#pooled-panel:not([hidden]) #compare-pooled tbody tr")
