@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.bench.intervals import median_interval
+from learner.bench.race_report import write_html
 from learner.bench.run import Runner, machine_info
 from learner.cli_args import number, schedule_list
 from learner.config import SCHEDULES, load_config
@@ -188,7 +189,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
     if args.html:
-        from learner.bench.race_report import write_html
-
-        write_html(doc, Path(args.html))
+        write_html(doc, Path(args.html), summary_lines(doc))
     return 0

@@ -26,13 +26,12 @@ def _figure(doc: dict[str, Any], x: str, title: str) -> go.Figure:
     return fig
 
 
-def write_html(doc: dict[str, Any], path: Path) -> None:
-    from learner.bench.race import summary_lines
-
+def write_html(doc: dict[str, Any], path: Path, summary: list[str]) -> None:
+    """The report of race ``doc`` with its ``summary`` lines above the figures."""
     figs = [_figure(doc, "seconds", "Smoothed reward against wall-clock"),
             _figure(doc, "tokens", "Smoothed reward against trained tokens")]
     body = "".join(f.to_html(full_html=False, include_plotlyjs=False) for f in figs)
-    lines = "".join(f"<li>{html.escape(line)}</li>" for line in summary_lines(doc))
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in summary)
     m = doc["machine"]
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>thundersync race</title>"
