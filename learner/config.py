@@ -205,10 +205,9 @@ class RolloutConfig(Strict):
     def _speculation_needs_keyed_engine(self) -> "RolloutConfig":
         if not self.speculation.enabled:
             return self
-        if self.engine != "torch":
-            raise ValueError("rollout.speculation: needs engine torch; vLLM's sampler is not keyed per "
-                             "(stream, position), so a draft cannot be verified token for token (docs/vllm.md)")
-        if not self.continuous_batching:
+        # vLLM samples keyed too (rollout/vllm_keyed.py) and batches continuously itself; its size
+        # limit (the vocabulary verification reads whole) is checked when the engine starts
+        if self.engine == "torch" and not self.continuous_batching:
             raise ValueError("rollout.speculation: needs continuous_batching true (drafts yield to the current "
                              "step's rows between decode steps)")
         return self

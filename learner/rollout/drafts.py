@@ -172,7 +172,9 @@ def verify_next(worker: LoopHost) -> bool:
         keep = KeepKV(store, trajs, _room(worker, set(trajs)) + store.held_tokens(),
                       [lp.parked is None for lp in chunk])  # (a parked draft has finished)
     t0 = worker.now()
-    verdicts = verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id, keep=keep)
+    own = getattr(worker.engine, "verify_drafts", None)  # an engine with its own forward (vLLM: vllm_verify.py)
+    verdicts = (own(views, ro.temperature, ro.top_p, keep=keep) if own is not None else
+                verify(worker.engine.model, views, ro.temperature, ro.top_p, worker.engine.pad_id, keep=keep))
     t1 = worker.now()
     for lp, view, verdict in zip(chunk, views, verdicts):
         worker.verifying.discard(lp.traj)

@@ -28,12 +28,15 @@ import torch
 from learner.config import RunConfig
 from learner.rollout.engine import Admit, Completion, EngineStats, OnDone, SamplingParams, Stream, stream_of
 from learner.rollout.step_cost import StepCost
-from learner.rollout.vllm_steps import run_requests
+from learner.rollout.vllm_steps import VllmSteps
 from learner.rollout.vllm_layout import serving_dir
 
 KV_CACHE_BYTES_MAX = 2**30  # vLLM's CPU default is 4 GiB per engine; ours fit their batch
 BLOCK_SIZE = 32  # CPU attention kernels take multiples of 32
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams range
+# Verification reads each sampled position's whole distribution back from vLLM's prompt log-probs,
+# one Python object per (position, token) (vllm_verify.py): bounded to small vocabularies
+MAX_VERIFY_VOCAB = 4096
 
 
 class WeightPublishError(RuntimeError):
@@ -89,6 +92,11 @@ class VllmEngine:
 
         hf = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         self.max_model_len = hf.max_position_embeddings
+        if cfg.rollout.speculation.enabled and hf.vocab_size > MAX_VERIFY_VOCAB:
+            self._tmp.cleanup()
+            raise ValueError(f"rollout.speculation: the vllm engine verifies drafts from full-vocabulary prompt "
+                             f"log-probs, for vocabularies up to {MAX_VERIFY_VOCAB} tokens; this model has "
+                             f"{hf.vocab_size} (use engine: torch, or turn speculation off)")
         # vLLM has no float64; bf16 learners get a bf16 engine, everything else float32.
         dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
         max_seqs = max(8, cfg.train.prompts_per_step * cfg.train.group_size)
@@ -107,6 +115,7 @@ class VllmEngine:
             max_logprobs=-1,  # full-vocabulary prompt log-probs (``logits``: verification, tests)
         )
         self.stats.extra["startup_s"] = time.monotonic() - t0
+        self.steps = VllmSteps(self.llm.llm_engine, self.step_cost)
 
     def _vllm_params(self, params: SamplingParams, seed: "int | Stream", max_tokens: int):
         """vLLM greedy; at temperature > 0 the keyed processor has chosen the token it takes."""
@@ -136,10 +145,7 @@ class VllmEngine:
             room = min(params.max_new_tokens - stream_of(seed).start, self.max_model_len - len(prompt))
             return self._vllm_params(params, seed, room)
 
-        for p in prompts:
-            request(p, seeds[0])  # a prompt too long fails before any request starts
-        result = run_requests(self.llm.llm_engine, list(zip(prompts, seeds)), request, on_done, admit, cut,
-                              self.step_cost)
+        result = self.steps.generate(list(zip(prompts, seeds)), request, on_done, admit, cut)
         self.stats.calls += 1
         self.stats.tokens_out += sum(len(c.token_ids) for c in result)
         return result
@@ -168,8 +174,8 @@ class VllmEngine:
         """Prompt log-probs (raw) of every position; vLLM computes them without prefix-cache reuse."""
         from vllm import SamplingParams as VSP
 
-        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
-        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+        sp = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=0.0)
+        outs = self.steps.prefill(sequences, sp)
         return [[0.0] + [float(d[tok].logprob) for tok, d in zip(seq[1:], o.prompt_logprobs[1:])]
                 for seq, o in zip(sequences, outs)]
 
@@ -181,7 +187,7 @@ class VllmEngine:
         from vllm import SamplingParams as VSP
 
         sp = VSP(max_tokens=1, prompt_logprobs=-1, detokenize=False, temperature=0.0)
-        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sp, use_tqdm=False)
+        outs = self.steps.prefill(sequences, sp)  # (inside a running call too: verification)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         result = []
         for o in outs:

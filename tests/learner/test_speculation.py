@@ -146,7 +146,6 @@ def test_opd_kept_turns_keep_their_teacher_scores() -> None:
 
 
 @pytest.mark.parametrize("override,field", [
-    ({"rollout": {"engine": "vllm"}}, "rollout.speculation: needs engine torch"),
     ({"train": {"schedule": "async"}}, "rollout.speculation: drafts are verified"),
     ({"train": {"schedule": "fully-async"}}, "rollout.speculation: drafts are verified"),
     ({"rollout": {"continuous_batching": False}}, "rollout.speculation: needs continuous_batching"),
@@ -157,6 +156,12 @@ def test_config_refuses_what_speculation_cannot_do(override: dict, field: str) -
         data.setdefault(key, {}).update(value)
     with pytest.raises(ConfigError, match=field):
         parse_config(data)
+
+
+def test_the_vllm_engine_may_speculate() -> None:
+    """vLLM samples keyed too (rollout/vllm_keyed.py) and batches continuously itself."""
+    cfg = parse_config({"rollout": {"engine": "vllm", "continuous_batching": False, "speculation": {"enabled": True}}})
+    assert cfg.rollout.speculation.enabled and cfg.rollout.engine == "vllm"
 
 
 def test_a_stateful_environment_refuses_speculation() -> None:
