@@ -9,6 +9,8 @@ Per model size, a seeded random Llama (token ids are drawn, so no tokenizer is n
      (rewards drawn: this checks cost, not learning), each call between two device syncs:
      learner.backward ms per trajectory (median, p90), group close ms, then finish_batch +
      clip + AdamW; L = their sum; peak device memory and most group-sum buffers open;
+     ``--learner grouped`` (or ``both``): the same batch learnt in grouped micro-batches of
+     ``--grouped-chunk`` arrivals (learner/grad/grouped.py), per-trajectory learner cost both ways;
   3. publish: ``WeightStore.publish`` (device -> shared host memory, what every step pays) and
      ``TorchEngine.load_weights`` (host -> device), page-locked (as a GPU learner's store is) and
      pageable;
