@@ -51,5 +51,7 @@ class Assignments:
         for step, trajs in self.pending:
             Span.objects.filter(run_id=run_id, step=UNASSIGNED, traj__in=trajs).update(step=step)
 
-    def committed(self) -> None:
-        self.pending = []
+    def committed(self) -> list[tuple[int, list[int]]]:
+        """The flush committed: what it applied (for the pages' frames), no longer pending."""
+        applied, self.pending = self.pending, []
+        return applied

@@ -31,6 +31,12 @@ def trajectories_frame(steps: list[int]) -> dict:
     return {"type": "trajectories", "steps": steps}
 
 
+def assignment_frame(step: int, trajs: list[int]) -> dict:
+    """fully-async: these trajectories' rollout spans, sent with step -1, now belong to ``step``
+    (the database has them so: controller/assignments.py)."""
+    return {"type": "assignment", "step": step, "trajs": trajs}
+
+
 def replay_done_frame(last_seq: int) -> dict:
     """The replay of stored spans is over; live frames follow."""
     return {"type": "replay_done", "last_seq": last_seq}

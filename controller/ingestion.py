@@ -20,7 +20,7 @@ from django.utils import timezone
 from . import live, trajectories
 from .assignments import Assignments
 from .models import Checkpoint, Run, StepMetric
-from .frames import log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
+from .frames import assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
 from .serializers import SPAN_FIELDS
 from .bulk_writes import write_spans, write_trajectories
 
@@ -201,11 +201,13 @@ class RunIngestor:
             self._metrics = {**metrics, **self._metrics}
             self._became_running = self._became_running or became_running
             raise
-        self._assignments.committed()
+        assigned = self._assignments.committed()
         if became_running:
             live.publish(self.run_id, status_frame(Run.objects.get(pk=self.run_id)))
         if spans:
             live.publish(self.run_id, spans_frame(sorted(spans, key=lambda s: s["seq"])))
+        for step, assigned_trajs in assigned:  # the spans a page already holds with step -1
+            live.publish(self.run_id, assignment_frame(step, assigned_trajs))
         if metrics:
             live.publish(self.run_id, metrics_frame(
                 [{"step": step, "values": values} for step, values in sorted(metrics.items())]))

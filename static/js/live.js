@@ -402,6 +402,9 @@ function handleFrame(frame) {
       if (el.laneMode.value === "traj") requestGantt();
       if (selection.traj !== null && !shownText.record) showTrajectoryText(selection.traj, selection.note.dataset.state);
       break;
+    case "assignment": // fully-async: rollouts a step took, held here with step -1 until now
+      if (store.assign(frame.step, frame.trajs || []) && replayDone) requestGantt();
+      break;
     case "replay_done":
       replayDone = true;
       requestGantt({ now: true });

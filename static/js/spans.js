@@ -22,6 +22,8 @@ const KIND_COLOURS = new Map([
 ]);
 const FALLBACK_COLOURS = ["#9c755f", "#bab0ac", "#ff9da7", "#8cd17d"];
 
+const UNASSIGNED = -1; // the step of a fully-async rollout span no step has taken yet
+
 export function kindColour(kind, index = 0) {
   return KIND_COLOURS.get(kind) ?? FALLBACK_COLOURS[index % FALLBACK_COLOURS.length];
 }
@@ -88,6 +90,7 @@ export class SpanStore {
     this.kinds = new Set();
     this.steps = new Map(); // step -> {tStart, tEnd, optimizerStart}
     this.learnerSpans = []; // learner-kind spans, for the running idle ratio
+    this.unassigned = new Map(); // traj -> its spans of step -1 (fully-async, before a step took it)
     this.maxSeq = -1;
     this.watermark = -1; // highest seq with every seq <= it present: safe resume point
     this.duplicates = 0;
@@ -118,10 +121,36 @@ export class SpanStore {
       }
       this.steps.set(s.step, info);
       if (isLearnerKind(s.kind)) this.learnerSpans.push(s);
+      if (s.step === UNASSIGNED && s.traj !== null && s.traj !== undefined) {
+        const held = this.unassigned.get(s.traj) ?? [];
+        held.push(s);
+        this.unassigned.set(s.traj, held);
+      }
     }
     while (this.bySeq.has(this.watermark + 1)) this.watermark++;
     if (added) this.version++;
     return added;
+  }
+
+  /**
+   * fully-async's assignment frame: ``trajs``' spans held with step -1 move to ``step`` (the
+   * database already has them there, docs/spans.md "Assignment"); returns how many moved.
+   */
+  assign(step, trajs) {
+    let moved = 0;
+    for (const traj of trajs) {
+      for (const s of this.unassigned.get(traj) ?? []) {
+        s.step = step;
+        const info = this.steps.get(step) ?? { tStart: Infinity, tEnd: -Infinity, optimizerStart: null };
+        info.tStart = Math.min(info.tStart, s.t0);
+        info.tEnd = Math.max(info.tEnd, s.t1);
+        this.steps.set(step, info);
+        moved++;
+      }
+      this.unassigned.delete(traj);
+    }
+    if (moved) this.version++;
+    return moved;
   }
 
   spans() { return this.bySeq.values(); }

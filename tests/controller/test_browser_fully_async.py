@@ -11,10 +11,11 @@ import pytest
 from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
 from controller.ingestion import RunIngestor
-from controller.models import Schedule, Span, StepMetric
+from controller.models import Run, Schedule, Span, StepMetric
 
 from .conftest import make_run
 from .test_browser_insight import store_workload
+from .test_browser_progress import STATE, in_thread
 
 pytestmark = pytest.mark.browser
 STEPS = 4
@@ -43,9 +44,24 @@ def fully_async_lines(seed: int) -> tuple[list[str], dict[int, set[int]], set[in
     return lines, trained, skipped
 
 
+def ingest(run, lines) -> RunIngestor:
+    ingestor = RunIngestor(run.pk, flush_s=60.0, flush_spans=40)  # flushes between a rollout and its assignment
+    for line in lines:
+        ingestor.feed(line)
+        ingestor.flush_if_due()
+    ingestor.flush()
+    assert ingestor.rejected == []
+    return ingestor
+
+
 @pytest.fixture
-def runs(alice_experiment, sync_preset):
-    preset = Schedule.objects.create(owner=None, name="fully-async", kind="fully-async", knobs={"max_staleness": 2})
+def fully_async_preset(db):
+    return Schedule.objects.create(owner=None, name="fully-async", kind="fully-async", knobs={"max_staleness": 2})
+
+
+@pytest.fixture
+def runs(alice_experiment, sync_preset, fully_async_preset):
+    preset = fully_async_preset
     sync = make_run(alice_experiment, sync_preset, steps=STEPS, name="sync run")
     store_workload(sync, seed=1, boot_s=5.0, steps=STEPS)
     rng = random.Random(3)
@@ -54,12 +70,7 @@ def runs(alice_experiment, sync_preset):
         m.save()
     fully = make_run(alice_experiment, preset, steps=STEPS, name="fully-async run")
     lines, trained, skipped = fully_async_lines(seed=2)
-    ingestor = RunIngestor(fully.pk, flush_s=60.0, flush_spans=40)  # flushes between a rollout and its assignment
-    for line in lines:
-        ingestor.feed(line)
-        ingestor.flush_if_due()
-    ingestor.flush()
-    assert ingestor.rejected == []
+    ingest(fully, lines)
     return sync, fully, trained, skipped
 
 
@@ -103,4 +114,27 @@ def test_by_trajectory_lists_skipped_ones_and_a_trace_of_its_last_steps_has_roll
     rollouts = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == "rollout.generate"]
     assert rollouts and {e["args"]["step"] for e in rollouts} == {last - 1, last}
     assert {e["args"]["traj"] for e in rollouts} == trained[last - 1] | trained[last]
+    assert errors == []
+
+
+def test_a_live_page_moves_rollouts_it_holds_with_step_minus_one_to_their_step(
+        live_url, browser_page, alice, alice_experiment, fully_async_preset):
+    """The spans a page received before their step took them follow the assignment frame."""
+    page, errors = browser_page
+    run = make_run(alice_experiment, fully_async_preset, steps=STEPS, name="live fully-async", status=Run.Status.RUNNING)
+    lines, trained, skipped = fully_async_lines(seed=4)
+    log_in(page, live_url, "alice", "alice-password")
+    page.goto(f"{live_url}/runs/{run.pk}/")
+    page.wait_for_function(f"{STATE}.replayDone && {STATE}.open", timeout=30_000)
+    page.select_option("#lane-mode", "traj")
+    in_thread(ingest, run, lines)
+    last = STEPS - 1
+    page.wait_for_function(f"document.querySelectorAll('#traj-step option').length === {STEPS}", timeout=30_000)
+    page.select_option("#traj-step", str(last))
+    # the skipped trajectory has no backward: only its rollouts, moved to the step, give it a row
+    skip = (skipped & trained[last]).pop()
+    page.wait_for_selector(f"#traj-table tbody tr[data-traj='{skip}']", timeout=30_000)
+    shown = page.evaluate("[...document.querySelectorAll('#traj-table tbody tr')].map((tr) => Number(tr.dataset.traj))")
+    assert sorted(shown) == sorted(trained[last])
+    assert page.evaluate(f"{STATE}.spansReceived") == Span.objects.filter(run=run).count()
     assert errors == []
