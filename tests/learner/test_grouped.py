@@ -143,3 +143,17 @@ def test_cost_aware_runs_a_full_grouped_micro_batch_and_holds_an_unfilled_one_fa
     assert DrainPolicy("finished-groups-first", 0.05).grouped_pays(budget, 10, 1, 1, False, 10)
     assert not DrainPolicy("closed-groups", 0.05).grouped_pays(budget, 4096, 99, 1, True, 10)
     assert BackwardCosts().grouped_ratio > 1.0  # the prior until measured
+
+
+def test_the_gpu_checks_grouped_learner_step_learns_the_batch_in_grouped_micro_batches():
+    from bench import gpu_check
+
+    rng = random.Random("gpu-check-grouped")
+    model = tiny_llama(torch.float32, 0)
+    first, second = random_batch(rng), random_batch(random.Random("more"))
+    for traj in second:  # two batches' groups and ids made distinct
+        traj.id, traj.group = traj.id + len(first), traj.group + 100
+    trajs = first + second
+    out = gpu_check.grouped_learner_step(model, trajs, AlgorithmConfig(objective="grpo"), rng, chunk=3)
+    assert out["grouped_ms_per_traj"] > 0 and out["grouped_micro_batches"] >= 1
+    assert out["grouped_backwards"] <= out["grouped_micro_batches"]
