@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -103,7 +104,8 @@ def auto_levels(curves: list[dict[str, list[float]]]) -> tuple[list[float], str 
     if common <= start:
         return [], (f"no level every run crosses after its first step above the median first reward "
                     f"{start:.3f} (the highest all reached is {common:.3f}): no run learnt beyond its start")
-    return [round(start + (common - start) / 2, 4), round(common, 4)], None
+    # rounded down, never up: a level rounded above the lowest run's best would not be crossed by it
+    return [math.floor((start + (common - start) / 2) * 1e4) / 1e4, math.floor(common * 1e4) / 1e4], None
 
 
 def to_level(c: dict[str, list[float]], level: float) -> dict[str, Any] | None:

@@ -31,6 +31,8 @@ def test_auto_levels_are_crossed_by_every_run_after_its_first_step():
     levels, why = auto_levels(runs)
     assert why is None and levels == [pytest.approx(0.2 + (0.4 - 0.2) / 2), pytest.approx(0.4)]
     assert all(to_level(c, levels[-1]) is not None for c in runs)
+    odd = [_curve([0.2, 0.123456789]), _curve([0.1, 0.5])]  # a best that rounding up would put out of reach
+    assert all(to_level(c, level) is not None for c in odd for level in auto_levels(odd)[0])
     assert to_level(_curve([0.9, 0.1]), 0.5) is None  # step 0 does not count: nothing learnt yet
     falling = [_curve([0.3, 0.2, 0.1]), _curve([0.3, 0.25, 0.2])]
     assert auto_levels(falling)[0] == [] and "no run learnt beyond its start" in auto_levels(falling)[1]
