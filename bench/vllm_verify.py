@@ -8,9 +8,10 @@ kernels, and what each way of verifying costs.
    position the keyed sample is drawn again from (a) vLLM's prefill (full-vocabulary prompt
    log-probs, the verifier rollout/vllm_verify.py uses) and (b) the torch model's forward on the
    same weights (speculation.py's path); a position where it differs from vLLM's decoded token is
-   a flip. Printed per million tokens, with the largest logit difference between the kernels and
-   how many positions had their two best perturbed scores closer than it (the near-ties a kernel
-   difference could flip).
+   a flip. Printed per million tokens, with the largest log-prob difference between the kernels
+   (torch vs vLLM prefill over the vocabulary; vLLM prefill vs vLLM's decode steps at the sampled
+   tokens, all those steps report) and how many positions had their two best perturbed scores
+   closer than it (the near-ties a kernel difference of that size could flip).
 2. Cost: the first batch verified against the policy moved by a small random step, by vLLM's
    prefill and by the torch forward (shared prefix), arms alternated, medians; their verdicts compared.
 
@@ -38,8 +39,9 @@ def sample(eng, tok, rows: int, tokens: int, batch: int) -> list[Sampled]:
     prompts = [tok.encode(PROMPTS[b % len(PROMPTS)], add_special_tokens=False) for b in range(rows)]
     seeds = [10_000 * batch + b for b in range(rows)]
     outs = eng.generate(prompts, SamplingParams(tokens, [], 1.0, 1.0), seeds=seeds)
-    return [Sampled(p + o.token_ids, list(range(len(p), len(p) + tokens)), [Stream(s, i) for i in range(tokens)])
-            for p, o, s in zip(prompts, outs, seeds)]
+    views = [Sampled(p + o.token_ids, list(range(len(p), len(p) + tokens)), [Stream(s, i) for i in range(tokens)])
+             for p, o, s in zip(prompts, outs, seeds)]
+    return views, torch.tensor([lp for o in outs for lp in o.logprobs])  # decode steps' raw log-probs
 
 
 def keyed(at: torch.Tensor, views: list[Sampled]) -> torch.Tensor:
@@ -55,7 +57,7 @@ def near_ties(at: torch.Tensor, views: list[Sampled], margin: float) -> int:
     return int((top[:, 0] - top[:, 1] < margin).sum())
 
 
-def flips(eng, model, views: list[Sampled]) -> dict:
+def flips(eng, model, views: list[Sampled], decoded: torch.Tensor) -> dict:
     drafted = torch.tensor([v.ids[j] for v in views for j in v.positions])
     rows = eng.prompt_logprobs([v.ids for v in views])
     vllm_at = torch.cat([r[[j - 1 for j in v.positions]] for r, v in zip(rows, views)])
@@ -64,7 +66,9 @@ def flips(eng, model, views: list[Sampled]) -> dict:
                             for v in views])
     torch_at = torch.log_softmax(logits, -1)
     delta = float((torch_at - vllm_at).abs().max())
-    return {"tokens": len(drafted), "vllm_prefill": int((keyed(vllm_at, views) != drafted).sum()),
+    # vLLM's prefill against its own decode steps: only the sampled token's log-prob comes back from those
+    own = float((vllm_at.gather(-1, drafted[:, None]).squeeze(-1) - decoded).abs().max())
+    return {"tokens": len(drafted), "own_delta": own, "own_near_ties": near_ties(vllm_at, views, own), "vllm_prefill": int((keyed(vllm_at, views) != drafted).sum()),
             "torch": int((keyed(torch_at, views) != drafted).sum()), "max_delta": delta,
             "near_ties": near_ties(torch_at, views, delta)}
 
@@ -103,18 +107,21 @@ def main() -> None:
     tok, model = load_tokenizer(policy_dir), load_model(policy_dir)
     eng = VllmEngine(RunConfig(), str(policy_dir), tok, replica=0)
     try:
-        total = {"tokens": 0, "vllm_prefill": 0, "torch": 0, "max_delta": 0.0, "near_ties": 0}
+        total = {"tokens": 0, "vllm_prefill": 0, "torch": 0, "max_delta": 0.0, "near_ties": 0, "own_delta": 0.0,
+                 "own_near_ties": 0}
         first = None
         for batch in range(args.batches):
-            views = sample(eng, tok, args.rows, args.tokens, batch)
+            views, decoded = sample(eng, tok, args.rows, args.tokens, batch)
             first = first or views
-            got = flips(eng, model, views)
-            total = {k: max(v, got[k]) if k == "max_delta" else v + got[k] for k, v in total.items()}
+            got = flips(eng, model, views, decoded)
+            total = {k: max(v, got[k]) if k.endswith("delta") else v + got[k] for k, v in total.items()}
         per_m = 1e6 / total["tokens"]
         print(f"flips, same weights, {total['tokens']} tokens: vLLM prefill {total['vllm_prefill']} "
               f"({total['vllm_prefill'] * per_m:.1f} per million), torch forward {total['torch']} "
               f"({total['torch'] * per_m:.1f} per million); max |logit difference| torch vs vLLM "
-              f"{total['max_delta']:.2e}, positions with a closer near-tie {total['near_ties']}")
+              f"{total['max_delta']:.2e}, positions with a closer near-tie {total['near_ties']}; max |log-prob "
+              f"difference| vLLM prefill vs its decode steps (sampled tokens) {total['own_delta']:.2e}, positions "
+              f"with a closer near-tie {total['own_near_ties']}")
         c = cost(eng, model, first, args.repeats, tok.pad_token_id)
         print(f"verify {len(first)} drafts x {args.tokens} tokens (kept share {c['kept_share']:.3f}): vLLM prefill "
               f"{c['vllm']:.3f} s, torch forward {c['torch']:.3f} s; same verdicts: {c['same_verdicts']}")
