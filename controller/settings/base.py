@@ -191,6 +191,39 @@ LOGGING = {
 }
 
 
+# Bounded connections (docs/controller.md, "Connections"): each process opens PostgreSQL through
+# a pool of at most THUNDERSYNC_DB_POOL_MAX connections (a thread returns its connection when
+# a request, a websocket query or a reaper pass ends; a run's supervisor holds one for the run,
+# so a worker process needs its run threads + 2); a thread that finds every connection taken
+# waits up to THUNDERSYNC_DB_POOL_TIMEOUT_S, then its request answers 503.
+THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
+THUNDERSYNC_DB_POOL_TIMEOUT_S = 5.0
+# A websocket checks this often that the channel layer still holds it in its run's group (a
+# Redis restart forgets every group) and asks its page to reconnect from its last seq if not.
+THUNDERSYNC_WS_GROUP_CHECK_S = 5.0
+# Redis clients (channel layer, cache): a connect to a Redis that is down or unreachable fails
+# within this many seconds instead of the system's minutes; idle connections are PINGed before
+# reuse past REDIS_HEALTH_CHECK_S, so a restarted server's dead sockets are replaced, not used.
+REDIS_CONNECT_TIMEOUT_S = 3
+REDIS_HEALTH_CHECK_S = 10
+
+
+def postgres_database(**fields) -> dict:
+    """A PostgreSQL ``DATABASES`` entry through Django's psycopg pool: at most
+    THUNDERSYNC_DB_POOL_MAX connections per process, one kept open while idle, each checked
+    before a thread takes it (a terminated backend is replaced, not handed out)."""
+    return {
+        "ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields,
+        "OPTIONS": {"pool": {"min_size": 1, "max_size": THUNDERSYNC_DB_POOL_MAX, "max_idle": 60.0,
+                             "timeout": THUNDERSYNC_DB_POOL_TIMEOUT_S}},
+    }
+
+
+def redis_options() -> dict:
+    return {"socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S, "socket_keepalive": True,
+            "health_check_interval": REDIS_HEALTH_CHECK_S}
+
+
 def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
     """channels-redis on ``url``. Its receive blocks in BZPOPMIN for 5 s, and redis-py 8's
     default socket timeout is also 5 s: the read would race the timeout and kill the
@@ -198,6 +231,6 @@ def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
     return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30}], "prefix": prefix},
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30, **redis_options()}], "prefix": prefix},
         }
     }

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import redis_channel_layers
+from .base import postgres_database, redis_channel_layers, redis_options
 
 
 def _require(name: str) -> str:
@@ -52,12 +52,10 @@ CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
 
-DATABASES = {
-    # a persistent connection is checked before each request reuses it (a restarted or
-    # terminated backend is replaced instead of failing the request)
-    "default": {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True,
-                **_database_from_env()}
-}
+# Through a pool of at most THUNDERSYNC_DB_POOL_MAX connections per process (settings/base.py);
+# a pooled connection is checked before a thread takes it (a restarted or terminated backend is
+# replaced instead of failing the request).
+DATABASES = {"default": postgres_database(**_database_from_env())}
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL)
@@ -67,9 +65,11 @@ CELERY_BROKER_URL = REDIS_URL
 # the run's supervisor is alive finds its heartbeat fresh and is dropped (controller/tasks.py),
 # so the timeout only bounds how long a lost message waits; the reaper ends or resumes the
 # run itself well before (docs/controller.md).
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600, **redis_options()}
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # a worker waits out a Redis restart however long, then consumes again
 
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "OPTIONS": redis_options()}}
 THUNDERSYNC_WEB_REAPER = os.environ.get("THUNDERSYNC_WEB_REAPER", "1") == "1"  # settings/base.py
 
 # HTTPS (docs/controller.md, "Production"): `manage.py check --deploy` is clean with these.

@@ -8,7 +8,7 @@ processes inherit the tag through the environment.
 import os
 
 from .base import *  # noqa: F403
-from .base import redis_channel_layers
+from .base import postgres_database, redis_channel_layers
 
 # pytest-xdist workers share the controller's environment, so each adds its worker id.
 TEST_TAG = os.environ.setdefault("THUNDERSYNC_TEST_TAG", str(os.getpid()))
@@ -25,10 +25,12 @@ DATABASES = {
         "TEST": {"NAME": f"test_thundersync_{TEST_TAG}"},
     }
 }
-# A Celery worker process started by a test (tests/controller/faults.py) opens this test run's
-# database directly.
+# A server process started by a test (a Celery worker, tests/controller/faults.py; daphne,
+# tests/harness/web_harness.py) opens this test run's database directly, through the pool
+# production uses (settings/base.py); the pytest process itself keeps plain connections.
 if os.environ.get("THUNDERSYNC_TEST_DATABASE"):
-    DATABASES["default"]["NAME"] = os.environ["THUNDERSYNC_TEST_DATABASE"]
+    DATABASES["default"] = postgres_database(NAME=os.environ["THUNDERSYNC_TEST_DATABASE"], USER="postgres",
+                                             HOST="127.0.0.1", PORT="5432")
 
 REDIS_URL = os.environ.get("THUNDERSYNC_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL, prefix=f"asgi-test-{TEST_TAG}")
