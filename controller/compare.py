@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from learner.bench.smoothing import smoothed
 from learner.bench.efficiency import overlap_rule, own_bound, work_per_step
 from learner.timeline import Metric, window_metrics
 
@@ -99,15 +100,6 @@ def spread_of(rows: list[dict], key: str) -> tuple[float | None, float | None]:
         return (found[0], found[0]) if found else (None, None)
     deciles = statistics.quantiles(found, n=10, method="inclusive")
     return deciles[0], deciles[-1]
-
-
-def smoothed(values: list[float], weight: float) -> list[float]:
-    """Exponential moving average: each value is weight x the previous average + (1 - weight) x it."""
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else weight * avg + (1 - weight) * v
-        out.append(avg)
-    return out
 
 
 def smoothed_rewards(rows: list[dict], weight: float) -> list[tuple[dict, float]]:

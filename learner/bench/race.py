@@ -29,6 +29,7 @@ from typing import Any
 
 from learner.bench.intervals import median_interval
 from learner.bench.race_report import write_html
+from learner.bench.smoothing import smoothed
 from learner.bench.run import Runner, machine_info
 from learner.cli_args import number, schedule_list
 from learner.config import SCHEDULES, load_config
@@ -70,15 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the runs' curves and the per-schedule figures")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained plotly report")
     parser.add_argument("--events-dir", metavar="DIR", help="keep every run's config and JSONL events here")
-
-
-def smoothed(values: list[float], weight: float) -> list[float]:
-    """Exponential moving average, the compare page's: weight x the previous average + (1 - weight) x the value."""
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else weight * avg + (1 - weight) * v
-        out.append(avg)
-    return out
 
 
 def curve(events: list[dict[str, Any]], weight: float) -> dict[str, list[float]]:
