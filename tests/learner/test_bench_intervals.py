@@ -117,3 +117,19 @@ def test_a_window_that_trains_a_backlog_is_charged_for_it():
     steady = equal_work([[verify(t) for t in (10.2, 10.4, 10.6, 10.8, 11.2, 11.4, 11.6, 11.8)]],
                         [[{"step/t_start": 10.0, "step/t_end": 11.0}, {"step/t_start": 11.0, "step/t_end": 12.0}]], 4, 2)
     assert steady["backlog_per_step"] == 0 and steady["step_equal_work_s"] == pytest.approx(1.0)
+
+
+def test_the_race_table_is_generated_from_a_race_json(tmp_path, capsys):
+    level = {"level": 0.4, "reached": 2, "seeds": 3, "seconds_median": 12.5, "seconds_ci90": [10.0, 15.0],
+             "tokens_median": 900.0, "tokens_ci90": [800.0, 1000.0]}
+    doc = {"config": "configs/race.yaml", "steps": 24, "seeds": [0, 1, 2], "smoothing": 0.6, "levels": [0.4],
+           "no_level": None, "machine": {"cpus": 2, "load_avg_start": [1.0], "load_avg_end": [1.5]},
+           "schedules": {"streaming": {"levels": [level], "final_smoothed_median": 0.45, "final_smoothed_ci90": [0.4, 0.5]},
+                         "sync": {"levels": [{**level, "seconds_median": None, "reached": 0}],
+                                  "final_smoothed_median": 0.3, "final_smoothed_ci90": None}}}
+    (tmp_path / "race.json").write_text(json.dumps(doc))
+    assert headline.main(["--race", str(tmp_path / "race.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| `streaming` | 12.5 s [10.0, 15.0] · 900 [800, 1000] (2/3) | 0.450 [0.400, 0.500] |" in out
+    assert "| `sync` | not reached (0/3) | 0.300 |" in out and "load 1.0 → 1.5" in out
+    assert headline.main(["--race", str(tmp_path / "a.json"), str(tmp_path / "race.json")]) == 2
