@@ -112,7 +112,7 @@ class VllmEngine:
             kv_cache_memory_bytes=kv_bytes, logprobs_mode="raw_logprobs", skip_tokenizer_init=True,
             generation_config="vllm",  # no sampling defaults from generation_config.json
             max_num_seqs=max_seqs, logits_processors=[KeyedGumbelProcessor],
-            max_logprobs=-1,  # full-vocabulary prompt log-probs (``logits``: verification, tests)
+            max_logprobs=-1,  # full-vocabulary prompt log-probs (``prompt_logprobs``: verification)
         )
         self.stats.extra["startup_s"] = time.monotonic() - t0
         self.steps = VllmSteps(self.llm.llm_engine, self.step_cost)
