@@ -1,7 +1,7 @@
 """The README's speed table, generated from `thundersync bench --json` files (no hand-copied number).
 
     python -m bench.headline docs/bench/A.json [docs/bench/B.json ...] [--write README.md]
-    python -m bench.headline --race docs/bench/race.json      # the race's table
+    python -m bench.headline --race docs/bench/race.json [--write docs/bench.md]   # the race's table
 
 One column per bench JSON (its workload's name), one line per schedule row: the median step with
 its bootstrap 90% interval and the speedup over the micro-batched sync with its interval
@@ -21,6 +21,7 @@ from pathlib import Path
 from learner.bench.intervals import median_interval, ratio_interval, spans_one
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+RACE_BEGIN, RACE_END = "<!-- race:begin -->", "<!-- race:end -->"
 ORDER = ("sync", "async", "fully-async", "streaming", "sync+spec", "streaming+spec")
 
 
@@ -105,13 +106,13 @@ def race_table(path: Path) -> str:
     return "\n".join(lines)
 
 
-def write_between_markers(target: Path, text: str) -> None:
+def write_between_markers(target: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     body = target.read_text()
-    if BEGIN not in body or END not in body:
-        raise SystemExit(f"--write: {target} has no {BEGIN} ... {END} block")
-    head, rest = body.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    target.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    if begin not in body or end not in body:
+        raise SystemExit(f"--write: {target} has no {begin} ... {end} block")
+    head, rest = body.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    target.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.json) != 1 or not args.json[0].is_file():
             print(f"json: --race takes one existing race JSON, got {' '.join(map(str, args.json))}", file=sys.stderr)
             return 2
-        print(race_table(args.json[0]))
+        text = race_table(args.json[0])
+        if args.write:
+            write_between_markers(args.write, text, RACE_BEGIN, RACE_END)
+        else:
+            print(text)
         return 0
     for path in args.json:
         if not path.is_file():
