@@ -10,6 +10,7 @@ gap (a dropped live frame) back from the database, which the ingestor always wri
 it publishes.
 """
 
+import asyncio
 import json
 import logging
 from collections import deque
@@ -21,6 +22,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
+from . import layer_groups
 from .live import group_name
 from .models import Run, Span
 from .outages import OUTAGE_ERRORS
@@ -129,6 +131,7 @@ class RunConsumer(AsyncWebsocketConsumer):
             self.live_error = err
         else:
             self.group = group_name(run.pk)
+            self.group_watch = asyncio.ensure_future(layer_groups.watch(self))  # a Redis restart forgets groups
         await self.accept()
         await self.continue_replay()
 
@@ -160,6 +163,9 @@ class RunConsumer(AsyncWebsocketConsumer):
                     pass
 
     async def disconnect(self, code):
+        self.closing = True
+        if hasattr(self, "group_watch"):
+            self.group_watch.cancel()
         if hasattr(self, "group"):
             try:
                 await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -213,6 +219,11 @@ class RunConsumer(AsyncWebsocketConsumer):
         while batch := await stored_spans(self.run_id, self.sent_seq, through):
             await self.send_frame(json.dumps(spans_frame(batch)))
             self.sent_seq = batch[-1]["seq"]
+
+    async def run_resync(self, event):
+        """The publisher dropped frames of this run while the layer was down: resume from the database."""
+        if not self.replaying and not self.closing:
+            await self.refuse_for_now("channel layer", layer_groups.MembershipLost("live frames were dropped"))
 
     async def run_frame(self, event):
         if self.replaying or self.closing:  # the replay reads these from the database

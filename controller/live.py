@@ -14,6 +14,7 @@ from .priority import yield_to_runs
 
 log = logging.getLogger(__name__)
 _outage: dict[str, float] = {}  # "since": when publishing started to fail
+_dropped: set[int] = set()  # runs whose frames were dropped since then: their pages resume once it is back
 PUBLISH_TIMEOUT_S = 5.0
 _publisher: dict = {}  # this process's publishing event loop: {"pid", "loop"}
 _publisher_lock = threading.Lock()
@@ -64,7 +65,11 @@ def publish(run_id: int, frame: dict) -> None:
         message.update(first_seq=frame["spans"][0]["seq"], last_seq=frame["spans"][-1]["seq"])
     try:
         _group_send(layer, group_name(run_id), message)
+        for dropped in list(_dropped):  # pages that missed frames (a status, metrics) reconnect and replay them
+            _group_send(layer, group_name(dropped), {"type": "run.resync"})
+            _dropped.discard(dropped)
     except Exception as err:  # a channel layer outage must not fail the training run
+        _dropped.add(run_id)
         if _outage.get("since") is None:  # one warning per outage, not a traceback per frame
             _outage["since"] = time.monotonic()
             log.warning("run %s: the channel layer is unreachable (%s); live frames are dropped until it is "
