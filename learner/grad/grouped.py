@@ -75,7 +75,24 @@ class Destinations:
         self.gather[self.dest[order], slot] = self.tokens[order]
         self.keep[self.dest[order], slot] = True
         self.gather_flat = self.gather.reshape(-1)
+        self.slices = self._slices()
         self._keep: dict[torch.dtype, torch.Tensor] = {}
+
+    def _slices(self) -> list[tuple[int, int]] | None:
+        """Each destination's [first, last] token range, when those ranges are disjoint: then a
+        destination is one slice of the grid (the other tokens in it are padding, δ = 0 there), and
+        its weight gradient one matmul of two views, no gather."""
+        if not self.count or not len(self.tokens):
+            return None
+        device = self.tokens.device
+        first = torch.full((self.count,), self.n, dtype=torch.long, device=device).scatter_reduce(
+            0, self.dest, self.tokens, "amin")
+        last = torch.full((self.count,), -1, dtype=torch.long, device=device).scatter_reduce(
+            0, self.dest, self.tokens, "amax")
+        ranges = sorted(zip(first.tolist(), last.tolist()))
+        if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:])):
+            return None
+        return [(f, e + 1) for f, e in zip(first.tolist(), last.tolist())]
 
     def keep_as(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._keep:
@@ -209,7 +226,10 @@ class GroupedGradients:
             self._add(mod.weight, torch.zeros(dest.count, d.shape[1], dtype=d.dtype, device=d.device)
                       .index_add_(0, dest.dest, prod))
             return
-        if mod.weight.requires_grad:
+        if mod.weight.requires_grad and dest.slices is not None:
+            a = saved.reshape(dest.n, -1).to(d.dtype)
+            self._add(mod.weight, torch.stack([d[s:e].t() @ a[s:e] for s, e in dest.slices]))
+        elif mod.weight.requires_grad:
             da = d.index_select(0, dest.gather_flat).view(dest.count, -1, d.shape[1])  # (count, longest, out)
             self._add(mod.weight, torch.bmm(da.transpose(1, 2), self._gathered(saved, d.dtype)))
         if mod.bias is not None and mod.bias.requires_grad:

@@ -20,7 +20,7 @@ from learner.grad.drain import Bucket
 from learner.grad.grouped import GroupedGradients, Key, NotReducible, destinations, grouped_into
 from learner.grad.microbatch import Forward, MicroBatchRows, Row, forward, grpo_row, plan_micro_batches
 from learner.grad.objectives import pg_token_loss
-from learner.grad.packing import layout
+from learner.grad.packing import layout, segmented_layout
 
 
 class GroupedHost(Protocol):
@@ -58,11 +58,11 @@ class GroupedPool:
         host, algo = self.host, self.host.algo
         with_aux = algo.kl_coef > 0 or algo.entropy_coef > 0
         row_dest, dests = destinations(keys, known_in_g=not with_aux)
+        rows, keys, row_dest, grid = self._by_destination(rows, keys, row_dest)
         device = host.acc.params[0].device
-        grid = layout([len(r.ids) for r in rows], rows.line_width)
         token_dest = grid.place([[d + 1] * len(r.ids) for r, d in zip(rows, row_dest)], torch.long, device) - 1
         with self.grouped.capture(token_dest, len(dests)):
-            fwd = forward(host.model, host.ref_model, algo, rows, rows.line_width, stats=True)
+            fwd = forward(host.model, host.ref_model, algo, rows, rows.line_width, stats=True, grid=grid)
             pg_terms = fwd.w * pg_token_loss(fwd.logp, fwd.per_row("adv"))
             open_tokens = grid.place([[float(k is not None)] * len(r.ids) for r, k in zip(rows, keys)],
                                      fwd.logp.dtype, device)
@@ -76,6 +76,21 @@ class GroupedPool:
         for b, row in enumerate(fwd.rows):
             host.logprobs.keep(row.traj, fwd.row_logp(b))
         return fwd, None
+
+    def _by_destination(self, rows: MicroBatchRows, keys: list, row_dest: list[int]):
+        """The rows in destination order, so that each destination's tokens are one slice of the grid
+        (a padded grid; a packed one whose lines hold one destination each, where that fits the token
+        budget): the grouped reduction then needs no gather (``Destinations.slices``)."""
+        order = sorted(range(len(rows)), key=lambda i: row_dest[i])
+        ordered = MicroBatchRows([rows[i] for i in order], rows.line_width)
+        keys, row_dest = [keys[i] for i in order], [row_dest[i] for i in order]
+        lengths = [len(r.ids) for r in ordered]
+        grid = layout(lengths, rows.line_width)
+        if rows.line_width is not None:
+            apart = segmented_layout(lengths, row_dest, rows.line_width)
+            if apart.slots <= max(self.host.options.budget, grid.slots):
+                grid = apart
+        return ordered, keys, row_dest, grid
 
     def idle(self, state, on_phase) -> bool:
         """Nothing waits: plan the known rows and the open members (within K) together and run the

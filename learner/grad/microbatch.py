@@ -205,7 +205,7 @@ class Forward:
 
 def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: AlgorithmConfig,
             rows: Sequence[Row], line_width: int | None = None, stats: bool = False,
-            past: PastInputs | None = None) -> Forward:
+            past: PastInputs | None = None, grid: Layout | None = None) -> Forward:
     """One forward of ``rows``: right-padded with an attention mask (none for a single row: nothing
     is padded), or with a ``line_width`` packed into lines of that width, position ids restarting
     per row (``learner.grad.packing``); with ``past`` (rows cut after their shared prompts,
@@ -214,7 +214,8 @@ def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: Alg
     from this forward's own log-softmax."""
     device = next(model.parameters()).device
     rows = list(rows)
-    grid = layout([len(r.ids) for r in rows], None if past is not None else line_width)
+    if grid is None:  # ``grid``: a packed layout of these rows in this order chosen by the caller
+        grid = layout([len(r.ids) for r in rows], None if past is not None else line_width)
     ids = grid.place([r.ids for r in rows], torch.long, device)  # (B, T)
     attn = positions = None
     if past is not None:

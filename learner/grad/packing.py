@@ -88,3 +88,18 @@ def layout(lengths: Sequence[int], line_width: int | None = None) -> Layout:
         places.append((line, width - free[line]))
         free[line] -= n
     return Layout(len(free), width, tuple(places), lengths, True)
+
+
+def segmented_layout(lengths: Sequence[int], segments: Sequence[int], width: int) -> Layout:
+    """Rows packed first-fit into lines of ``width``, but a line only ever holds rows of one segment
+    (consecutive rows with the same ``segments`` value): each segment's tokens are then one
+    contiguous range of the grid (the grouped backward reduces them without gathering them)."""
+    places, lines, start = [], 0, 0
+    while start < len(lengths):
+        end = start
+        while end < len(lengths) and segments[end] == segments[start]:
+            end += 1
+        part = layout(lengths[start:end], width)
+        places += [(line + lines, offset) for line, offset in part.places]
+        lines, start = lines + part.lines, end
+    return Layout(lines, max(width, max(lengths)), tuple(places), tuple(lengths), True)

@@ -39,7 +39,7 @@ def per_destination_check(model, ids, token_dest, count, **forward_kw):
         return (weights * selected * logp.gather(-1, ids[..., None]).squeeze(-1)).sum()
 
     with grouped.capture(token_dest, count):
-        per = grouped.backward(loss(torch.ones_like(weights)))
+        per = grouped.backward(loss((token_dest >= 0).double()))  # −1: padding, in no loss
     worst = 0.0
     for d in range(count):
         ref = torch.autograd.grad(loss((token_dest == d).double()), params, allow_unused=True)
@@ -157,3 +157,20 @@ def test_the_gpu_checks_grouped_learner_step_learns_the_batch_in_grouped_micro_b
     out = gpu_check.grouped_learner_step(model, trajs, AlgorithmConfig(objective="grpo"), rng, chunk=3)
     assert out["grouped_ms_per_traj"] > 0 and out["grouped_micro_batches"] >= 1
     assert out["grouped_backwards"] <= out["grouped_micro_batches"]
+
+
+def test_destinations_in_contiguous_slices_are_reduced_without_gathering_and_agree():
+    """Rows ordered by destination (what the learner lays out): each destination one slice of the
+    grid, padding inside it; packed lines of one destination each (``segmented_layout``)."""
+    from learner.grad.grouped import Destinations
+    from learner.grad.packing import segmented_layout
+
+    rows = torch.tensor([0, 0, 1, 2, 2])
+    token_dest = rows[:, None].expand(5, 7).clone()
+    token_dest[0, 5:] = -1  # a padded row end inside destination 0's slice
+    assert Destinations(token_dest, 3).slices == [(0, 14), (14, 21), (21, 35)]
+    assert Destinations(torch.tensor([[0, 1, 0]]), 2).slices is None  # interleaved: gathered instead
+    ids = torch.randint(0, 32, (5, 7), generator=torch.Generator().manual_seed(4))
+    assert per_destination_check(llama(2), ids, token_dest, 3) < 1e-12
+    grid = segmented_layout([4, 3, 2, 4], [0, 0, 1, 1], width=7)
+    assert grid.lines == 2 and [line for line, _ in grid.places] == [0, 0, 1, 1]
