@@ -34,6 +34,11 @@ def test_each_script_imports_as_a_module_of_the_package(script):
     assert module.__doc__, f"bench/{script}.py: its docstring says what it measures and how to run it"
 
 
+def test_every_script_is_listed_in_docs_bench_with_what_it_answers():
+    listed = (ROOT / "docs" / "bench.md").read_text()
+    assert [p.name for p in SCRIPTS if f"| `bench/{p.name}` |" not in listed] == []
+
+
 def test_the_trainer_never_imports_the_scripts():
     importers = [str(p.relative_to(ROOT)) for p in (ROOT / "learner").rglob("*.py")
                  if "bench" in imported_roots(ast.parse(p.read_text()))]
