@@ -97,6 +97,7 @@ class RunConsumer(AsyncWebsocketConsumer):
 
     accepted = False
     replaying = closing = False
+    probes_back = 0
     live_error: Exception | None = None
 
     async def refuse(self, code: int) -> None:
@@ -219,6 +220,9 @@ class RunConsumer(AsyncWebsocketConsumer):
         while batch := await stored_spans(self.run_id, self.sent_seq, through):
             await self.send_frame(json.dumps(spans_frame(batch)))
             self.sent_seq = batch[-1]["seq"]
+
+    async def run_probe(self, event):
+        self.probes_back = event["n"]  # the layer delivers to this socket (controller/layer_groups.py)
 
     async def run_resync(self, event):
         """The publisher dropped frames of this run while the layer was down: resume from the database."""

@@ -39,16 +39,24 @@ async def rejoin(layer, group: str, channel: str) -> bool:
 
 
 async def watch(consumer) -> None:
-    """Until the socket closes: every THUNDERSYNC_WS_GROUP_CHECK_S, rejoin the group; a lost
-    membership or an unreachable layer closes the socket with 4503 (the page resumes)."""
+    """Until the socket closes: every THUNDERSYNC_WS_GROUP_CHECK_S, rejoin the group and send
+    the socket a probe through the layer; a lost membership, a probe that did not come back by
+    the next check (the layer's receive path is stuck) or an unreachable layer closes the
+    socket with 4503 (the page resumes)."""
+    sent = 0
     while not consumer.closing:
         await asyncio.sleep(settings.THUNDERSYNC_WS_GROUP_CHECK_S)
         if consumer.closing:
             return
         try:
-            if await rejoin(consumer.channel_layer, consumer.group, consumer.channel_name):
+            if sent and consumer.probes_back < sent:
+                err: Exception = MembershipLost("a probe sent through the channel layer never came back")
+            elif await rejoin(consumer.channel_layer, consumer.group, consumer.channel_name):
+                sent += 1
+                await consumer.channel_layer.send(consumer.channel_name, {"type": "run.probe", "n": sent})
                 continue
-            err: Exception = MembershipLost(f"{consumer.group} had forgotten this socket (a Redis restart)")
+            else:
+                err = MembershipLost(f"{consumer.group} had forgotten this socket (a Redis restart)")
         except (*OUTAGE_ERRORS, OSError) as error:
             err = error
         await consumer.refuse_for_now("channel layer", err)

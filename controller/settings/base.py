@@ -227,10 +227,15 @@ def redis_options() -> dict:
 def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
     """channels-redis on ``url``. Its receive blocks in BZPOPMIN for 5 s, and redis-py 8's
     default socket timeout is also 5 s: the read would race the timeout and kill the
-    consumer, so the socket gets a timeout well above the blocking pop."""
+    consumer, so the socket gets a timeout well above the blocking pop. Every socket of one
+    daphne shares one inbox list, and a group send silently skips an inbox holding
+    ``capacity`` messages: at the default 100, a busy daphne with a few dozen viewers lost a
+    run's last frames (its final status), so the inbox may hold far more; a viewer that falls
+    behind is closed by its own byte limit instead (THUNDERSYNC_WS_BACKLOG_BYTES)."""
     return {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30, **redis_options()}], "prefix": prefix},
+            "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30, **redis_options()}], "prefix": prefix,
+                       "capacity": 10_000},
         }
     }
