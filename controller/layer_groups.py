@@ -40,8 +40,8 @@ async def rejoin(layer, group: str, channel: str) -> bool:
 
 async def watch(consumer) -> None:
     """Until the socket closes: every THUNDERSYNC_WS_GROUP_CHECK_S, rejoin the group and send
-    the socket a probe through the layer; a lost membership, a probe that did not come back by
-    the next check (the layer's receive path is stuck) or an unreachable layer closes the
+    the socket a probe through the layer; a lost membership, a probe that did not come back
+    within two checks (the layer's receive path is stuck) or an unreachable layer closes the
     socket with 4503 (the page resumes)."""
     sent = 0
     while not consumer.closing:
@@ -49,7 +49,7 @@ async def watch(consumer) -> None:
         if consumer.closing:
             return
         try:
-            if sent and consumer.probes_back < sent:
+            if consumer.probes_back < sent - 1:  # one check late is a busy daphne; two, a stuck receive
                 err: Exception = MembershipLost("a probe sent through the channel layer never came back")
             elif await rejoin(consumer.channel_layer, consumer.group, consumer.channel_name):
                 sent += 1

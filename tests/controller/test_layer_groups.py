@@ -2,7 +2,8 @@
 page is asked to reconnect (4503) and replays what it missed from the database
 (docs/controller.md, "Connections"). The group is forgotten by deleting its key, as a restart
 without persistence does, while every connection stays open, so the consumer's receive loop
-sees no error: the case only the periodic rejoin catches. The restart itself is in
+sees no error: the case only the periodic rejoin catches; a receive path that delivers
+nothing more is caught by its probes. The restart itself is in
 test_connections_load.py."""
 
 import time
@@ -67,3 +68,18 @@ async def test_pages_of_a_run_whose_frames_were_dropped_resume_once_the_layer_is
     assert await communicator.receive_json_from(timeout=5) == other
     assert await close_code(communicator) == CLOSE_TRY_AGAIN_LATER  # then: replay from the database
     assert not live._dropped
+
+
+async def test_a_socket_whose_probes_never_come_back_is_asked_to_resume(alice_run, alice, quick_checks, monkeypatch):
+    from controller.consumers import RunConsumer
+
+    async def lost(self, event):  # the layer's receive path delivers nothing more to this socket
+        return None
+
+    monkeypatch.setattr(RunConsumer, "run_probe", lost)
+    communicator, connected, _ = await connect(alice_run, user=alice)
+    assert connected
+    await receive_until_replay_done(communicator)
+    started = time.monotonic()
+    assert await close_code(communicator) == CLOSE_TRY_AGAIN_LATER
+    assert 0.3 < time.monotonic() - started < 3.0  # not at the first check: a probe may be one check late
