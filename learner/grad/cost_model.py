@@ -279,16 +279,17 @@ class DrainPolicy:
         ``finished-groups-first``: always; ``closed-groups``: never; ``cost-aware``: its premium
         ((``grouped_ratio`` − 1) × a known micro-batch's seconds for its slots, the cost beyond sync's)
         must be no more than the tail it saves (its known seconds: a grouped backward at more than
-        twice a known one never runs); a ``full`` one then runs (sync runs full micro-batches too, and
-        these rows' groups close in the wave at the rollout's end); an unfilled one only in place of
-        sync's own unfilled one (``partial_pays``), or, near the rollout's end, as ``open_pays`` judges
-        a bucket: the premium plus the fixed cost of one more backward within the allowance and no
-        more than the tail it saves, and it ends before the predicted last arrival."""
+        twice a known one never runs) and fit what is left of the batch's allowance (``share``); a
+        ``full`` one then runs (sync runs full micro-batches too, and these rows' groups close in the
+        wave at the rollout's end); an unfilled one only in place of sync's own unfilled one
+        (``partial_pays``), or, near the rollout's end, as ``open_pays`` judges a bucket: the premium
+        plus the fixed cost of one more backward within the allowance and no more than the tail it
+        saves, and it ends before the predicted last arrival."""
         if self.name != "cost-aware":
             return self.eager
         ratio = self.costs.grouped_ratio
         premium = max(ratio - 1.0, 0.0) * self.costs.known_s(slots) if open_rows else 0.0
-        if ratio > 2.0 or not self.costs.known:
+        if ratio > 2.0 or not budget.within(premium):
             return False
         if full or self.partial_pays(budget, slots):
             return True
