@@ -146,6 +146,9 @@ def test_streaming_with_vllm_rollouts_passes_the_gradient_audit(tmp_path):
         "rollout": {"engine": "vllm", "max_new_tokens": 16},
         "task": {"tool_latency": {"distribution": "constant", "median_s": 0.01}},
         "train": {"schedule": "streaming", "steps": 2, "prompts_per_step": 2, "group_size": 4},
+        # every trajectory forwarded whatever its reward (none skipped at A = 0), so every step
+        # has learner log-probs to hold vLLM's against, by construction rather than by the seed
+        "algorithm": {"entropy_coef": 0.01},
     })
     sink = MemorySink()
     train(cfg, sink, dump_dir=tmp_path / "dump")
