@@ -183,10 +183,11 @@ class ProductionWeb:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         db = connection.settings_dict
+        self.database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+        self.run_dir = run_dir
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.production", "PYTHONPATH": str(ROOT),
                "DJANGO_SECRET_KEY": uuid.uuid4().hex * 2, "DJANGO_HTTPS": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
-               "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-               "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir)}
+               "DATABASE_URL": self.database_url, "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir)}
         self.log_path, self.log = log_path, open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "controller.asgi:application"],
