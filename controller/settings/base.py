@@ -195,7 +195,8 @@ LOGGING = {
 # a pool of at most THUNDERSYNC_DB_POOL_MAX connections (a thread returns its connection when
 # a request, a websocket query or a reaper pass ends; a run's supervisor holds one for the run,
 # so a worker process needs its run threads + 2); a thread that finds every connection taken
-# waits up to THUNDERSYNC_DB_POOL_TIMEOUT_S, then its request answers 503.
+# waits up to THUNDERSYNC_DB_POOL_TIMEOUT_S, then its request answers 503 (a supervisor tries again
+# later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller.md "Connections").
 THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
 THUNDERSYNC_DB_POOL_TIMEOUT_S = 5.0
 # A websocket checks this often that the channel layer still holds it in its run's group (a
