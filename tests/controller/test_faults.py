@@ -221,11 +221,16 @@ def test_a_full_run_disk_fails_the_run_with_the_reason(worker, run_dir, alice_ex
 
 
 def sandbox_processes(learner_pgid: int) -> list[int]:
-    """The python-sandbox processes of a run: children of its rollout workers with the token."""
-    workers = set(group_members(learner_pgid))
+    """The python-sandbox processes of a run: descendants of its rollout workers with the token
+    (under bubblewrap the tool's interpreter is a grandchild: bwrap itself runs with an empty
+    environment and sets the token only inside)."""
+    procs = live_processes()
+    family = set(group_members(learner_pgid))
+    while grown := {pid for pid, stat in procs if int(stat[1]) in family} - family:
+        family |= grown
     found = []
-    for pid, stat in live_processes():
-        if int(stat[1]) in workers:
+    for pid, _ in procs:
+        if pid in family:
             try:
                 with open(f"/proc/{pid}/environ", "rb") as fh:
                     if SANDBOX_TOKEN.encode() in fh.read():
