@@ -198,7 +198,7 @@ LOGGING = {
 # waits up to THUNDERSYNC_DB_POOL_TIMEOUT_S, then its request answers 503 (a supervisor tries again
 # later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller.md "Connections").
 THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
-THUNDERSYNC_DB_POOL_TIMEOUT_S = 5.0
+THUNDERSYNC_DB_POOL_TIMEOUT_S = float(os.environ.get("THUNDERSYNC_DB_POOL_TIMEOUT_S", "5"))
 # A websocket checks this often that the channel layer still holds it in its run's group (a
 # Redis restart forgets every group) and asks its page to reconnect from its last seq if not.
 THUNDERSYNC_WS_GROUP_CHECK_S = 5.0
@@ -212,7 +212,10 @@ REDIS_HEALTH_CHECK_S = 10
 def postgres_database(**fields) -> dict:
     """A PostgreSQL ``DATABASES`` entry through Django's psycopg pool: at most
     THUNDERSYNC_DB_POOL_MAX connections per process, one kept open while idle, each checked
-    before a thread takes it (a terminated backend is replaced, not handed out)."""
+    before a thread takes it (a terminated backend is replaced, not handed out);
+    THUNDERSYNC_DB_POOL_MAX=0: no pool, a connection per request."""
+    if THUNDERSYNC_DB_POOL_MAX == 0:
+        return {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields}
     return {
         "ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields,
         "OPTIONS": {"pool": {"min_size": 1, "max_size": THUNDERSYNC_DB_POOL_MAX, "max_idle": 60.0,

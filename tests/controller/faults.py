@@ -179,7 +179,7 @@ class ProductionWeb:
     PostgreSQL connections, Redis as cache, broker and channel layer) on this test run's
     database and the given Redis; ``login`` opens a ``requests`` session through the real form."""
 
-    def __init__(self, redis_url: str, run_dir: Path, log_path: Path):
+    def __init__(self, redis_url: str, run_dir: Path, log_path: Path, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         db = connection.settings_dict
@@ -187,7 +187,10 @@ class ProductionWeb:
         self.run_dir = run_dir
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.production", "PYTHONPATH": str(ROOT),
                "DJANGO_SECRET_KEY": uuid.uuid4().hex * 2, "DJANGO_HTTPS": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
-               "DATABASE_URL": self.database_url, "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir)}
+               "DATABASE_URL": self.database_url, "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir),
+               # a request that finds no live pooled connection (backends terminated every 50 ms)
+               # answers 503 after this wait, not production's 5 s: hundreds of such requests
+               "THUNDERSYNC_DB_POOL_TIMEOUT_S": "0.25", **(env or {})}
         self.log_path, self.log = log_path, open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "controller.asgi:application"],

@@ -22,11 +22,22 @@ from controller.models import Experiment, Run
 
 from .conftest import QUICKSTART, make_run, store_metrics, store_spans
 from .faults import BackendTerminator, ProductionWeb, production_password
-from .faults import redis_server, web  # noqa: F401 (fixtures)
+from .faults import redis_server  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 EXAMPLES = 6  # per operation, mode and phase: 14 operations x 2 modes x up to 3 sends x 3 phases
 PATH_IDS = re.compile(r"\{(run_id|experiment_id)\}")
+
+
+@pytest.fixture
+def web(redis_server, tmp_path):  # noqa: F811
+    """The production daphne without the connection pool: a connection per request, so each of
+    the hundreds of requests sent while backends are terminated every 50 ms fails fast (through
+    the pool each waited for a live connection: 75 s became 340 s). The pool under a flapping
+    database is test_outages' and test_connections_load's."""
+    server = ProductionWeb(redis_server.url, tmp_path / "runs", tmp_path / "daphne.log", env={"THUNDERSYNC_DB_POOL_MAX": "0"})
+    yield server
+    server.stop()
 
 
 @pytest.fixture
