@@ -46,5 +46,7 @@ def test_connections_stay_bounded_and_every_update_arrives_through_a_redis_resta
     assert report["api_p95_ms"] < 5000, report
     most = report["connections_max"]
     assert 0 < most["daphne/postgres"] <= POOL_MAX and 0 < most["worker/postgres"] <= POOL_MAX, most
-    assert most["daphne/redis"] <= 3 * VIEWERS_PER_RUN and most["worker/redis"] <= 2 * RUNS, most
+    # Redis is not pooled per process: a websocket's channel-layer receive holds one connection,
+    # plus a few shared ones (publisher, group rejoins); so at most one per viewer and a handful
+    assert most["daphne/redis"] <= RUNS * VIEWERS_PER_RUN + 6 and most["worker/redis"] <= 2 * RUNS, most
     assert b"Traceback" not in web.log_path.read_bytes()

@@ -117,9 +117,13 @@ def test_steps_tile_the_run_and_waiting_for_data_is_part_of_idle(sync_run, strea
             # blocked on the fleet, the learner runs no span: waiting is a part of idle
             assert 0.0 <= v["trainer/wait_ratio"] <= v["trainer/idle_ratio"] + 1e-9
     for v in (m["values"] for m in sync_run[1].metrics()):
-        # sync waits for the whole rollout of its batch before it learns
-        wait_s = v["trainer/wait_ratio"] * v["timing_s/step"]
-        assert wait_s >= 0.5 * (v["step/first_backward_t"] - v["step/t_start"])
+        # sync waits for the whole rollout of its batch before it learns: it was blocked on the fleet
+        # for part of the step, and its first backward starts after the batch's last reward (how
+        # much of that gap is waiting rather than taking trajectories off the queue depends on the
+        # machine's load, so no share is asserted)
+        assert v["trainer/wait_ratio"] * v["timing_s/step"] > 0
+        first = v["step/first_backward_t"]  # NaN: a step whose every group had equal rewards ran none
+        assert first != first or first >= v["step/last_reward_t"]
 
 
 def test_opd_streaming_learns_every_scored_turn_and_keeps_every_span():
