@@ -88,7 +88,9 @@ def log_in(page, base_url: str, username: str, password: str) -> None:
     page.fill("#id_username", username)
     page.fill("#id_password", password)
     page.click("#login-form button[type=submit]")
-    page.wait_for_url(f"{base_url}/")
+    # up to 90 s: a loaded 2-core machine once kept this navigation past playwright's default 30 s
+    # (the two-node test, right after the connections load test on the same worker)
+    page.wait_for_url(f"{base_url}/", timeout=90_000)
 
 
 def pick_metrics(page, names: list[str]) -> None:
