@@ -129,14 +129,7 @@ def learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: ran
         _, s = timed(device, lambda: learner.on_trajectory(traj, on_phase))
         backward.append(s - sum(close[closed_before:]))
 
-    def barrier():
-        out = learner.finish_batch()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return out
-
-    finished, opt_s = timed(device, barrier)
+    finished, opt_s = timed(device, lambda: barrier_step(learner, model, opt))
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
     return {
         "n_traj": len(trajs), "n_tokens": finished["n_tokens"], "peak_group_buffers": finished["peak_buffers"],
@@ -145,6 +138,15 @@ def learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: ran
         "finish_clip_adamw_ms": 1e3 * opt_s, "learner_s": sum(backward) + sum(close) + opt_s,
         "tail_learner_s": backward[-1] + (close[-1] if close else 0.0) + opt_s, "peak_device_gib": peak,
     }
+
+
+def barrier_step(learner: StreamingLearner, model, opt) -> dict:
+    """The batch's barrier as the trainer runs it: finish_batch, clip, optimizer step, zero_grad."""
+    out = learner.finish_batch()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return out
 
 
 def grouped_learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: random.Random,
@@ -170,14 +172,7 @@ def grouped_learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, 
     for k in range(0, len(order), chunk):
         work += timed(device, lambda: arrive(order[k:k + chunk]))[1]
 
-    def barrier():
-        out = learner.finish_batch()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return out
-
-    finished, opt_s = timed(device, barrier)
+    finished, opt_s = timed(device, lambda: barrier_step(learner, model, opt))
     return {"grouped_learner_s": work + opt_s, "grouped_ms_per_traj": 1e3 * (work + opt_s) / len(trajs),
             "grouped_micro_batches": finished["micro_batches"], "grouped_open_rows": finished["open_rows"],
             "grouped_backwards": finished["grouped_micro_batches"]}
