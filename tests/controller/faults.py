@@ -108,13 +108,16 @@ class RedisServer:
 
 class WorkerProcess:
     """``celery -A controller worker -Q runs`` (prefork, one pool process) in its own session;
-    ``queues`` and ``node`` (THUNDERSYNC_NODE) for a worker of one node of a run that spans nodes."""
+    ``queues`` and ``node`` (THUNDERSYNC_NODE) for a worker of one node of a run that spans nodes;
+    ``path_first``: a directory put first on its PATH (a fault injected into a program it runs)."""
 
     def __init__(self, run_dir: Path, log_path: Path, redis_url: str | None = None, queues: str = "runs",
-                 node: str = "local"):
+                 node: str = "local", path_first: Path | None = None):
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test", "THUNDERSYNC_NODE": node,
                "THUNDERSYNC_TEST_TAG": settings.TEST_TAG, "THUNDERSYNC_TEST_DATABASE": connection.settings_dict["NAME"],
                "THUNDERSYNC_RUN_DIR": str(run_dir), "PYTHONPATH": str(ROOT)}
+        if path_first:  # a directory of programs the worker and its runs find before the system's
+            env["PATH"] = f"{path_first}{os.pathsep}{env.get('PATH', '')}"
         if redis_url:
             env["THUNDERSYNC_TEST_REDIS_URL"] = redis_url
         self.log_path = log_path

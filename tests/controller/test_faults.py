@@ -5,6 +5,8 @@ there, and neither processes nor /dev/shm semaphores of the run are left behind.
 docs/controller.md "No run without an owner" describes the mechanisms under test."""
 
 import os
+import shlex
+import shutil
 import signal
 import time
 from datetime import timedelta
@@ -18,13 +20,12 @@ from controller.celery import app
 from controller.broker import enqueue
 from controller.launching import launch_run
 from controller.models import Experiment, Run, Span, StepMetric
-from learner.rollout.sandbox import SANDBOX_TOKEN
 
 from .conftest import QUICKSTART
 from tests.harness.processes import rollout_workers
 
 from .faults import (BackendTerminator, WorkerProcess, assert_nothing_left, assert_spans_kept, exited, group_members,
-                     live_processes, wait_final, wait_running_with_spans, wait_until)
+                     wait_final, wait_running_with_spans, wait_until)
 from .faults import redis_server, web  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -220,45 +221,48 @@ def test_a_full_run_disk_fails_the_run_with_the_reason(worker, run_dir, alice_ex
     assert_nothing_left(run)
 
 
-def sandbox_processes(learner_pgid: int) -> list[int]:
-    """The python-sandbox processes of a run: descendants of its rollout workers with the token
-    (under bubblewrap the tool's interpreter is a grandchild: bwrap itself runs with an empty
-    environment and sets the token only inside)."""
-    procs = live_processes()
-    family = set(group_members(learner_pgid))
-    while grown := {pid for pid, stat in procs if int(stat[1]) in family} - family:
-        family |= grown
-    found = []
-    for pid, _ in procs:
-        if pid in family:
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if SANDBOX_TOKEN.encode() in fh.read():
-                        found.append(pid)
-            except OSError:
-                pass
-    return found
+HANGING_BWRAP = """#!/bin/sh
+# A tool call that hangs: this stand-in for bwrap records its pid and stops itself (SIGSTOP:
+# alive, never answers) before the real bwrap would start the call's interpreter. The
+# availability probe ("-c pass") passes straight through, so the run keeps bwrap's confinement.
+for last; do :; done
+if [ "$last" = main.py ]; then
+  echo $$ >> {stopped}
+  kill -STOP $$
+fi
+exec {real} "$@"
+"""
 
 
-def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset):
+@pytest.fixture
+def hanging_tools(run_dir, tmp_path):
+    """A worker whose every python-sandbox call hangs, and the file where each hung call's pid
+    is written. Injected by construction rather than by catching a short-lived call with a
+    signal: a call lives a few tens of milliseconds, which a poll of /proc misses on a loaded
+    machine."""
+    real = shutil.which("bwrap")
+    if real is None:
+        pytest.fail("bwrap is not installed (./run test installs bubblewrap)")
+    bin_dir, stopped = tmp_path / "bin", tmp_path / "stopped-pids"
+    bin_dir.mkdir()
+    stopped.touch()
+    (bin_dir / "bwrap").write_text(HANGING_BWRAP.format(stopped=shlex.quote(str(stopped)), real=shlex.quote(real)))
+    (bin_dir / "bwrap").chmod(0o755)
+    worker = WorkerProcess(run_dir, tmp_path / "worker.log", path_first=bin_dir)
+    yield worker, stopped
+    Run.objects.exclude(status__in=Run.FINISHED).update(cancel_requested=True)
+    worker.stop()
+
+
+def test_a_hanging_tool_times_out_and_the_run_goes_on(hanging_tools, alice, sync_preset):
+    _, stopped_file = hanging_tools
     config = {**QUICKSTART, "task": {**QUICKSTART["task"], "name": "python-sandbox", "tool_timeout_s": 1.0}}
     experiment = Experiment.objects.create(owner=alice, name="sandbox", config=config)
     run_id = launch(experiment, sync_preset, 2)
-    pgid = wait_running_with_spans(run_id, 1).pids[0]
-    stopped: set[int] = set()
-    deadline = time.monotonic() + 240
-    while Run.objects.get(pk=run_id).status not in Run.FINISHED and time.monotonic() < deadline:
-        for pid in sandbox_processes(pgid):  # every tool process hangs (SIGSTOP: alive, never answers)
-            if pid not in stopped:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except ProcessLookupError:  # the call ended between the listing and the signal
-                    continue
-                stopped.add(pid)
-        time.sleep(0.02)
-    run = wait_final(run_id, BOUND_S)
+    run = wait_final(run_id, 240)
     assert run.status == "succeeded", run.error
-    assert stopped
+    stopped = {int(line) for line in stopped_file.read_text().split()}
+    assert stopped  # the fault did hit: tool calls were made and hung
     spans = list(Span.objects.filter(run_id=run_id).values("kind", "t0", "t1", "traj"))
     hung = [s for s in spans if s["kind"] == "rollout.tool" and s["t1"] - s["t0"] >= 1.0]
     assert hung and all(s["t1"] - s["t0"] < 5.0 for s in hung)  # task.tool_timeout_s, not the sandbox's 5 s
@@ -266,7 +270,8 @@ def test_a_hanging_tool_times_out_and_the_run_goes_on(worker, alice, sync_preset
     assert any(g["kind"] == "rollout.generate" and g["traj"] != h["traj"] and h["t0"] < g["t0"] < h["t1"]
                for h in hung for g in spans)
     assert_nothing_left(run)
-    assert not [pid for pid in stopped if os.path.exists(f"/proc/{pid}")]
+    # each hung call was killed by the sandbox's wall clock, though it never answered a signal but SIGKILL
+    wait_until(lambda: not [pid for pid in stopped if os.path.exists(f"/proc/{pid}")], 30, "the hung calls are gone")
 
 
 def test_a_redis_restart_loses_no_run(redis_server, run_dir, tmp_path, alice_experiment, sync_preset):
