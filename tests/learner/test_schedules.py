@@ -117,11 +117,13 @@ def test_steps_tile_the_run_and_waiting_for_data_is_part_of_idle(sync_run, strea
             # blocked on the fleet, the learner runs no span: waiting is a part of idle
             assert 0.0 <= v["trainer/wait_ratio"] <= v["trainer/idle_ratio"] + 1e-9
     for v in (m["values"] for m in sync_run[1].metrics()):
-        # sync waits for the whole rollout of its batch before it learns: it was blocked on the fleet
-        # for part of the step, and its first backward starts after the batch's last reward (how
-        # much of that gap is waiting rather than taking trajectories off the queue depends on the
-        # machine's load, so no share is asserted)
-        assert v["trainer/wait_ratio"] * v["timing_s/step"] > 0
+        # sync waits for the whole rollout of its batch before it learns: no learner span runs from
+        # the step's start to its last reward, and its first backward starts after that reward. (Whether
+        # the driver was ever *blocked* on the fleet in that gap, rather than finding each trajectory
+        # already queued, depends on the machine's load: a loaded CI machine once read 0 in a 7 s
+        # step, so no wait is asserted here; tests/learner/test_metrics.py checks how waits count.)
+        idle_s = v["trainer/idle_ratio"] * v["timing_s/step"]
+        assert idle_s >= v["step/last_reward_t"] - v["step/t_start"] - 1e-9 > 0
         first = v["step/first_backward_t"]  # NaN: a step whose every group had equal rewards ran none
         assert first != first or first >= v["step/last_reward_t"]
 
