@@ -27,8 +27,8 @@ from .live import group_name
 from .models import Run, Span
 from .outages import OUTAGE_ERRORS
 from .runlog import log_tail
-from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame
-from .serializers import metrics_json, spans_json
+from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame, system_frame
+from .serializers import metrics_json, spans_json, system_json
 
 REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
@@ -56,8 +56,8 @@ def stored_spans(run_id: int, after: int, through: int | None = None) -> list[di
 
 
 @database_sync_to_async
-def current_state(run_id: int) -> tuple[list[dict], dict]:
-    return metrics_json(run_id), status_frame(Run.objects.get(pk=run_id))
+def current_state(run_id: int) -> tuple[list[dict], list[dict], dict]:
+    return metrics_json(run_id), system_json(run_id), status_frame(Run.objects.get(pk=run_id))
 
 
 def after_param(query_string: bytes) -> int | None:
@@ -192,21 +192,23 @@ class RunConsumer(AsyncWebsocketConsumer):
             await self.continue_replay()
 
     async def continue_replay(self) -> None:
-        """Send stored spans while the client keeps up; at the end, metrics, log tail, status,
-        replay_done."""
+        """Send stored spans while the client keeps up; at the end, metrics, system samples, log
+        tail, status, replay_done."""
         try:
             while batch := await stored_spans(self.run_id, self.sent_seq):
                 await self.send_frame(json.dumps(spans_frame(batch)))
                 self.sent_seq = batch[-1]["seq"]
                 if self.backlog >= self.limit // 2:
                     return  # the client has not caught up: its next ack continues the replay
-            metrics, status = await current_state(self.run_id)
+            metrics, system, status = await current_state(self.run_id)
         except DatabaseError as err:
             await self.refuse_for_now("database", err)
             return
         self.replaying = False
         if metrics:
             await self.send_frame(json.dumps(metrics_frame(metrics)))
+        if system:
+            await self.send_frame(json.dumps(system_frame(system)))
         first, lines = await sync_to_async(log_tail)(self.run_id)
         if lines:
             await self.send_frame(json.dumps(log_frame(first, lines)))

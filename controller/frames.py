@@ -15,6 +15,11 @@ def metrics_frame(metrics: list[dict]) -> dict:
     return {"type": "metrics", "metrics": metrics}
 
 
+def system_frame(samples: list[dict]) -> dict:
+    """Process samples on the wall clock: ``[{"t": run clock s, "node": str, "values": {name: number}}]`` in t order."""
+    return {"type": "system", "samples": samples}
+
+
 def status_frame(run: Run) -> dict:
     return {"type": "status", "status": run.status, "summary": run.summary, "error": run.error,
             "started": iso(run.started), "finished": iso(run.finished),

@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from . import live, trajectories
 from .assignments import Assignments
-from .models import Checkpoint, Run, StepMetric
-from .frames import assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, trajectories_frame
+from .models import Checkpoint, Run, StepMetric, SystemSample
+from .frames import (assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, system_frame,
+                     trajectories_frame)
 from .serializers import SPAN_FIELDS
 from .bulk_writes import write_spans, write_trajectories
 
@@ -76,6 +77,7 @@ class RunIngestor:
         self.flush_spans = flush_spans
         self._spans: list[dict] = []  # validated span rows
         self._metrics: dict[int, dict] = {}
+        self._system: list[dict] = []  # the processes on the wall clock (tracking.system_every_s): t, node, values
         self._checkpoints: list[Checkpoint] = []
         self._trajectories: list = []  # TrajectoryRecord, after their step (controller/trajectories.py)
         self._assignments = Assignments()  # fully-async: its rollout spans' steps (controller/assignments.py)
@@ -129,6 +131,12 @@ class RunIngestor:
             if not is_int32(event.get("step")) or not isinstance(event.get("values"), dict):
                 raise ValueError("metrics: expected an integer step and a values object")
             self._metrics[event["step"]] = finite_or_none(event["values"])
+        elif kind == "system":
+            t, node, values = event.get("t"), event.get("node"), event.get("values")
+            if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)) \
+                    or not isinstance(node, str) or len(node) > 200 or not isinstance(values, dict):
+                raise ValueError("system: expected a finite t, a node name of at most 200 characters and a values object")
+            self._system.append({"t": float(t), "node": node, "values": finite_or_none(values)})
         elif kind == "checkpoint":
             if not is_int32(event.get("step")) or not isinstance(event.get("path"), str):
                 raise ValueError("checkpoint: expected an integer step and a path")
@@ -159,7 +167,8 @@ class RunIngestor:
         self._log.append((number, line))
 
     def pending(self) -> bool:
-        return bool(self._spans or self._metrics or self._checkpoints or self._trajectories or self._became_running
+        return bool(self._spans or self._metrics or self._system or self._checkpoints or self._trajectories
+                    or self._became_running
                     or self._log or self._assignments.pending)
 
     def wait_s(self) -> float:
@@ -182,6 +191,7 @@ class RunIngestor:
         became_running = self._became_running
         self._spans, self._metrics, self._checkpoints, self._became_running = [], {}, [], False
         self._trajectories = []
+        system, self._system = self._system, []
         self._last_flush = time.monotonic()
         try:
             with transaction.atomic():
@@ -192,12 +202,14 @@ class RunIngestor:
                     update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
                 )
                 Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+                SystemSample.objects.bulk_create([SystemSample(run_id=self.run_id, **x) for x in system])
                 write_trajectories(trajs)
                 if became_running:
                     Run.objects.filter(pk=self.run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)
         except DatabaseError:  # nothing was written: keep it all for the supervisor's next try
             self._spans, self._checkpoints = spans + self._spans, checkpoints + self._checkpoints
             self._trajectories = trajs + self._trajectories
+            self._system = system + self._system
             self._metrics = {**metrics, **self._metrics}
             self._became_running = self._became_running or became_running
             raise
@@ -211,6 +223,8 @@ class RunIngestor:
         if metrics:
             live.publish(self.run_id, metrics_frame(
                 [{"step": step, "values": values} for step, values in sorted(metrics.items())]))
+        if system:
+            live.publish(self.run_id, system_frame(system))
         if trajs:
             live.publish(self.run_id, trajectories_frame(sorted({r.step for r in trajs})))
         self.publish_log()

@@ -210,6 +210,23 @@ class StepMetric(models.Model):
         return f"{self.run} step {self.step}"
 
 
+class SystemSample(models.Model):
+    """The run's processes every ``tracking.system_every_s`` seconds on one node: CPU %, RSS (and
+    GPU) under their ``system/<process>/<quantity>`` names (docs/spans.md, "System samples")."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="system_samples")
+    t = models.FloatField()  # the run clock, as the spans'
+    node = models.CharField(max_length=200)
+    values = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["t"]
+        indexes = [models.Index(fields=["run", "t"], name="system_sample_run_t")]
+
+    def __str__(self):
+        return f"{self.run} system at {self.t:.1f} s on {self.node}"
+
+
 class Span(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="spans")
     seq = models.IntegerField()

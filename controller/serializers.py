@@ -2,7 +2,7 @@
 
 from django.db.models import Max
 
-from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric
+from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric, SystemSample
 
 # Same keys as the learner's JSONL span event, minus "type".
 SPAN_FIELDS = ("seq", "step", "kind", "t0", "t1", "lane", "traj", "group", "turn", "policy_version", "tokens")
@@ -77,3 +77,7 @@ def spans_json(queryset, limit: int | None = None) -> list[dict]:
 
 def metrics_json(run_id: int) -> list[dict]:
     return list(StepMetric.objects.filter(run_id=run_id).order_by("step").values("step", "values"))
+
+
+def system_json(run_id: int) -> list[dict]:
+    return list(SystemSample.objects.filter(run_id=run_id).order_by("t").values("t", "node", "values"))

@@ -372,11 +372,21 @@ class LearnerConfig(Strict):
 
 
 class TrackingConfig(Strict):
-    """Step metrics also written for TensorBoard / W&B (learner/tracking.py)."""
+    """Step metrics also written for TensorBoard / W&B (learner/tracking.py), and how often the
+    run's processes are sampled (learner/driver/system_metrics.py)."""
 
     tensorboard: str | None = Field(
         None, max_length=500, description="directory for TensorBoard event files (relative: to the working directory)")
     wandb: bool = Field(False, description="log to Weights & Biases in offline mode (needs the wandb package)")
+    system_every_s: float = Field(
+        2.0, ge=0.0, le=3600.0,
+        description="seconds between samples of every process's CPU %, RSS (and GPU) as system events; 0: only at step ends")
+
+    @model_validator(mode="after")
+    def _sampling_not_a_busy_loop(self) -> "TrackingConfig":
+        if 0 < self.system_every_s < 0.1:
+            raise ValueError("system_every_s must be 0 (only at step ends) or at least 0.1 s")
+        return self
 
 
 class RunConfig(Strict):

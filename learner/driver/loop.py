@@ -37,7 +37,7 @@ from learner.driver.rollouts import Rollouts
 from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
-from learner.driver.system_metrics import ProcessSampler, gpu_metrics, placed_gpu_metrics, run_pids
+from learner.driver.system_metrics import ProcessSampler, SystemSampler, gpu_metrics, placed_gpu_metrics, run_pids
 from learner.driver.trajectory_records import TrajectoryRecords
 from learner.lora import grad_buffer_mb, save_policy
 from learner.rollout.boot import BootedWorkers, boot_fleet
@@ -120,18 +120,32 @@ class Trainer:
         per_rank = list(ranks.values()) if ranks else [rec.learner_stats]
         values = {**trajectory_curves(rec.trajs), **learner_curves(per_rank, groups[0]["lr"] if groups else None)}
         values.update(self.processes.sample(self.run_pids()))
-        values.update(gpu_metrics(self.parts.params[0].device))
+        values.update(self.gpu_values())
+        return values
+
+    def gpu_values(self) -> dict[str, float]:
+        values = gpu_metrics(self.parts.params[0].device)
         if self.cfg.placement is not None:  # each placed GPU's role, memory and utilisation (docs/gpu.md)
             values.update(placed_gpu_metrics(self.cfg.placement))
         return values
+
+    def start_system_sampler(self) -> SystemSampler | None:
+        """``tracking.system_every_s``: the processes sampled on the wall clock too, not only at
+        step ends (learner/driver/system_metrics.py)."""
+        every_s = self.cfg.tracking.system_every_s
+        if every_s <= 0:
+            return None
+        return SystemSampler(every_s, self.now, self.run_pids, self.sink.emit, self.gpu_values).start()
 
     def run_pids(self) -> dict[str, int]:
         fleet = getattr(self.parts.fleet, "local", self.parts.fleet)  # PlacedFleet: this node's workers
         return run_pids(self.parts.learner.pids, fleet.booted.procs)
 
     def run(self) -> dict:
+        system = None
         try:
             self.processes.sample(self.run_pids())  # the first step's CPU % is over the step
+            system = self.start_system_sampler()
             self.t_step_end = self.now()
             self.schedule.dispatch(self)
             for step in range(self.first_step, self.cfg.train.steps):
@@ -154,6 +168,8 @@ class Trainer:
             self.records.close(wait_for_them=False)
             raise
         finally:
+            if system is not None:
+                system.stop()
             self.parts.close()
         return finish_run(self)
 

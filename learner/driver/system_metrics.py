@@ -1,12 +1,18 @@
-"""CPU % and resident memory per process of the run, per step (``system/<process>/...``): the
-driver (which is also the learner when it has one rank), the learner's rank processes and this
-node's rollout workers; on a GPU also the driver's GPU memory and utilisation. Read from /proc
-through psutil at each step's end, a few reads per process: nothing on the learner's hot path."""
+"""CPU % and resident memory per process of the run (``system/<process>/...``): the driver
+(which is also the learner when it has one rank), the learner's rank processes and this node's
+rollout workers; on a GPU also the driver's GPU memory and utilisation. Read from /proc through
+psutil, a few reads per process: nothing on the learner's hot path. Two cadences: at each step's
+end (into the step's metrics), and every ``tracking.system_every_s`` seconds of wall clock by
+``SystemSampler`` (``system`` events: a step of minutes on a GPU node still gets a curve, as W&B
+and Ray sample every few seconds)."""
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
+from typing import Callable
 
 import psutil
 import torch
@@ -93,3 +99,45 @@ def placed_gpu_metrics(placement) -> dict[str, float]:
         except Exception:  # no pynvml / NVML
             continue
     return values
+
+
+def node_name() -> str:
+    """The node a run's samples come from: the Celery worker's ``THUNDERSYNC_NODE`` (the app's
+    name for it), else the host name."""
+    return os.environ.get("THUNDERSYNC_NODE") or socket.gethostname()
+
+
+class SystemSampler:
+    """A daemon thread that, every ``every_s`` seconds, samples the run's processes (its own
+    ``ProcessSampler``: CPU % over its own interval) and hands ``emit`` one ``system`` event
+    ``{"type": "system", "t": run clock, "node": ..., "values": {system/<process>/<quantity>: x}}``
+    (docs/spans.md). ``pids`` and ``extra`` are called on this thread: they must only read."""
+
+    def __init__(self, every_s: float, now: Callable[[], float], pids: Callable[[], dict[str, int]],
+                 emit: Callable[[dict], None], extra: Callable[[], dict[str, float]] = dict):
+        self.every_s, self.now, self.pids, self.emit, self.extra = every_s, now, pids, emit, extra
+        self.node = node_name()
+        self.samples = 0
+        self._sampler = ProcessSampler()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="system-sampler", daemon=True)
+
+    def start(self) -> "SystemSampler":
+        self._sampler.sample(self.pids())  # the first event's CPU % is over its first interval
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                values = {**self._sampler.sample(self.pids()), **self.extra()}
+            except Exception:  # a process table read racing a worker's restart: skip this sample
+                continue
+            if values:
+                self.emit({"type": "system", "t": round(self.now(), 6), "node": self.node, "values": values})
+                self.samples += 1
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)

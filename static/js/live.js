@@ -78,6 +78,7 @@ async function showTrajectoryText(traj, state) {
 }
 gantt.describe = (span) => (span.kind === KIND.OPTIMIZER ? optimizerNote(span) : "");
 const metrics = new Map(); // step -> values
+const systemSamples = new Map(); // "node@t" -> {t, node, values}: the processes on the wall clock
 // Debug flag (docs/pages.md, "Debug flag"): only when window.THUNDERSYNC_DEBUG is set before the
 // page loads (the browser tests and web benches set it) does the page log frame and draw timings
 // and expose window.__thundersync; a production page does neither.
@@ -278,7 +279,7 @@ async function drawMetrics() {
       s(METRIC.STALENESS_MEAN, "mean", 1, { colour: "#b07aa1" }),
       s(METRIC.STALENESS_MAX, "max", 1, { colour: "#b07aa1", dash: "dot" }),
     ], { yTitle: "policy versions" })),
-    draw($("chart-processes"), processFigure(list, $("process-quantity").value)),
+    draw($("chart-processes"), processFigure(list, $("process-quantity").value, [...systemSamples.values()])),
   ]);
 }
 const metricPanel = new MetricPanel($("metric-panel"), { onScreen });
@@ -390,6 +391,10 @@ function handleFrame(frame) {
       if (replayDone) requestMetrics(); // during a replay the Gantt goes first, at replay_done
       drawProgress();
       drawStats();
+      break;
+    case "system": // the processes every tracking.system_every_s seconds; a replay sends them again
+      for (const sample of frame.samples || []) systemSamples.set(`${sample.node}@${sample.t}`, sample);
+      if (replayDone) requestMetrics();
       break;
     case "status":
       setStatus(frame.status, frame.error, frame);

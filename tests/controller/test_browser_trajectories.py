@@ -12,7 +12,7 @@ import pytest
 from tests.harness.web_harness import browser_page, live_url, pick_metrics, screenshot  # noqa: F401 (fixtures)
 
 from controller.ingestion import RunIngestor, finish_run
-from controller.models import Run, Span, StepMetric, TrajectoryRecord
+from controller.models import Run, Span, StepMetric, SystemSample, TrajectoryRecord
 from learner.config import load_config
 from learner.driver.loop import train
 from learner.timeline import MemorySink
@@ -26,7 +26,9 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def learner_events():
-    cfg = load_config("configs/quickstart.yaml", {"train.steps": STEPS, "algorithm.kl_coef": 0.05})
+    # the processes sampled every 0.2 s of wall clock as well as at each step's end
+    cfg = load_config("configs/quickstart.yaml", {"train.steps": STEPS, "algorithm.kl_coef": 0.05,
+                                                  "tracking.system_every_s": 0.2})
     sink = MemorySink()
     train(cfg, sink)
     return sink.events
@@ -67,20 +69,18 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
         shown = page.evaluate("[...document.querySelectorAll('#metric-picker label')].filter((l) => !l.hidden).map((l) => l.dataset.metric)")
         assert shown == found, (words, shown)
     assert page.inner_text("#metric-picker label[data-metric='system/driver/rss_mb'] .metric-role") == "driver / learner · RSS (MB)"
-    # every process on one wall-clock chart, named by its role, its points the stored samples
+    # every process on one wall-clock chart, named by its role, its points the samples taken every
+    # tracking.system_every_s seconds (a 3-step run lasts longer than the 0.2 s between two)
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
-    processes = "document.getElementById('chart-processes')"
+    start = min(v["step/t_start"] for v in stored)
+    samples = list(SystemSample.objects.filter(run=run).order_by("t"))
+    assert samples
     for quantity in ("cpu_percent", "rss_mb"):
-        page.select_option("#process-quantity", quantity)
-        page.locator("#chart-processes").scroll_into_view_if_needed()
-        page.wait_for_function(f"{processes}.layout?.uirevision === 'processes-{quantity}' && {processes}.data?.length >= 2")
-        lines = {t["name"]: t for t in page.evaluate(f"{processes}.data.map((t) => ({{name: t.name, x: t.x, y: t.y}}))")}
+        key = f"system/driver/{quantity}"
+        lines = process_lines(page, quantity)
         assert {"driver / learner", "rollout worker 0"} <= set(lines), list(lines)
-        learner = [v[f"system/driver/{quantity}"] for v in stored if f"system/driver/{quantity}" in v]
-        assert lines["driver / learner"]["y"] == pytest.approx(learner)
-        start = min(v["step/t_start"] for v in stored)
-        assert lines["driver / learner"]["x"] == pytest.approx(
-            [v["step/t_end"] - start for v in stored if f"system/driver/{quantity}" in v])
+        assert lines["driver / learner"]["y"] == pytest.approx([x.values[key] for x in samples if key in x.values])
+        assert lines["driver / learner"]["x"] == pytest.approx([x.t - start for x in samples if key in x.values])
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
     for name in ("actor/entropy", "actor/kl_loss", "system/rollout_0/rss_mb"):
         pick_metrics(page, [name])
@@ -96,6 +96,29 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
     page.wait_for_function("document.querySelectorAll('#metric-charts [data-metric]').length === 4")
     page.locator("#metric-charts").scroll_into_view_if_needed()
     screenshot(page, "run-curves")
+    assert errors == []
+
+
+def process_lines(page, quantity: str) -> dict[str, dict]:
+    """The Processes chart's lines for ``quantity``, by name, once it has drawn them."""
+    processes = "document.getElementById('chart-processes')"
+    page.select_option("#process-quantity", quantity)
+    page.locator("#chart-processes").scroll_into_view_if_needed()
+    page.wait_for_function(f"{processes}.layout?.uirevision === 'processes-{quantity}' && {processes}.data?.length >= 2")
+    return {t["name"]: t for t in page.evaluate(f"{processes}.data.map((t) => ({{name: t.name, x: t.x, y: t.y}}))")}
+
+
+def test_a_run_without_wall_clock_samples_draws_its_step_end_values(live_url, browser_page, alice, run):
+    """``tracking.system_every_s: 0`` (or a run recorded before it existed): the chart falls back to
+    the values each step's end recorded, at the step ends."""
+    SystemSample.objects.filter(run=run).delete()
+    page, errors = browser_page
+    open_finished(page, live_url, run)
+    stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
+    start = min(v["step/t_start"] for v in stored)
+    lines = process_lines(page, "rss_mb")
+    assert lines["driver / learner"]["y"] == pytest.approx([v["system/driver/rss_mb"] for v in stored])
+    assert lines["driver / learner"]["x"] == pytest.approx([v["step/t_end"] - start for v in stored])
     assert errors == []
 
 

@@ -7,7 +7,7 @@ from django.test import Client
 
 from controller.asgi import application
 from controller.live import publish
-from controller.models import Span
+from controller.models import Span, SystemSample
 from controller.serializers import spans_json
 
 from .conftest import store_metrics, store_spans
@@ -123,6 +123,20 @@ async def test_it_replays_everything_then_status(alice_run, alice):
     kinds = [f["type"] for f in frames]
     assert kinds[-3:] == ["metrics", "status", "replay_done"]
     assert frames[-2]["status"] == "succeeded" and frames[-1]["last_seq"] == 2499
+    await communicator.disconnect()
+
+
+async def test_the_replay_sends_the_system_samples_in_time_order_after_the_metrics(alice_run, alice):
+    await database_sync_to_async(store_metrics)(alice_run, 1)
+    for t in (4.0, 2.0):
+        await database_sync_to_async(SystemSample.objects.create)(
+            run=alice_run, t=t, node="n1", values={"system/driver/rss_mb": 10 * t})
+    communicator, connected, _ = await connect(alice_run, user=alice)
+    assert connected
+    frames = await receive_until_replay_done(communicator)
+    assert [f["type"] for f in frames][-4:] == ["metrics", "system", "status", "replay_done"]
+    assert frames[-3]["samples"] == [{"t": 2.0, "node": "n1", "values": {"system/driver/rss_mb": 20.0}},
+                                     {"t": 4.0, "node": "n1", "values": {"system/driver/rss_mb": 40.0}}]
     await communicator.disconnect()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from controller import ingestion
 from controller.ingestion import RunIngestor, finish_run, span_from_event
-from controller.models import Checkpoint, Run, Span, StepMetric
+from controller.models import Checkpoint, Run, Span, StepMetric, SystemSample
 
 from .conftest import make_run, store_metrics
 
@@ -99,6 +99,9 @@ def test_a_drained_burst_is_flushed_without_waiting_for_the_interval(alice_run, 
     (span_line(0, traj=1.5), "span.traj"),
     (json.dumps({"type": "metrics", "step": "one", "values": {}}), "metrics"),
     (json.dumps({"type": "run", "status": "exploded"}), "run.status"),
+    (json.dumps({"type": "system", "t": "now", "node": "a", "values": {}}), "system"),
+    (json.dumps({"type": "system", "t": 1.0, "node": "n" * 201, "values": {}}), "system"),
+    (json.dumps({"type": "system", "t": 1.0, "node": "a", "values": [1]}), "system"),
 ])
 def test_it_skips_malformed_lines_and_remembers_why(alice_run, line, reason):
     ing = ingestor(alice_run)
@@ -176,3 +179,19 @@ def test_a_lost_connection_during_the_array_insert_is_djangos_operational_error(
     with pytest.raises(OperationalError):
         bulk_writes.write_spans(alice_run.pk, [span_from_event(json.loads(span_line(0)))])
     connection.close()
+
+
+def test_system_samples_are_stored_and_sent_to_the_page_in_time_order(alice_run, monkeypatch):
+    sent = []
+    monkeypatch.setattr(ingestion.live, "publish", lambda run_id, frame: sent.append(frame))
+    ing = ingestor(alice_run)
+    for t, cpu in ((2.0, 50.0), (4.0, float("nan"))):
+        ing.feed(json.dumps({"type": "system", "t": t, "node": "gpu-node-1",
+                             "values": {"system/driver/cpu_percent": cpu, "system/driver/rss_mb": 400.0}}))
+    assert ing.pending()
+    ing.flush()
+    stored = list(SystemSample.objects.filter(run=alice_run).values("t", "node", "values"))
+    assert stored == [
+        {"t": 2.0, "node": "gpu-node-1", "values": {"system/driver/cpu_percent": 50.0, "system/driver/rss_mb": 400.0}},
+        {"t": 4.0, "node": "gpu-node-1", "values": {"system/driver/cpu_percent": None, "system/driver/rss_mb": 400.0}}]
+    assert [f for f in sent if f["type"] == "system"] == [{"type": "system", "samples": stored}]
