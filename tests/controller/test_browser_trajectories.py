@@ -81,6 +81,8 @@ def test_the_metric_panel_shows_the_learners_curves(live_url, browser_page, alic
         assert {"driver / learner", "rollout worker 0"} <= set(lines), list(lines)
         assert lines["driver / learner"]["y"] == pytest.approx([x.values[key] for x in samples if key in x.values])
         assert lines["driver / learner"]["x"] == pytest.approx([x.t - start for x in samples if key in x.values])
+    page.locator("#chart-processes").scroll_into_view_if_needed()
+    screenshot(page, "run-processes")
     stored = [m.values for m in StepMetric.objects.filter(run=run).order_by("step")]
     for name in ("actor/entropy", "actor/kl_loss", "system/rollout_0/rss_mb"):
         pick_metrics(page, [name])
