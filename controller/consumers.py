@@ -30,6 +30,12 @@ from .runlog import log_tail
 from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame, system_frame
 from .serializers import metrics_json, spans_json, system_json
 
+try:  # daphne's websocket protocol (autobahn) raises this on a send after the client went away
+    from autobahn.exception import Disconnected as ClientGone
+except ImportError:  # another ASGI server: nothing of this kind to catch
+    class ClientGone(Exception):  # type: ignore[no-redef]
+        pass
+
 REPLAY_BATCH = 2000
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
@@ -174,10 +180,17 @@ class RunConsumer(AsyncWebsocketConsumer):
                 log.warning("websocket: could not leave %s (%s)", self.group, err)
 
     async def send_frame(self, text: str) -> None:
+        """Send one frame; a client that went away meanwhile (closed its tab mid-replay) ends
+        this socket's sending quietly: its disconnect follows, and a traceback would say nothing."""
+        if self.closing:
+            return
         self.frames_sent += 1
         self.unacked.append((self.frames_sent, len(text)))
         self.backlog += len(text)
-        await self.send(text_data=text)
+        try:
+            await self.send(text_data=text)
+        except ClientGone:
+            self.closing = True
 
     async def receive(self, text_data=None, bytes_data=None):
         if not hasattr(self, "unacked"):  # a refused socket
@@ -198,6 +211,8 @@ class RunConsumer(AsyncWebsocketConsumer):
             while batch := await stored_spans(self.run_id, self.sent_seq):
                 await self.send_frame(json.dumps(spans_frame(batch)))
                 self.sent_seq = batch[-1]["seq"]
+                if self.closing:  # the client went away: nothing more to read or send
+                    return
                 if self.backlog >= self.limit // 2:
                     return  # the client has not caught up: its next ack continues the replay
             metrics, system, status = await current_state(self.run_id)

@@ -140,6 +140,30 @@ async def test_the_replay_sends_the_system_samples_in_time_order_after_the_metri
     await communicator.disconnect()
 
 
+async def test_a_client_gone_mid_replay_ends_the_replay_without_a_traceback(alice_run, alice, monkeypatch):
+    """daphne raises autobahn's Disconnected on a send after the client left (a viewer closing
+    its tab while thousands of spans replay): the consumer stops sending and reading, quietly."""
+    from channels.generic.websocket import AsyncWebsocketConsumer
+
+    from controller import consumers
+
+    await database_sync_to_async(store_spans)(alice_run, 2500)  # two replay batches
+    real_send, sent = AsyncWebsocketConsumer.send, []
+
+    async def send_then_gone(self, text_data=None, bytes_data=None, close=False):
+        if text_data and '"spans"' in text_data[:20]:
+            sent.append(text_data)
+            raise consumers.ClientGone("Attempt to send on a closed protocol")
+        await real_send(self, text_data, bytes_data, close)
+
+    monkeypatch.setattr(AsyncWebsocketConsumer, "send", send_then_gone)
+    communicator, connected, _ = await connect(alice_run, user=alice)
+    assert connected
+    assert await communicator.receive_nothing(timeout=0.5)  # nothing after the failed send, no crash
+    assert len(sent) == 1  # the second batch was neither read nor sent
+    await communicator.disconnect()
+
+
 async def test_reconnecting_delivers_every_span_exactly_once(alice_run, alice):
     await database_sync_to_async(store_spans)(alice_run, 10)
     seen = []
