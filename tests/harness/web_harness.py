@@ -104,10 +104,27 @@ def pick_metrics(page, names: list[str]) -> None:
     page.locator("#metric-charts").scroll_into_view_if_needed()
 
 
+CHARTS_DRAWN = """() => [...document.querySelectorAll('[id^="chart-"]')].every(
+    (div) => div.offsetParent === null || div.classList.contains('js-plotly-plot') || div.textContent.trim() !== '')"""
+
+
 def screenshot(page, name: str) -> Path:
+    """The whole page as a reader scrolling through it sees it: the page draws a chart only while
+    it is on screen (static/js/onscreen.js), so the viewport is made as tall as the page until its
+    charts have drawn (or said they have no data), then put back."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
+    viewport = page.viewport_size
+    height = page.evaluate("document.documentElement.scrollHeight")
+    if viewport and height > viewport["height"]:
+        page.set_viewport_size({"width": viewport["width"], "height": min(height, 16_000)})
+        try:
+            page.wait_for_function(CHARTS_DRAWN, timeout=15_000)
+        except Exception:  # noqa: BLE001 (a picture with an undrawn chart, not a failed test)
+            pass
     page.screenshot(path=str(path), full_page=True)
+    if viewport and height > viewport["height"]:
+        page.set_viewport_size(viewport)
     return path
 
 
