@@ -100,8 +100,12 @@ def test_the_learner_lane_stays_labelled_and_readable_at_128_rollout_lanes(live_
 
     # a zoom into the first two bands unfolds their 16 lanes, learner/0 still pinned above them
     page.evaluate("Plotly.relayout('gantt', {'yaxis.range': [2.4, 0.6]})")
-    page.wait_for_function("document.getElementById('gantt').layout.yaxis.categoryarray.length === 17")
+    # (folded there are 17 rows too, learner/0 + 16 bands: wait for the unfolded lanes themselves, or
+    # a loaded machine reads the rows before the zoom's redraw)
+    unfolded = ["learner/0", *(f"rollout/0/{s}" for s in range(16))]
+    page.wait_for_function("(want) => JSON.stringify(document.getElementById('gantt')._fullLayout.yaxis.categoryarray)"
+                           " === JSON.stringify(want)", arg=unfolded, timeout=60_000)
     shown = page.evaluate("document.getElementById('gantt')._fullLayout.yaxis.categoryarray")
-    assert shown == ["learner/0", *(f"rollout/0/{s}" for s in range(16))]
+    assert shown == unfolded
     assert not page.is_checked("#fold-lanes")
     assert errors == []
