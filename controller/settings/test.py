@@ -32,8 +32,9 @@ if os.environ.get("THUNDERSYNC_TEST_DATABASE"):
     DATABASES["default"] = postgres_database(NAME=os.environ["THUNDERSYNC_TEST_DATABASE"], USER="postgres",
                                              HOST="127.0.0.1", PORT="5432")
     # A supervisor waiting for a pooled connection does not touch its liveness file meanwhile: with
-    # THUNDERSYNC_STALE_S = 4 s below, a 5 s wait on a flapping database got a live run reaped.
-    DATABASES["default"]["OPTIONS"]["pool"]["timeout"] = 1.0
+    # THUNDERSYNC_STALE_S = 4 s below, a 5 s wait on a flapping database got a live run reaped. So
+    # a test's workers wait 1 s; its daphne (tests/harness/web_harness.py) says how long it waits.
+    DATABASES["default"]["OPTIONS"]["pool"]["timeout"] = float(os.environ.get("THUNDERSYNC_TEST_DB_POOL_TIMEOUT_S", "1.0"))
 
 REDIS_URL = os.environ.get("THUNDERSYNC_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = redis_channel_layers(REDIS_URL, prefix=f"asgi-test-{TEST_TAG}")

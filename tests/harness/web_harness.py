@@ -46,8 +46,10 @@ def asgi_server(start_timeout: float = 60.0):
     A separate process, as in production: the websocket consumer talks to the worker only
     through the database and the Redis channel layer."""
     port = free_port()
+    # production's 5 s wait for a pooled connection, not the test workers' 1 s: on a machine loaded
+    # by a two-node run and two CPU hogs a login waited longer than 1 s (a 503 instead of the page)
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.test", "PYTHONPATH": str(ROOT),
-           **test_database_env()}
+           "THUNDERSYNC_TEST_DB_POOL_TIMEOUT_S": "5", **test_database_env()}
     log_path = ROOT / "artifacts" / f"daphne-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
