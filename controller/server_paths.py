@@ -24,7 +24,7 @@ from django.conf import settings
 from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig, parse_config
-from learner.preflight import builtin_problem
+from learner.preflight import builtin_problem, check_vllm_speculation
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
@@ -126,8 +126,10 @@ CHECKS = {"model": check_model_dir, "data": check_data_path, "code": check_rewar
 
 
 def check_server_paths(config: RunConfig) -> None:
-    """Raise ConfigError naming the first field whose path the server must not use."""
+    """Raise ConfigError naming the first field whose path the server must not use, or (once the
+    paths are allowed) what the trainer's preflight would refuse about the model they name."""
     for field, kind, value in path_fields(config):
         if not isinstance(value, str):
             raise ConfigError(f"{field}: expected a path string")
         CHECKS[kind](field, value)
+    check_vllm_speculation(config)

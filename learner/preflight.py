@@ -8,6 +8,7 @@ or after step 0. Each failure is a ``ConfigError`` naming the field or flag.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -18,6 +19,10 @@ BUILTIN_PREFIX = "builtin:"
 # learner/rollout/models.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
 # wrong name is refused before anything starts (tests/learner/test_builtin_names.py keeps them equal)
 BUILTIN_MODELS = ("tiny", "teacher", "tiny-long")
+# The vLLM engine verifies drafts from each sampled position's whole distribution, read back from
+# vLLM's prompt log-probs one Python object per (position, token) (rollout/vllm_verify.py), so
+# speculation on it is bounded to small vocabularies (rollout/vllm_engine.py imports this bound).
+MAX_VLLM_VERIFY_VOCAB = 4096
 
 
 def builtin_problem(field: str, spec: str) -> str | None:
@@ -43,6 +48,31 @@ def check_model_paths(cfg: RunConfig) -> None:
             raise ConfigError(problem)
         if not spec.startswith(BUILTIN_PREFIX) and not is_model_dir(Path(spec).expanduser()):
             raise ConfigError(f"{field}: {spec!r} is not a Hugging Face model directory (config.json + weights)")
+
+
+def model_vocab_size(path: Path) -> int | None:
+    """``vocab_size`` from a model directory's config.json (a multimodal model's text config), or None."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    size = config.get("vocab_size", text.get("vocab_size"))
+    return size if isinstance(size, int) else None
+
+
+def check_vllm_speculation(cfg: RunConfig) -> None:
+    """Speculation on the vLLM engine needs a vocabulary it can verify (``MAX_VLLM_VERIFY_VOCAB``):
+    refused here, before the workers boot vLLM, not in each worker's engine constructor."""
+    if cfg.rollout.engine != "vllm" or not cfg.rollout.speculation.enabled:
+        return
+    if cfg.model.policy.startswith(BUILTIN_PREFIX):
+        return  # the built-in models' vocabularies are a few dozen tokens
+    size = model_vocab_size(Path(cfg.model.policy).expanduser())
+    if size is not None and size > MAX_VLLM_VERIFY_VOCAB:
+        raise ConfigError(f"rollout.speculation: the vllm engine verifies drafts from full-vocabulary prompt "
+                          f"log-probs, for vocabularies up to {MAX_VLLM_VERIFY_VOCAB} tokens; {cfg.model.policy} "
+                          f"has {size} (use rollout.engine: torch, or turn speculation off)")
 
 
 def check_writable_dir(flag: str, path: str | Path) -> Path:
@@ -71,6 +101,7 @@ def check_writable_file(flag: str, path: str) -> None:
 def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | None = None,
               events: str | None = None) -> None:
     check_model_paths(cfg)
+    check_vllm_speculation(cfg)
     if cfg.train.checkpoint_every and not cfg.train.output_dir:  # the web app gives every run one
         raise ConfigError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
     if dump_dir:

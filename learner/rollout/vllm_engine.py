@@ -26,6 +26,7 @@ from typing import Mapping
 import torch
 
 from learner.config import RunConfig
+from learner.preflight import MAX_VLLM_VERIFY_VOCAB
 from learner.rollout.engine import Admit, Completion, EngineStats, OnDone, SamplingParams, Stream, stream_of
 from learner.rollout.step_cost import StepCost
 from learner.rollout.vllm_steps import VllmSteps
@@ -35,8 +36,9 @@ KV_CACHE_BYTES_MAX = 2**30  # vLLM's CPU default is 4 GiB per engine; ours fit t
 BLOCK_SIZE = 32  # CPU attention kernels take multiples of 32
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams range
 # Verification reads each sampled position's whole distribution back from vLLM's prompt log-probs,
-# one Python object per (position, token) (vllm_verify.py): bounded to small vocabularies
-MAX_VERIFY_VOCAB = 4096
+# one Python object per (position, token) (vllm_verify.py): bounded to small vocabularies. The
+# trainer refuses a larger one before any worker starts (preflight); this guards direct use.
+MAX_VERIFY_VOCAB = MAX_VLLM_VERIFY_VOCAB
 
 
 class WeightPublishError(RuntimeError):

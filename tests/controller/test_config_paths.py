@@ -126,3 +126,16 @@ def test_a_run_whose_written_path_leads_out_fails_at_start_naming_it(alice_exper
     ended = supervise(Run.objects.select_related("experiment", "schedule").get(pk=run.pk))
     assert ended.status == Run.Status.FAILED and ended.error.startswith("tracking.tensorboard: 'planted/tb' leads outside")
     assert not ended.pids  # no learner was started
+
+
+def test_vllm_speculation_on_a_model_too_large_to_verify_is_refused_when_the_experiment_is_saved(alice_client, roots):
+    model = roots["model"] / "big-vocab"
+    model.mkdir()
+    (model / "config.json").write_text('{"vocab_size": 32000}')
+    (model / "model.safetensors").write_bytes(b"")
+    config = {"model": {"policy": str(model)}, "rollout": {"engine": "vllm", "speculation": {"enabled": True}}}
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": config})
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"]["config"].startswith("rollout.speculation: the vllm engine verifies drafts")
+    config["rollout"]["engine"] = "torch"  # the torch engine verifies any vocabulary
+    assert post_json(alice_client, "/api/experiments/", {"name": "y", "config": config}).status_code == 201

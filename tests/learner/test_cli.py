@@ -173,3 +173,36 @@ def test_it_rejects_a_dump_step_outside_the_run(tmp_path):
     r = thundersync("train", "--config", "configs/quickstart.yaml", "--steps", "2",
                     "--dump-step", str(tmp_path / "dump"), "--dump-at", "5")
     assert r.returncode == 2 and "--dump-at" in r.stderr, r.stderr
+
+
+def _model_dir(root: Path, config: dict) -> Path:
+    """A directory the preflight takes for a Hugging Face model: config.json and a weights file."""
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "model.safetensors").write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize("config", [{"vocab_size": 32000}, {"text_config": {"vocab_size": 151936}}])
+def test_vllm_speculation_on_a_large_vocabulary_is_refused_before_any_worker_starts(tmp_path, config):
+    model = _model_dir(tmp_path / "model", config)
+    cfg = tmp_path / "spec.yaml"
+    cfg.write_text(f"model: {{policy: {model}}}\nrollout: {{engine: vllm, speculation: {{enabled: true}}}}")
+    r = thundersync("train", "--config", str(cfg), "--steps", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    size = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    assert len(lines) == 1 and "invalid config: rollout.speculation: " in lines[0] and f"has {size}" in lines[0], r.stderr
+
+
+def test_vllm_speculation_on_a_small_vocabulary_and_torch_speculation_on_a_large_one_pass_the_preflight(tmp_path):
+    from learner.config import parse_config
+    from learner.preflight import MAX_VLLM_VERIFY_VOCAB, preflight
+
+    small = _model_dir(tmp_path / "small", {"vocab_size": MAX_VLLM_VERIFY_VOCAB})
+    large = _model_dir(tmp_path / "large", {"vocab_size": MAX_VLLM_VERIFY_VOCAB + 1})
+    preflight(parse_config({"model": {"policy": str(small)},
+                            "rollout": {"engine": "vllm", "speculation": {"enabled": True}}}))
+    preflight(parse_config({"model": {"policy": str(large)},
+                            "rollout": {"engine": "torch", "speculation": {"enabled": True}}}))
+    preflight(parse_config({"model": {"policy": str(large)}, "rollout": {"engine": "vllm"}}))
