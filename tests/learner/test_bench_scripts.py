@@ -53,3 +53,29 @@ def test_the_shared_prompt_bench_names_a_bad_argument(argv, field, monkeypatch, 
     with pytest.raises(SystemExit) as exit_info:
         shared_prompt.main()
     assert exit_info.value.code == 2 and field in capsys.readouterr().err
+
+
+def test_the_grouped_parts_bench_times_every_arm_and_puts_the_learner_back():
+    import torch
+
+    from bench.grouped_parts import ARMS, micro_batch_arms, variant
+    from learner.config import AlgorithmConfig
+    from learner.grad.grouped import GroupedGradients
+    from learner.grad.learner_common import LearnerOptions
+    from learner.grad.on_policy import StreamingLearner
+    from learner.rollout.models import load_model, resolve_model_dir
+
+    model = load_model(resolve_model_dir("builtin:tiny"))
+    learner = StreamingLearner(model, AlgorithmConfig(objective="grpo"), None,
+                               LearnerOptions("adaptive", micro_batch_tokens=10**6, pack_rows=False))
+    reduce_before = GroupedGradients._reduce
+    size = micro_batch_arms(learner, 8, 1, model.config.vocab_size)
+    assert set(size["median_s"]) == set(ARMS) and all(v > 0 for v in size["median_s"].values())
+    assert set(size["reduction_s"]) == {"linear", "rmsnorm", "embedding"}
+    assert GroupedGradients._reduce is reduce_before and "add_to_group" not in vars(learner.acc)
+    with variant(learner, "no-reduction"):  # the floor really adds nothing to the sums
+        learner.begin_batch({0: 8})
+        learner.acc.open_group(0)
+        assert learner.acc.add_to_group(0, 1.0, [None]) is None
+        learner.abandon_batch()
+    assert torch.get_num_threads() >= 1
