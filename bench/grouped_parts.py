@@ -88,23 +88,49 @@ def micro_batch_arms(learner: StreamingLearner, n: int, rounds: int, vocab: int)
             "reduction_s": {k: v / rounds for k, v in reduce_s.items()}}
 
 
-def matmul_split(shapes: list[tuple[int, int]], tokens: int, parts: int, repeats: int) -> list[dict]:
-    """A Linear weight gradient δᵀa over ``tokens`` as one matmul vs ``parts`` matmuls of equal slices."""
+def weight_gradient_arms(d: torch.Tensor, a: torch.Tensor, rows: int, parts: int) -> dict:
+    """Ways to compute a Linear weight gradient δᵀa over a (rows, width) grid of tokens (``d``: δ,
+    ``a``: the input, one token a row of each): one matmul (the ordinary backward); per destination
+    of ``rows / parts`` consecutive rows, one matmul each, stacked (the grouped reduction), the
+    same written into a preallocated stack, and one ``bmm`` of per-row gradients summed into the
+    destinations by a (parts, rows) matmul (the alternatives weighed for the reduction)."""
+    tokens, o, i = d.shape[0], d.shape[1], a.shape[1]
+    width, per = tokens // rows, rows // parts
+    cut = [(k * per * width, (k + 1) * per * width) for k in range(parts)]
+    stacked = torch.empty(parts, o, i, dtype=d.dtype)
+    member = torch.zeros(parts, rows, dtype=d.dtype)
+    for k in range(parts):
+        member[k, k * per:(k + 1) * per] = 1.0
+
+    def into_stack():
+        for k, (s, e) in enumerate(cut):
+            torch.mm(d[s:e].t(), a[s:e], out=stacked[k])
+        return stacked
+
+    def per_row():
+        g = torch.bmm(d.view(rows, width, o).transpose(1, 2), a.view(rows, width, i))
+        return (member @ g.view(rows, -1)).view(parts, o, i)
+
+    return {"one": lambda: d.t() @ a, "per-destination": lambda: torch.stack([d[s:e].t() @ a[s:e] for s, e in cut]),
+            "per-destination-into-stack": into_stack, "per-row-bmm": per_row}
+
+
+def matmul_split(shapes: list[tuple[int, int]], rows: int, width: int, parts: int, repeats: int) -> list[dict]:
+    """``weight_gradient_arms`` timed at each (out, in) layer shape, alternating per round."""
     out = []
     for o, i in shapes:
-        d, a = torch.randn(tokens, o), torch.randn(tokens, i)
-        cut = [(k * tokens // parts, (k + 1) * tokens // parts) for k in range(parts)]
-        arms = {"one": lambda: d.t() @ a, "per-destination": lambda: torch.stack([d[s:e].t() @ a[s:e] for s, e in cut])}
+        arms = weight_gradient_arms(torch.randn(rows * width, o), torch.randn(rows * width, i), rows, parts)
         times: dict[str, list[float]] = {k: [] for k in arms}
         for r in range(repeats):
-            for name, fn in (arms.items() if r % 2 == 0 else list(arms.items())[::-1]):
+            for name, fn in (list(arms.items()) if r % 2 == 0 else list(arms.items())[::-1]):
                 t0 = time.thread_time()
                 for _ in range(20):
                     fn()
                 times[name].append((time.thread_time() - t0) / 20)
         med = {k: statistics.median(v) for k, v in times.items()}
-        out.append({"out": o, "in": i, "tokens": tokens, "destinations": parts, "median_s": med,
-                    "ratio": med["per-destination"] / med["one"]})
+        out.append({"out": o, "in": i, "tokens": rows * width, "destinations": parts, "median_s": med,
+                    "ratio": med["per-destination"] / med["one"],
+                    "over_split": {k: med[k] / med["per-destination"] for k in arms if k != "one"}})
     return out
 
 
@@ -131,11 +157,13 @@ def main() -> None:
         out["sizes"].append(size)
     shapes = sorted({(m.out_features, m.in_features) for m in model.modules() if isinstance(m, torch.nn.Linear)})
     width = 49  # the longest bench row: a 32-row padded micro-batch's grid, 8 destinations of 4 rows
-    out["matmul_split"] = matmul_split(shapes, 32 * width, 8, args.rounds)
+    out["matmul_split"] = matmul_split(shapes, 32, width, 8, args.rounds)
     for m in out["matmul_split"]:
+        other = ", ".join(f"{k} {v:.2f}x" for k, v in m["over_split"].items() if k != "per-destination")
         print(f"weight gradient {m['out']}x{m['in']} over {m['tokens']} tokens: one matmul "
               f"{m['median_s']['one'] * 1e6:.0f} us, {m['destinations']} per-destination "
-              f"{m['median_s']['per-destination'] * 1e6:.0f} us ({m['ratio']:.2f}x)", flush=True)
+              f"{m['median_s']['per-destination'] * 1e6:.0f} us ({m['ratio']:.2f}x); against the split: {other}",
+              flush=True)
     out["load_after"] = os.getloadavg()[0]
     if args.json:
         with open(args.json, "w") as handle:

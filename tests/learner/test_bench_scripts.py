@@ -79,3 +79,20 @@ def test_the_grouped_parts_bench_times_every_arm_and_puts_the_learner_back():
         assert learner.acc.add_to_group(0, 1.0, [None]) is None
         learner.abandon_batch()
     assert torch.get_num_threads() >= 1
+
+
+def test_the_grouped_parts_matmul_arms_compute_the_same_per_destination_gradients():
+    import torch
+
+    from bench.grouped_parts import matmul_split, weight_gradient_arms
+
+    torch.manual_seed(0)
+    rows, width, parts = 8, 5, 4
+    d, a = torch.randn(rows * width, 3, dtype=torch.float64), torch.randn(rows * width, 2, dtype=torch.float64)
+    arms = weight_gradient_arms(d, a, rows, parts)
+    split = arms["per-destination"]()
+    assert split.shape == (parts, 3, 2) and torch.allclose(split.sum(0), arms["one"](), atol=1e-12)
+    for name in ("per-destination-into-stack", "per-row-bmm"):
+        assert torch.allclose(arms[name](), split, atol=1e-12), name
+    out = matmul_split([(3, 2)], rows, width, parts, repeats=1)
+    assert set(out[0]["over_split"]) == {"per-destination", "per-destination-into-stack", "per-row-bmm"}
