@@ -55,6 +55,25 @@ def test_the_readme_table_is_generated_from_the_json_between_its_markers(tmp_pat
     assert f"python -m bench.headline {default}" in text
 
 
+def test_the_referee_table_holds_each_row_against_its_simulation_and_marks_the_misses(tmp_path):
+    path = _bench_json(tmp_path, "default", [0.60, 0.62, 0.58, 0.61], [0.40, 0.41, 0.39, 0.42])
+    doc = json.loads(path.read_text())
+    doc["schedules"]["sync"].update(simulated_step_s=0.60, tail_s=0.20, step_equal_work_s=0.61)
+    doc["schedules"]["streaming"].update(tail_s=0.05)  # no replay at its own speed: the sync-runs prediction
+    doc["simulated"] = {"sync": {"step_s": 0.5, "tail_s": 0.19}, "streaming": {"step_s": 0.30, "tail_s": 0.01}}
+    path.write_text(json.dumps(doc))
+    target = tmp_path / "bench.md"
+    target.write_text(f"x\n{headline.REFEREE_BEGIN}\nstale table\n{headline.REFEREE_END}\ny\n")
+    assert headline.main(["--referee", str(path), "--write", str(target)]) == 0
+    text = target.read_text()
+    sync = next(line for line in text.splitlines() if "| `sync` |" in line)
+    streaming = next(line for line in text.splitlines() if "| `streaming` |" in line)
+    assert "0.605 / 0.600 s | 1.01 | 1.02 | 0.200 / 0.190 s" in sync  # its own replay, not the prediction
+    assert "0.405 / 0.300 s | **1.35** | – | 0.050 / 0.010 s" in streaming
+    assert text.startswith("x\n") and text.endswith("y\n") and "stale table" not in text
+    assert f"python -m bench.headline --referee {path}" in text
+
+
 def test_a_missing_or_foreign_json_is_one_line_naming_it(tmp_path, capsys):
     assert headline.main([str(tmp_path / "nope.json")]) == 2
     (tmp_path / "other.json").write_text("{}")
