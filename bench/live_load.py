@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_PORT = 5432
+ACK_EVERY_S = 0.1  # live.js's ACK_EVERY_MS
 
 
 # -- the stand-in learner: `python -m bench.live_load emit ... train --config F --events -` ----
@@ -218,18 +219,21 @@ class Viewer:
             try:
                 async with websockets.connect(f"{self.ws_url}?after={self.watermark()}", additional_headers=self.headers,
                                               open_timeout=30, max_size=2**24) as socket:
-                    retry_s, received, replayed = 0.5, 0, False
+                    retry_s, received, replayed, acked_at = 0.5, 0, False, 0.0
                     while not self.done():
                         frame = json.loads(await asyncio.wait_for(socket.recv(), max(0.1, deadline - time.monotonic())))
                         received += 1
                         self.take(frame, replayed)
                         replayed = replayed or frame["type"] == "replay_done"
-                        await socket.send(json.dumps({"type": "ack", "frames": received}))
+                        # as live.js: every frame of the replay, live ones at most every ACK_EVERY_S
+                        if not replayed or time.monotonic() - acked_at >= ACK_EVERY_S:
+                            acked_at = time.monotonic()
+                            await socket.send(json.dumps({"type": "ack", "frames": received}))
             except (OSError, asyncio.TimeoutError, websockets.WebSocketException) as err:
                 closed = getattr(err, "rcvd", None)
                 self.closes.append(closed.code if closed else type(err).__name__)
             if not self.done():
-                await asyncio.sleep(retry_s)
+                await asyncio.sleep(retry_s * (0.5 + random.random()))  # live.js's jittered back-off
                 retry_s = min(retry_s * 2, 4.0)
 
     def take(self, frame: dict, replayed: bool) -> None:

@@ -22,8 +22,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from . import layer_groups
-from .live import group_name
+from . import fanout, layer_groups
 from .models import Run, Span
 from .outages import OUTAGE_ERRORS
 from .runlog import log_tail
@@ -103,8 +102,8 @@ class RunConsumer(AsyncWebsocketConsumer):
 
     accepted = False
     replaying = closing = False
-    probes_back = 0
     live_error: Exception | None = None
+    feed: "fanout.RunFeed | None" = None
 
     async def refuse(self, code: int) -> None:
         """Accept, then close with ``code``: a close before accept would reach the browser as
@@ -132,15 +131,15 @@ class RunConsumer(AsyncWebsocketConsumer):
         self.run_id, self.sent_seq = run.pk, after
         self.limit = settings.THUNDERSYNC_WS_BACKLOG_BYTES
         self.frames_sent, self.unacked, self.backlog, self.replaying = 0, deque(), 0, True
-        try:
-            await self.channel_layer.group_add(group_name(run.pk), self.channel_name)
+        # live frames (controller/fanout.py) and the client's acks both move the replay: one at a time
+        self.turn = asyncio.Lock()
+        try:  # this process's membership of the run's group, shared by its viewers of the run
+            self.feed = await fanout.subscribe(self, self.channel_layer, run.pk)
         except Exception as err:  # the channel layer is down: replay what is stored, then retry later
             self.live_error = err
-        else:
-            self.group = group_name(run.pk)
-            self.group_watch = asyncio.ensure_future(layer_groups.watch(self))  # a Redis restart forgets groups
         await self.accept()
-        await self.continue_replay()
+        async with self.turn:
+            await self.continue_replay()
 
     async def refuse_for_now(self, what: str, err: Exception) -> None:
         """Close with CLOSE_TRY_AGAIN_LATER: the page reconnects from its last seq."""
@@ -171,13 +170,8 @@ class RunConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closing = True
-        if hasattr(self, "group_watch"):
-            self.group_watch.cancel()
-        if hasattr(self, "group"):
-            try:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
-            except (*OUTAGE_ERRORS, OSError) as err:  # its membership expires in the layer
-                log.warning("websocket: could not leave %s (%s)", self.group, err)
+        if self.feed is not None:
+            await fanout.unsubscribe(self, self.feed)
 
     async def send_frame(self, text: str) -> None:
         """Send one frame; a client that went away meanwhile (closed its tab mid-replay) ends
@@ -202,7 +196,9 @@ class RunConsumer(AsyncWebsocketConsumer):
         while acked is not None and self.unacked and self.unacked[0][0] <= acked:
             self.backlog -= self.unacked.popleft()[1]
         if self.replaying and not self.closing:
-            await self.continue_replay()
+            async with self.turn:
+                if self.replaying and not self.closing:
+                    await self.continue_replay()
 
     async def continue_replay(self) -> None:
         """Send stored spans while the client keeps up; at the end, metrics, system samples, log
@@ -238,8 +234,19 @@ class RunConsumer(AsyncWebsocketConsumer):
             await self.send_frame(json.dumps(spans_frame(batch)))
             self.sent_seq = batch[-1]["seq"]
 
-    async def run_probe(self, event):
-        self.probes_back = event["n"]  # the layer delivers to this socket (controller/layer_groups.py)
+    async def live(self, message: dict) -> None:
+        """One live frame from the run's feed (controller/fanout.py), in order."""
+        async with self.turn:
+            if message["type"] == "run.resync":
+                await self.run_resync(message)
+            elif message["type"] == "run.frame":
+                await self.run_frame(message)
+
+    async def on_overflow(self) -> None:
+        """More live frames waited for this socket than it sends on: it is too slow for them."""
+        if not self.closing:
+            self.closing = True
+            await self.close(code=CLOSE_TOO_SLOW)
 
     async def run_resync(self, event):
         """The publisher dropped frames of this run while the layer was down: resume from the database."""

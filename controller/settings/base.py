@@ -123,6 +123,9 @@ THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
 # A viewer with more unacknowledged websocket bytes than this is closed (4408) and resumes with
 # ?after; the replay keeps at most half of it in flight (controller/consumers.py).
 THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES", 4 * 2**20))
+# Live frames wait in a socket's own inbox while it sends the previous ones (controller/fanout.py);
+# one holding this many is too slow for its run's frames: closed 4408, it resumes from the database.
+THUNDERSYNC_WS_INBOX_FRAMES = 2000
 # No run without an owner (docs/controller.md): the supervisor stamps its run every
 # HEARTBEAT_S; a run whose stamp is older than STALE_S (and whose supervising process is
 # gone, where this host can tell) is ended or resumed by the reaper, which every worker runs
@@ -199,8 +202,9 @@ LOGGING = {
 # later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller.md "Connections").
 THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
 THUNDERSYNC_DB_POOL_TIMEOUT_S = float(os.environ.get("THUNDERSYNC_DB_POOL_TIMEOUT_S", "5"))
-# A websocket checks this often that the channel layer still holds it in its run's group (a
-# Redis restart forgets every group) and asks its page to reconnect from its last seq if not.
+# A server process checks this often that the channel layer still holds it in each run's group it
+# feeds sockets from (a Redis restart forgets every group) and asks their pages to reconnect from
+# their last seq if not (controller/fanout.py).
 THUNDERSYNC_WS_GROUP_CHECK_S = 5.0
 # Redis clients (channel layer, cache): a connect to a Redis that is down or unreachable fails
 # within this many seconds instead of the system's minutes; idle connections are PINGed before

@@ -449,7 +449,9 @@ function connect() {
     if (TERMINAL.has(status) && replayDone) return;
     el.conn.textContent = "disconnected, retrying…";
     el.conn.className = "conn down";
-    setTimeout(connect, retryMs);
+    // A random share of the back-off: a Redis restart closes every page of a server at once (4503),
+    // and their replays arriving together would keep it past its handshake timeout.
+    setTimeout(connect, retryMs * (0.5 + Math.random()));
     retryMs = Math.min(retryMs * 2, MAX_RETRY_MS);
   };
 }

@@ -1,5 +1,5 @@
-"""A websocket outlives a Redis that forgot its group, and a publisher that dropped frames: the
-page is asked to reconnect (4503) and replays what it missed from the database
+"""A websocket outlives a Redis that forgot its group (its process's membership, controller/fanout.py),
+and a publisher that dropped frames: the page is asked to reconnect (4503) and replays what it missed from the database
 (docs/controller.md, "Connections"). The group is forgotten by deleting its key, as a restart
 without persistence does, while every connection stays open, so the consumer's receive loop
 sees no error: the case only the periodic rejoin catches; a receive path that delivers
@@ -71,12 +71,12 @@ async def test_pages_of_a_run_whose_frames_were_dropped_resume_once_the_layer_is
 
 
 async def test_a_socket_whose_probes_never_come_back_is_asked_to_resume(alice_run, alice, quick_checks, monkeypatch):
-    from controller.consumers import RunConsumer
+    from controller.fanout import RunFeed
 
-    async def lost(self, event):  # the layer's receive path delivers nothing more to this socket
+    def lost(self, message):  # the layer's receive path delivers nothing more to this process
         return None
 
-    monkeypatch.setattr(RunConsumer, "run_probe", lost)
+    monkeypatch.setattr(RunFeed, "on_probe", lost)
     communicator, connected, _ = await connect(alice_run, user=alice)
     assert connected
     await receive_until_replay_done(communicator)

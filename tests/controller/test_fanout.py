@@ -1,0 +1,77 @@
+"""A server process joins a run's channel-layer group once, whatever the number of its viewers of
+that run, and hands each frame to each of them in-process (controller/fanout.py); a viewer too
+slow for the frames is closed 4408 without holding up the others (docs/controller.md,
+"Connections")."""
+
+import asyncio
+
+import pytest
+from channels.layers import get_channel_layer
+
+from controller import fanout, live
+from controller.consumers import CLOSE_TOO_SLOW, RunConsumer
+from controller.live import group_name, publish
+
+from .test_consumers import connect, receive_until_replay_done
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def members(run) -> int:
+    layer = get_channel_layer()
+    key = layer._group_key(group_name(run.pk))
+    return await layer.connection(layer.consistent_hash(group_name(run.pk))).zcard(key)
+
+
+async def test_viewers_of_one_run_share_one_membership_and_each_gets_every_frame(alice_run, alice):
+    viewers = []
+    for _ in range(3):
+        communicator, connected, _ = await connect(alice_run, user=alice)
+        assert connected
+        await receive_until_replay_done(communicator)
+        viewers.append(communicator)
+    assert await members(alice_run) == 1 and fanout.feed_count() == 1
+    frames = [{"type": "log", "first": i, "lines": [f"line {i}"]} for i in range(5)]
+    for frame in frames:
+        await live.asyncio.to_thread(publish, alice_run.pk, frame)
+    for communicator in viewers:
+        assert [await communicator.receive_json_from(timeout=5) for _ in frames] == frames
+    for communicator in viewers[:2]:
+        await communicator.disconnect()
+    assert await members(alice_run) == 1  # the last viewer still holds the process's membership
+    await live.asyncio.to_thread(publish, alice_run.pk, frames[0])
+    assert await viewers[2].receive_json_from(timeout=5) == frames[0]
+    await viewers[2].disconnect()
+    assert await members(alice_run) == 0 and fanout.feed_count() == 0
+
+
+async def test_a_viewer_too_slow_for_the_frames_is_closed_and_the_others_get_them_all(alice_run, alice, settings,
+                                                                                       monkeypatch):
+    settings.THUNDERSYNC_WS_INBOX_FRAMES = 5
+    stuck = asyncio.Event()
+    real_live = RunConsumer.live
+
+    async def slow_for_the_first(self, message):  # the first socket stops sending (a stalled client)
+        if self.scope.get("query_string") == b"after=-1":
+            await stuck.wait()
+        await real_live(self, message)
+
+    monkeypatch.setattr(RunConsumer, "live", slow_for_the_first)
+    slow, connected, _ = await connect(alice_run, user=alice, after=-1)
+    assert connected
+    await receive_until_replay_done(slow)
+    fast, connected, _ = await connect(alice_run, user=alice, after=0)
+    assert connected
+    await receive_until_replay_done(fast)
+    frames = [{"type": "log", "first": i, "lines": [f"line {i}"]} for i in range(12)]
+    for frame in frames:
+        await live.asyncio.to_thread(publish, alice_run.pk, frame)
+    assert [await fast.receive_json_from(timeout=5) for _ in frames] == frames
+    stuck.set()
+    outputs = []
+    while not outputs or outputs[-1]["type"] != "websocket.close":
+        outputs.append(await slow.receive_output(timeout=5))
+    await slow.disconnect()
+    assert outputs[-1]["code"] == CLOSE_TOO_SLOW  # its page resumes from the database
+    assert len(outputs) <= 2  # at most the frame it was sending when its inbox filled up
+    await fast.disconnect()
