@@ -362,7 +362,8 @@ def main() -> int:
         bench.add_argument("--pause", type=float, default=0.25, help="each API client's pause between requests (s)")
         bench.add_argument("--json", type=Path, default=None, help="write the report here too")
         print(json.dumps(report := run_bench(bench.parse_args()), indent=1))
-        return 0 if report["viewers_complete"] == report["viewers"] and set(report["api_statuses"]) == {"200"} else 1
+        # (the statuses are counted by int code; the JSON's keys are their text)
+        return 0 if report["viewers_complete"] == report["viewers"] and set(map(str, report["api_statuses"])) == {"200"} else 1
     return 0
 
 
