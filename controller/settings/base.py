@@ -239,10 +239,11 @@ def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
     daphne shares one inbox list, and a group send silently skips an inbox holding
     ``capacity`` messages: at the default 100, a busy daphne with a few dozen viewers lost a
     run's last frames (its final status), so the inbox may hold far more; a viewer that falls
-    behind is closed by its own byte limit instead (THUNDERSYNC_WS_BACKLOG_BYTES)."""
+    behind is closed by its own byte limit instead (THUNDERSYNC_WS_BACKLOG_BYTES). The layer's
+    backup-queue cleanup says an outage in one line, not a traceback (controller/channel_layer.py)."""
     return {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "controller.channel_layer.QuietCleanupRedisChannelLayer",
             "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30, **redis_options()}], "prefix": prefix,
                        "capacity": 10_000},
         }

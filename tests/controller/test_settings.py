@@ -42,7 +42,7 @@ def test_production_reads_postgres_and_redis_from_the_environment():
     settings = json.loads(out.stdout.splitlines()[-1])
     assert (settings["db"], settings["name"], settings["host"]) == ("django.db.backends.postgresql", "lab",
                                                                     "db.internal")
-    assert settings["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert settings["layer"] == "controller.channel_layer.QuietCleanupRedisChannelLayer"
     assert settings["broker"] == "redis://cache:6379/1"
 
 
