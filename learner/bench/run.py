@@ -36,6 +36,7 @@ from learner.bench.rows import (
     REFERENCE_ROWS, bench_rows, row_config, row_of, speculation_factors, speculation_metrics,
 )
 from learner.bench.table import summary_text
+from learner.bench.trained import slowest_decile
 from learner.bench.workload import WORKLOADS, tail_summary
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
@@ -103,6 +104,22 @@ class Runner:
         """The run config of a bench row (``learner/bench/rows.py``)."""
         return row_config(self.cfg, row)
 
+    def engine_cost(self) -> dict[str, Any] | None:
+        """The rollout engine's decode and join costs, timed once per bench in a process of their own
+        (``learner/bench/engine_cost.py``): the simulator's engine model for fully-async. None, with
+        the reason printed, when the timing fails (the rows are then simulated without it)."""
+        if not hasattr(self, "_engine_cost"):
+            from learner.bench.engine_cost import measure_in_subprocess
+
+            path = self.workdir / "engine-cost.yaml"
+            path.write_text(yaml.safe_dump(self.config("sync").model_dump(), sort_keys=False))
+            try:
+                self._engine_cost = measure_in_subprocess(str(path))
+            except (RuntimeError, ValueError) as err:
+                print(f"{PROG}: no engine model: {err}", file=sys.stderr)
+                self._engine_cost = None
+        return self._engine_cost
+
     def train(self, label: str, row: str, steps: int, scale: float) -> list[dict[str, Any]]:
         cfg = self.config(row)
         schedule = cfg.train.schedule
@@ -157,7 +174,8 @@ def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
             for name, r in results.items()}
 
 
-def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dict[str, dict[str, Any]]:
+def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps: int,
+                 max_staleness: int = 2) -> dict[str, dict[str, Any]]:
     """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
     over the sync runs' (the same forward + backward in every schedule that trains with sync's
     learner, so a ratio of machine speeds; docs/bench.md says how fair), and the simulator's step
@@ -166,8 +184,12 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dic
     schedule gains on a machine that holds still; the simulated step beside the measured one
     checks the schedule model, not the drift. A schedule with another learner path (streaming's
     adaptive learner) does other work per backward span, so it has no speed factor: it is
-    simulated at sync's speed and has no same-speed speedup."""
-    from learner.sim.cli import simulate_all
+    simulated at sync's speed and has no same-speed speedup. Its equal-work step is simulated over
+    the window its runs measured (``steps``, warm-up dropped, run on past it by the same drain
+    steps): a pipeline that starts full, as fully-async's does, is measured and simulated through
+    the same transient."""
+    from learner.sim.cli import simulate, simulate_all
+    from learner.sim.results import equal_work_step
     from learner.sim.workload import at_speed
 
     out = {}
@@ -176,9 +198,11 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int) -> dic
             continue
         same = r["learner"] == results["sync"]["learner"]
         slower = r["backward_ms"] / results["sync"]["backward_ms"] if same else None
-        sim = simulate_all(at_speed(pooled, slower or 1.0), ["sync", name], steps=len(pooled.batches) + warmup,
-                           warmup=warmup)
+        machine = at_speed(pooled, slower or 1.0)
+        sim = simulate_all(machine, ["sync", name], steps=len(pooled.batches) + warmup, warmup=warmup)
+        window = simulate(machine, name, steps=steps + drain_steps(name, max_staleness), warmup=warmup).run
         out[name] = {"speed_factor": slower, "step_s": sim[name].step_s,
+                     "step_equal_work_s": equal_work_step(window, warmup, end=steps),
                      "sync_step_s": sim["sync"].step_s if same else None}
     return out
 
@@ -213,18 +237,33 @@ def compare_schedules(runner: Runner, label: str, rows: list[str], steps: int, w
         results["streaming"].update(streaming_ceiling(runs["sync"], runs["streaming"], warmup, steps,
                                                       runner.config("streaming").learner.max_open_groups,
                                                       results["streaming"]["bound_s"]))
+    for name in rows:  # what each trained of the slowest decile sync trains (learner.bench.trained)
+        results[name].update(slowest_decile(runs[name], runs["sync"], warmup, steps))
     results["sync"]["trajectory_time"] = tail_summary(runs["sync"], warmup, steps)
-    return results, replay(runs, results, warmup)
+    engine = runner.engine_cost() if "fully-async" in rows else None
+    return results, replay(runs, results, warmup, steps, engine, runner.cfg.rollout.max_running_rows,
+                           runner.cfg.train.max_staleness)
 
 
-def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any], warmup: int) -> dict[str, Any]:
+def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any], warmup: int, steps: int,
+           engine: dict[str, Any] | None = None, max_rows: int | None = None, max_staleness: int = 2) -> dict[str, Any]:
     """The sync recordings replayed by the simulator, as they ran and at each schedule's machine
-    speed (the latter written into ``results``); the simulation per schedule."""
+    speed (the latter written into ``results``); the simulation per schedule. ``engine``: the
+    engine's measured costs, the shared-engine model fully-async is simulated on
+    (``learner/sim/shared_engine.py``); ``steps``: the measured runs' length, warm-up included,
+    over which each row's equal-work step is simulated as it was measured."""
+    from learner.sim.shared_engine import EngineCost, with_shared_engine
     from learner.sim.workload import SimInputError
 
     try:
         pooled = sync_workload(runs["sync"], warmup)
-        sim, own = simulated(pooled, list(results), warmup), at_own_speed(pooled, results, warmup)
+        if engine is not None:
+            cost = EngineCost(engine["a_s"], engine["b_s"], engine["join_s"], engine.get("copy_s", 0.0))
+            pooled = with_shared_engine(pooled, cost, max_rows)
+        sim = simulated(pooled, list(results), warmup)
+        own = at_own_speed(pooled, results, warmup, steps, max_staleness)
+        if pooled.engine is not None:
+            sim["engine_model"] = {**pooled.inputs["engine_model"], "measured": engine}
     except (SimInputError, ValueError) as err:
         print(f"{PROG}: no simulation: {err}", file=sys.stderr)
         sim, own = {"error": str(err)}, {}
@@ -236,8 +275,9 @@ def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any],
             r["simulated_error"] = own[name]["step_s"] / r["step_s"] - 1.0
             # the simulator models a steady state: against the step charged for any backlog the
             # measured window consumed (learner.bench.window), the figure to hold it to
-            if r.get("step_equal_work_s"):
-                r["simulated_error_equal_work"] = own[name]["step_s"] / r["step_equal_work_s"] - 1.0
+            r["simulated_step_equal_work_s"] = own[name]["step_equal_work_s"]
+            if r.get("step_equal_work_s") and own[name]["step_equal_work_s"]:
+                r["simulated_error_equal_work"] = own[name]["step_equal_work_s"] / r["step_equal_work_s"] - 1.0
             sync_at_speed = own[name]["sync_step_s"]
             r["speedup_same_speed"] = sync_at_speed / r["step_s"] if sync_at_speed is not None else None
     return sim

@@ -8,13 +8,14 @@ COLUMNS = [("learner", "learner", "{}"), ("step_s", "step_s", "{:.2f}"), ("sprea
            ("R", "rollout_s", "{:.2f}"), ("L", "learner_s", "{:.2f}"), ("engine", "engine_busy_s", "{:.2f}"),
            ("bound", "bound_s", "{:.2f}"), ("eff", "efficiency", "{:.2f}"),
            ("speedup", "speedup_vs_sync", "{:.2f}x"), ("tok/s", "trained_tokens_per_s", "{:.0f}"),
-           ("len", "response_length_mean", "{:.1f}"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
+           ("len", "response_length_mean", "{:.1f}"), ("slow10", "slowest_decile_share", "{:.0%}"), ("trainer idle", "trainer_idle_ratio", "{:.1%}"),
            ("trainer wait", "trainer_wait_ratio", "{:.1%}"), ("rollout idle", "rollouter_idle_ratio", "{:.1%}"),
            ("stale", None, None), ("tail_s", "tail_s", "{:.2f}"),
            ("kept", "kept_token_share", "{:.1%}"), ("whole", "whole_draft_share", "{:.1%}"),
            ("busy", "busy_share", "{:.1%}"),
            ("rss_mb", "peak_rss_mb", "{:.0f}"), ("bwd ms", "backward_ms", "{:.1f}"),
-           ("same-speed speedup", "speedup_same_speed", "{:.2f}x"), ("sim step_s", "simulated_step_s", "{:.2f}")]
+           ("same-speed speedup", "speedup_same_speed", "{:.2f}x"), ("sim step_s", "simulated_step_s", "{:.2f}"),
+           ("equal-work", "step_equal_work_s", "{:.2f}"), ("sim equal-work", "simulated_step_equal_work_s", "{:.2f}")]
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:

@@ -26,9 +26,13 @@ What differs between schedules (``k``: how many versions the rollout may run ahe
   forms without it, is dropped (measured, never trained), which bounds every trained
   trajectory's staleness by ``max_staleness``.
 
-Limits of the model: a rollout's duration does not depend on how many others run (slots
-model latency, not a shared token throughput), so when a fleet is compute-bound, slots
-freed by fast trajectories make fully-async look faster than it would run; OPD's per-turn
+A rollout takes its recorded or drawn duration whatever else runs: slots model latency, not a
+shared throughput. That is the recording's own truth for sync, streaming and async, which load
+the engine as the recorded run did (one batch at a time). fully-async does not: it runs up to
+``max_staleness + 1`` batches' groups at once and drains its engine at every publish, so with an
+engine model (``Workload.engine``, ``sim/shared_engine.py``) its generate turns run on a shared
+engine whose decode step slows with the rows it carries. Without one, fast trajectories freeing
+their slots make fully-async look faster than a compute-bound engine lets it run. Limits: OPD's per-turn
 streaming is modelled per trajectory (backward after the whole trajectory), which
 understates streaming; async samples with the newest published version, so its staleness
 is 1 only when the learner is the bottleneck (0 when training finishes first).
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field
 from learner.distributed.assignment import assign_owners
 from learner.driver import rules
 from learner.driver.pipeline import GroupPool
+from learner.sim.shared_engine import ENGINE_SCHEDULES, Fleet, phases
 from learner.sim.workload import BatchWork, TrajWork, Workload
 from learner.timeline import Kind, Span
 
@@ -61,6 +66,7 @@ class SimTraj:
     end: float = math.nan  # reward time
     version: int = -1  # policy version it sampled with
     step: int = -1  # learner step that trained it
+    drawn: list = field(default_factory=list)  # with an engine model: (kind, t0, t1, turn, tokens) as simulated
 
 
 @dataclass
@@ -128,9 +134,10 @@ def train_batch(
         else:
             r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
         t0 = max(ready[i], free[r])
-        free[r] = t0 + m.work.backward_s
-        spans.append(Span(step, Kind.BACKWARD, t0, free[r], f"learner/{r}", m.traj, m.group,
-                          policy_version=step))
+        if m.work.backward_s > 0:  # (a tied group's member has none: advantage 0, skipped)
+            free[r] = t0 + m.work.backward_s
+            spans.append(Span(step, Kind.BACKWARD, t0, free[r], f"learner/{r}", m.traj, m.group,
+                              policy_version=step))
         if free[r] >= last.get(m.group, (-math.inf, 0))[0]:
             last[m.group] = (free[r], r)
         left[m.group] -= 1
@@ -176,7 +183,8 @@ class _Run:
         self.now = 0.0
         self.events: list[tuple[float, int, int, object]] = []  # (time, priority, seq, payload)
         self.seq = 0
-        self.free_slots = list(range(workload.rollout_slots))
+        self.free_slots: list[int] = []  # slots given back (a heap); slots are numbered on as needed
+        self.slots_used = 0
         self.queue: list[SimTraj] = []  # waiting for a slot, FIFO (head at index qhead)
         self.qhead = 0
         self.next_dispatch = 0  # next dispatch batch to enqueue
@@ -191,6 +199,9 @@ class _Run:
         self.admitted: set[int] = set()  # fully-async: groups admitted (started)
         self.opened = 0  # batches whose dispatch gate has opened
         self.decisions: list[tuple] = []
+        use_engine = workload.engine is not None and schedule in ENGINE_SCHEDULES
+        self.fleet = Fleet(workload.engine) if use_engine else None
+        self.running: dict[int, SimTraj] = {}  # with an engine model: by trajectory id
 
     def push(self, t: float, priority: int, payload: object) -> None:
         heapq.heappush(self.events, (t, priority, self.seq, payload))
@@ -199,17 +210,30 @@ class _Run:
     def run(self) -> SimRun:
         self.dispatch()
         while len(self.publish) < self.n_steps:
-            if not self.events:
-                raise RuntimeError(f"{self.schedule}: simulation stalled at t={self.now}")
-            self.now, priority, _, payload = heapq.heappop(self.events)
-            if priority == 0:
-                self.publish.append(self.now)
-                self.decisions.append(("publish", len(self.publish)))
+            fleet_at = self.fleet.next_time() if self.fleet is not None else math.inf
+            if self.events and self.events[0][0] <= fleet_at:
+                self.now, priority, _, payload = heapq.heappop(self.events)
+                if priority == 0:
+                    self.publish.append(self.now)
+                    self.decisions.append(("publish", len(self.publish)))
+                    if self.fleet is not None and self.schedule == "fully-async":
+                        self.fleet.drain()  # the worker's turns follow the newest weights
+                else:
+                    self.on_reward(payload)
+            elif fleet_at < math.inf:
+                self.now = fleet_at
+                for traj in self.fleet.advance(self.now):
+                    t = self.running.pop(traj)
+                    t.end, t.drawn = self.now, self.fleet.drawn.pop(traj)
+                    self.on_reward(t)
             else:
-                self.on_reward(payload)
+                raise RuntimeError(f"{self.schedule}: simulation stalled at t={self.now}")
             self.try_train()
             self.dispatch()
         unfinished = [t for b in self.batches for t in b if t.step < 0 and not math.isnan(t.start)]
+        for t in unfinished:
+            if self.fleet is not None and t.traj in self.running:
+                t.drawn = self.fleet.drawn.get(t.traj, [])
         return SimRun(self.schedule, self.records, self.spans, unfinished, self.pool.dropped, self.decisions)
 
     def enqueue_batch(self) -> None:
@@ -243,7 +267,7 @@ class _Run:
         self.decisions += [("drop", g, len(self.publish)) for g in groups]
 
     def dispatch(self) -> None:
-        while self.free_slots:
+        while self.free_slots or self.slots_used < self.w.rollout_slots:
             if self.qhead == len(self.queue):
                 # keep the pipeline as full as in a longer run: async's rollout of step
                 # n_steps overlaps the last training step (fully-async is bounded by admission)
@@ -265,9 +289,17 @@ class _Run:
                 self.decisions.append(("dispatch", t.dispatch, len(self.publish)))
                 self.opened += 1
             self.qhead += 1
-            t.slot = heapq.heappop(self.free_slots)
-            t.start, t.end, t.version = self.now, self.now + t.work.rollout_s, len(self.publish)
-            self.push(t.end, 1, t)
+            if self.free_slots:  # the lowest free slot: those given back are below the unused ones
+                t.slot = heapq.heappop(self.free_slots)
+            else:
+                t.slot, self.slots_used = self.slots_used, self.slots_used + 1
+            t.start, t.version = self.now, len(self.publish)
+            if self.fleet is not None:  # its end comes from the engine model
+                self.running[t.traj] = t
+                self.fleet.start(self.now, t.traj, phases(t.work), t.slot)
+            else:
+                t.end = self.now + t.work.rollout_s
+                self.push(t.end, 1, t)
 
     def on_reward(self, t: SimTraj) -> None:
         self.decisions.append(("reward", t.traj, t.group, t.version))

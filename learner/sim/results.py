@@ -42,6 +42,7 @@ class ScheduleResult:
     staleness_max: int
     tail_s: float
     speedup_vs_sync: float | None = None
+    step_equal_work_s: float | None = None  # the window per batch it produced (learner/bench/window.py)
     per_step: list[dict[str, float]] = field(default_factory=list)
     run: SimRun | None = field(default=None, repr=False, compare=False)
 
@@ -75,11 +76,16 @@ def step_metrics(run: SimRun, spans: list[Span]) -> list[dict[str, float]]:
 
 
 def rollout_spans(run: SimRun) -> list[Span]:
-    """Slot occupancy as spans: recorded sub-spans shifted to the simulated start, else one generate."""
+    """Slot occupancy as spans: as the engine model ran them, else recorded sub-spans shifted to the
+    simulated start, else one generate."""
     spans = []
     for rec_trajs in ([t for rec in run.steps for t in rec.trajs], run.unfinished):
         for t in rec_trajs:
             lane = f"rollout/0/{t.slot}"
+            if t.drawn:  # an engine model's timing (learner/sim/shared_engine.py)
+                spans += [Span(t.step, kind, t0, t1, lane, t.traj, t.group, turn, t.version, tokens)
+                          for kind, t0, t1, turn, tokens in t.drawn]
+                continue
             parts = t.work.segments or ()
             if not parts:
                 spans.append(Span(t.step, Kind.GENERATE, t.start, t.end, lane, t.traj, t.group, 0, t.version))
@@ -87,6 +93,22 @@ def rollout_spans(run: SimRun) -> list[Span]:
                 spans.append(Span(t.step, p.kind, t.start + p.t0, t.start + p.t1, lane, t.traj, t.group, p.turn,
                                   t.version, p.tokens))
     return spans
+
+
+def equal_work_step(run: SimRun, warmup: int, end: int | None = None) -> float | None:
+    """The simulated window's length (steps ``warmup .. end-1``) per batch *produced*, as the bench
+    defines it for a measured row (``learner/bench/window.py``): rewards that landed in the window,
+    less the members of groups dropped as too stale, against the trajectories trained; None when
+    none was produced. ``end`` before the run's last step leaves out the run's end, where
+    fully-async admits no more than the remaining steps need and waits for its slowest groups
+    (the bench's runs go on past their window for the same reason, ``drain_steps``)."""
+    measured = run.steps[warmup:end]
+    t0, t1 = measured[0].t_start, measured[-1].t_end
+    dropped = {d[1] for d in run.decisions if d[0] == "drop"}
+    every = [t for rec in run.steps for t in rec.trajs] + run.unfinished
+    produced = sum(1 for t in every if t0 < t.end <= t1 and t.group not in dropped)
+    trained = sum(len(rec.trajs) for rec in measured)
+    return (t1 - t0) * trained / len(measured) / produced if produced else None
 
 
 def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2, max_staleness: int = 2,
@@ -120,6 +142,7 @@ def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2
         staleness_mean=sum(stale) / len(stale),
         staleness_max=max(stale),
         tail_s=statistics.median(r.grad_ready - max(r.last_reward, r.t_start) for r in measured),
+        step_equal_work_s=equal_work_step(run, warmup),
         per_step=per_step,
         run=run,
     )

@@ -30,9 +30,12 @@ import json
 import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from learner.timeline import Kind, LEARNER_KINDS, Metric, ROLLOUT_KINDS
+
+if TYPE_CHECKING:
+    from learner.sim.shared_engine import EngineCost
 
 ROLLOUT_DISTS = ("lognormal", "uniform", "constant")
 # A trajectory's rollout time in the step that trains it: a draft (``rollout.draft``,
@@ -84,6 +87,9 @@ class Workload:
     learner_ranks: int
     reduce_s: float = 0.0
     inputs: dict[str, Any] = field(default_factory=dict)  # echoed into the JSON report
+    # the rollout engines as shared servers (learner/sim/shared_engine.py); None: each rollout
+    # takes its own duration whatever else runs
+    engine: "EngineCost | None" = None
 
     def batch(self, step: int) -> BatchWork:
         return self.batches[step % len(self.batches)]
@@ -224,7 +230,8 @@ def at_speed(workload: Workload, slower: float) -> Workload:
     batches = [BatchWork([_traj_at_speed(t, slower) for t in b.trajs],
                          {g: c * slower for g, c in b.group_close_s.items()},
                          b.optimizer_s * slower, b.publish_s * slower) for b in workload.batches]
-    return replace(workload, batches=batches, reduce_s=workload.reduce_s * slower)
+    engine = workload.engine.scaled(slower) if workload.engine is not None else None
+    return replace(workload, batches=batches, reduce_s=workload.reduce_s * slower, engine=engine)
 
 
 def load_events(path: str | Path) -> list[dict[str, Any]]:
@@ -304,6 +311,11 @@ def _recorded_batch(step: int, spans: list[dict[str, Any]]) -> BatchWork:
             group_of[s["traj"]] = s["group"]
         elif s["kind"] == Kind.GROUP_CLOSE and s.get("group") is not None:
             closes.setdefault(s["group"], []).append(s)
+    for traj, parts in rollout.items():
+        # a group whose rewards all tie has advantage 0 exactly and no backward (docs/learner.md), but its
+        # rollout was generated in this step all the same: the fleet's work, and the reward sync waits for
+        if traj not in backward and parts[0].get("group") is not None:
+            backward[traj], group_of[traj] = 0.0, parts[0]["group"]
     missing = [t for t in backward if not rollout.get(t)]
     if missing:
         raise SimInputError(f"spans: trajectory {missing[0]} of step {step} has learner.backward but no rollout spans")
@@ -364,6 +376,10 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
     for step in trained_steps:
         learner = [s for s in spans if s["step"] == step and s["kind"] in LEARNER_KINDS]
         trajs = {s["traj"] for s in learner if s["kind"] == Kind.BACKWARD}
+        # and the step's untrained rollouts (a tied group's: no backward), where the recording says
+        # which step sampled them (fully-async's rollout spans do not: step -1)
+        trajs |= {s["traj"] for s in spans if s["step"] == step and s["kind"] in TRAJ_ROLLOUT_KINDS
+                  and s.get("traj") is not None and s.get("group") is not None}
         batches.append(_recorded_batch(step, learner + [r for t in trajs for r in rollout_by_traj.get(t, [])]))
     slots = {s["lane"] for s in spans if s["kind"] in ROLLOUT_KINDS and s["lane"].startswith("rollout/")}
     ranks = {s["lane"] for s in spans if s["kind"] in LEARNER_KINDS and s["lane"].startswith("learner/")}
@@ -383,6 +399,7 @@ def workload_from_spans(events: Iterable[dict[str, Any]]) -> Workload:
             "prompts_per_step": [b.n_groups for b in batches],
             "trajectories_per_step": [len(b.trajs) for b in batches],
             "rollout_slots": len(slots),
+            "rollout_workers": len({lane.split("/")[1] for lane in slots}),
             "learner_ranks": max(len(ranks), 1),
             "rollout_duration": "envelope: first t0 to last t1 of the trajectory's rollout spans",
             "recorded_schedule": schedule,

@@ -58,7 +58,8 @@ def test_the_readme_table_is_generated_from_the_json_between_its_markers(tmp_pat
 def test_the_referee_table_holds_each_row_against_its_simulation_and_marks_the_misses(tmp_path):
     path = _bench_json(tmp_path, "default", [0.60, 0.62, 0.58, 0.61], [0.40, 0.41, 0.39, 0.42])
     doc = json.loads(path.read_text())
-    doc["schedules"]["sync"].update(simulated_step_s=0.60, tail_s=0.20, step_equal_work_s=0.61)
+    doc["schedules"]["sync"].update(simulated_step_s=0.60, tail_s=0.20, step_equal_work_s=0.61,
+                                    simulated_step_equal_work_s=0.50)
     doc["schedules"]["streaming"].update(tail_s=0.05)  # no replay at its own speed: the sync-runs prediction
     doc["simulated"] = {"sync": {"step_s": 0.5, "tail_s": 0.19}, "streaming": {"step_s": 0.30, "tail_s": 0.01}}
     path.write_text(json.dumps(doc))
@@ -68,8 +69,9 @@ def test_the_referee_table_holds_each_row_against_its_simulation_and_marks_the_m
     text = target.read_text()
     sync = next(line for line in text.splitlines() if "| `sync` |" in line)
     streaming = next(line for line in text.splitlines() if "| `streaming` |" in line)
-    assert "0.605 / 0.600 s | 1.01 | 1.02 | 0.200 / 0.190 s" in sync  # its own replay, not the prediction
-    assert "0.405 / 0.300 s | **1.35** | – | 0.050 / 0.010 s" in streaming
+    # its own replay, not the prediction; the equal-work step against the simulator's over the same window
+    assert "0.605 / 0.600 s | 1.01 | 0.610 / 0.500 s | **1.22** | 0.200 / 0.190 s" in sync
+    assert "0.405 / 0.300 s | **1.35** | – | – | 0.050 / 0.010 s" in streaming
     assert text.startswith("x\n") and text.endswith("y\n") and "stale table" not in text
     assert f"python -m bench.headline --referee {path}" in text
 
