@@ -175,7 +175,7 @@ def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
 
 
 def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps: int,
-                 max_staleness: int = 2) -> dict[str, dict[str, Any]]:
+                 max_staleness: int = 2, per_run: list | None = None) -> dict[str, dict[str, Any]]:
     """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
     over the sync runs' (the same forward + backward in every schedule that trains with sync's
     learner, so a ratio of machine speeds; docs/bench.md says how fair), and the simulator's step
@@ -187,11 +187,12 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps:
     simulated at sync's speed and has no same-speed speedup. Its equal-work step is simulated over
     the window its runs measured (``steps``, warm-up dropped, run on past it by the same drain
     steps): a pipeline that starts full, as fully-async's does, is measured and simulated through
-    the same transient."""
+    the same transient, for each sync run apart (``per_run``: their workloads; default the pooled one)."""
     from learner.sim.cli import simulate, simulate_all
-    from learner.sim.results import equal_work_step
+    from learner.sim.results import equal_work_parts
     from learner.sim.workload import at_speed
 
+    per_run = per_run or [pooled]
     out = {}
     for name, r in results.items():
         if name not in SCHEDULES:
@@ -200,9 +201,17 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps:
         slower = r["backward_ms"] / results["sync"]["backward_ms"] if same else None
         machine = at_speed(pooled, slower or 1.0)
         sim = simulate_all(machine, ["sync", name], steps=len(pooled.batches) + warmup, warmup=warmup)
-        window = simulate(machine, name, steps=steps + drain_steps(name, max_staleness), warmup=warmup).run
+        # the equal-work step as the bench pools it: each sync run's own batches over the window
+        # its runs measured, the parts summed over the runs
+        window = trained = produced = 0.0
+        for one in per_run:
+            run = simulate(at_speed(one, slower or 1.0), name, steps=steps + drain_steps(name, max_staleness),
+                           warmup=warmup).run
+            parts = equal_work_parts(run, warmup, end=steps)
+            window, trained, produced = window + parts[0], trained + parts[1], produced + parts[2]
         out[name] = {"speed_factor": slower, "step_s": sim[name].step_s,
-                     "step_equal_work_s": equal_work_step(window, warmup, end=steps),
+                     "step_equal_work_s": window * trained / (len(per_run) * (steps - warmup)) / produced
+                     if produced else None,
                      "sync_step_s": sim["sync"].step_s if same else None}
     return out
 
@@ -256,12 +265,13 @@ def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any],
     from learner.sim.workload import SimInputError
 
     try:
-        pooled = sync_workload(runs["sync"], warmup)
+        pooled, per_run = sync_workload(runs["sync"], warmup), [sync_workload([one], warmup) for one in runs["sync"]]
         if engine is not None:
             cost = EngineCost(engine["a_s"], engine["b_s"], engine["join_s"], engine.get("copy_s", 0.0))
             pooled = with_shared_engine(pooled, cost, max_rows)
+            per_run = [with_shared_engine(one, cost, max_rows) for one in per_run]
         sim = simulated(pooled, list(results), warmup)
-        own = at_own_speed(pooled, results, warmup, steps, max_staleness)
+        own = at_own_speed(pooled, results, warmup, steps, max_staleness, per_run)
         if pooled.engine is not None:
             sim["engine_model"] = {**pooled.inputs["engine_model"], "measured": engine}
     except (SimInputError, ValueError) as err:

@@ -19,6 +19,7 @@ from learner.config import SCHEDULES
 from learner.cli_args import number, schedule_list
 from learner.sim.engine import ASSIGN_POLICIES
 from learner.sim.results import ScheduleResult, report, simulate, simulate_all, simulate_spans, simulated_events
+from learner.sim.shared_engine import EngineCost, with_shared_engine
 from learner.sim.workload import (
     PAPER_PRESET, PAPER_REFERENCE, ROLLOUT_DISTS, SimInputError, SyntheticSpec, Workload, load_events,
     synthetic_workload, with_overrides, workload_from_spans,
@@ -94,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--rollout-slots", type=pos_int, metavar="N",
                    help="concurrent trajectories in the rollout fleet [one per trajectory]")
     m.add_argument("--learner-ranks", type=pos_int, metavar="N", help=f"data-parallel learner ranks [{PAPER_PRESET.learner_ranks}]")
+    m.add_argument("--engine-cost", metavar="FILE",
+                   help="with --spans: simulate fully-async on a shared engine at these measured costs (the JSON "
+                        "of python -m learner.bench.engine_cost; learner/sim/shared_engine.py) [recorded durations]")
     m.add_argument("--assign", choices=ASSIGN_POLICIES, default="group-affinity",
                    help="trajectory -> rank: its group's owner rank (the data-parallel learner's map), "
                         "the first free rank, or static sharding by index [group-affinity]")
@@ -118,6 +122,7 @@ def _given(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
 def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
     """The workload the flags describe, and the reference numbers to print beside it."""
     spec_given, shape_given = _given(args, SPEC_FLAGS), _given(args, SHAPE_FLAGS)
+    engine = load_engine_cost(args.engine_cost) if args.engine_cost and args.spans else None
     if args.spans:
         if args.preset:
             raise SimInputError("--preset: cannot be combined with --spans (the recording is the workload)")
@@ -125,6 +130,8 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
             flag = next(iter(spec_given))
             raise SimInputError(f"{flag}: cannot be combined with --spans (the recording fixes it)")
         workload = workload_from_spans(load_events(args.spans))
+        if engine is not None:
+            workload = with_shared_engine(workload, engine, shape_given.get("--rollout-slots"))
         workload.rollout_slots = shape_given.get("--rollout-slots", workload.rollout_slots)
         workload.learner_ranks = shape_given.get("--learner-ranks", workload.learner_ranks)
         measured = workload.inputs["measured_step_s"]
@@ -134,6 +141,8 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
             values = sorted(measured.values())
             ref = {schedule: values[len(values) // 2]}
         return workload, {"label": "measured", "step_s": ref}
+    if args.engine_cost:
+        raise SimInputError("--engine-cost: needs --spans (a drawn workload has no generate turns to share an engine)")
     values = {SPEC_FLAGS.get(f) or SHAPE_FLAGS[f]: v for f, v in {**spec_given, **shape_given}.items()}
     spec = with_overrides(PAPER_PRESET, **values)
     if "--rollout-sigma" in spec_given and spec.rollout_dist != "lognormal":
@@ -144,6 +153,23 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any]]:
         workload.inputs["reference"] = PAPER_REFERENCE
         return workload, {"label": "paper", "step_s": PAPER_REFERENCE["step_s"]}
     return workload, {"label": "", "step_s": {}}
+
+
+def load_engine_cost(path: str) -> EngineCost:
+    """``--engine-cost``: the measured costs; errors name the flag, the file and the reason."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise SimInputError(f"--engine-cost: cannot read {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise SimInputError(f"--engine-cost: {path} is not JSON: {err.msg}") from None
+    values = {}
+    for key in ("a_s", "b_s", "join_s", "copy_s"):
+        value = doc.get(key, 0.0 if key == "copy_s" else None) if isinstance(doc, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise SimInputError(f"--engine-cost: {path} needs '{key}' as seconds >= 0, got {value!r}")
+        values[key] = float(value)
+    return EngineCost(**values)
 
 
 def _secs(x: float) -> str:

@@ -13,7 +13,9 @@ bound_s = max(R, L), efficiency = bound_s / step_s, speedup_vs_sync = sync step_
 step_s, idle ratios over the measured window (timeline.window_metrics), staleness
 (trained step - sampled version, per trajectory), tail_s (median learner time from the
 moment the batch could first be trained, its last reward or the previous publish, to the
-complete gradient: backward, closes and reduction, without optimizer and publish).
+complete gradient: backward, closes and reduction, without optimizer and publish),
+step_equal_work_s (the window per batch it produced, as the bench measures a row:
+``equal_work_step``).
 """
 
 from __future__ import annotations
@@ -95,6 +97,17 @@ def rollout_spans(run: SimRun) -> list[Span]:
     return spans
 
 
+def equal_work_parts(run: SimRun, warmup: int, end: int | None = None) -> tuple[float, int, int]:
+    """(window seconds, trajectories trained, trajectories produced) over steps ``warmup .. end-1``:
+    the parts of ``equal_work_step``, to pool over several runs as the bench pools its rounds."""
+    measured = run.steps[warmup:end]
+    t0, t1 = measured[0].t_start, measured[-1].t_end
+    dropped = {d[1] for d in run.decisions if d[0] == "drop"}
+    every = [t for rec in run.steps for t in rec.trajs] + run.unfinished
+    produced = sum(1 for t in every if t0 < t.end <= t1 and t.group not in dropped)
+    return t1 - t0, sum(len(rec.trajs) for rec in measured), produced
+
+
 def equal_work_step(run: SimRun, warmup: int, end: int | None = None) -> float | None:
     """The simulated window's length (steps ``warmup .. end-1``) per batch *produced*, as the bench
     defines it for a measured row (``learner/bench/window.py``): rewards that landed in the window,
@@ -102,13 +115,9 @@ def equal_work_step(run: SimRun, warmup: int, end: int | None = None) -> float |
     none was produced. ``end`` before the run's last step leaves out the run's end, where
     fully-async admits no more than the remaining steps need and waits for its slowest groups
     (the bench's runs go on past their window for the same reason, ``drain_steps``)."""
-    measured = run.steps[warmup:end]
-    t0, t1 = measured[0].t_start, measured[-1].t_end
-    dropped = {d[1] for d in run.decisions if d[0] == "drop"}
-    every = [t for rec in run.steps for t in rec.trajs] + run.unfinished
-    produced = sum(1 for t in every if t0 < t.end <= t1 and t.group not in dropped)
-    trained = sum(len(rec.trajs) for rec in measured)
-    return (t1 - t0) * trained / len(measured) / produced if produced else None
+    window, trained, produced = equal_work_parts(run, warmup, end)
+    steps = len(run.steps[warmup:end])
+    return window * trained / steps / produced if produced else None
 
 
 def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2, max_staleness: int = 2,

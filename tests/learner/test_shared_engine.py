@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -197,3 +198,46 @@ def test_engine_cost_failure_is_one_line_naming_it(tmp_path):
     bad.write_text("rollout: {engine: nope}\n")
     with pytest.raises(RuntimeError, match="engine cost: exited"):
         measure_in_subprocess(str(bad), rows=(8, 32))
+
+
+def simulate_cli(argv: list[str]) -> int:
+    import argparse
+
+    from learner.sim.cli import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def test_simulate_takes_measured_engine_costs_for_a_recording(tmp_path, capsys):
+    spans = tmp_path / "run.jsonl"
+    lines = []
+    for i in range(8):  # one step: 2 groups x 4 trajectories, one 8-token turn each
+        lines.append({"type": "span", "step": 0, "kind": "rollout.generate", "t0": 0.0, "t1": 0.1 + 0.01 * i,
+                      "lane": f"rollout/0/{i}", "traj": i, "group": i // 4, "turn": 0, "tokens": 8})
+        lines.append({"type": "span", "step": 0, "kind": "learner.backward", "t0": 0.2 + 0.01 * i,
+                      "t1": 0.21 + 0.01 * i, "lane": "learner/0", "traj": i, "group": i // 4})
+    spans.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"a_s": 0.001, "b_s": 0.001, "join_s": 0.0}))
+    out = tmp_path / "sim.json"
+    assert simulate_cli(["--spans", str(spans), "--engine-cost", str(cost), "--steps", "6", "--warmup", "1",
+                         "--json", str(out)]) == 0
+    inputs = json.loads(out.read_text())["inputs"]
+    assert inputs["engine_model"]["b_s"] == 0.001 and inputs["engine_model"]["schedules"] == ["fully-async"]
+
+
+@pytest.mark.parametrize("content, reason", [("{", "is not JSON"), ('{"a_s": 0.1}', "needs 'b_s'"),
+                                             ('{"a_s": 0.1, "b_s": -1, "join_s": 0}', "needs 'b_s'")])
+def test_bad_engine_costs_exit_2_naming_the_flag(tmp_path, capsys, content, reason):
+    cost = tmp_path / "cost.json"
+    cost.write_text(content)
+    spans = tmp_path / "run.jsonl"
+    spans.write_text(json.dumps({"type": "span", "step": 0, "kind": "learner.backward", "t0": 0, "t1": 1,
+                                 "lane": "learner/0", "traj": 0, "group": 0}) + "\n")
+    assert simulate_cli(["--spans", str(spans), "--engine-cost", str(cost)]) == 2
+    err = capsys.readouterr().err
+    assert "--engine-cost" in err and reason in err and "Traceback" not in err
+    assert simulate_cli(["--engine-cost", str(cost)]) == 2
+    assert "--engine-cost: needs --spans" in capsys.readouterr().err
