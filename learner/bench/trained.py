@@ -82,8 +82,14 @@ def slowest_decile(row_runs: list[list[dict[str, Any]]], sync_runs: list[list[di
     generating at least sync's 90th percentile of tokens (a schedule-independent measure of a
     trajectory's work; its time depends on what else runs). About 0.10 for an on-policy schedule,
     less for one that trains the groups that finish first."""
-    ref = sorted(n for events in sync_runs for n in trained_lengths(events, warmup, end))
-    mine = [n for events in row_runs for n in trained_lengths(events, warmup, end)]
+    return decile_share([n for events in row_runs for n in trained_lengths(events, warmup, end)],
+                        [n for events in sync_runs for n in trained_lengths(events, warmup, end)])
+
+
+def decile_share(mine: list[int], reference: list[int]) -> dict[str, Any]:
+    """``slowest_decile_tokens`` (the reference's 90th percentile of generated tokens) and
+    ``slowest_decile_share`` (the share of ``mine`` at or above it); None without both."""
+    ref = sorted(reference)
     if not ref or not mine:
         return {"slowest_decile_tokens": None, "slowest_decile_share": None}
     threshold = ref[min(int(DECILE * len(ref)), len(ref) - 1)]

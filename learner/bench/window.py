@@ -36,5 +36,11 @@ def equal_work(runs: list[list[dict[str, Any]]], kept_per_run: list[list[dict[st
         produced += max(finished - dropped, 0.0)
         trained += len(kept) * batch
         steps += len(kept)
-    return {"step_equal_work_s": window * batch / produced if produced else None,
+    return {"step_equal_work_s": charged_step(window, trained, produced, steps),
             "produced_per_step": produced / steps, "backlog_per_step": (trained - produced) / steps}
+
+
+def charged_step(window_s: float, trained: float, produced: float, steps: int) -> float | None:
+    """The window per batch produced: ``window_s`` over ``steps`` steps that trained ``trained``
+    trajectories while ``produced`` were produced for training (None when none was)."""
+    return window_s * trained / steps / produced if produced and steps else None

@@ -35,6 +35,13 @@ function groupRow(g) {
       title: g.speedup_spans_one ? "its 90% interval admits 1: no difference shown" : "",
     }),
     cell("td", length, { class: "num", "data-field": "response_length_vs_sync", "data-value": value(g.response_length_vs_sync) }),
+    // the window per batch produced: charges a window that trained work done before it
+    cell("td", g.step_equal_work_s === null ? dash : `${seconds(g.step_equal_work_s)} s`,
+      { class: "num", "data-field": "step_equal_work_s", "data-value": value(g.step_equal_work_s) }),
+    cell("td", g.slowest_decile_share === null ? dash : `${(100 * g.slowest_decile_share).toFixed(0)}%`, {
+      class: "num", "data-field": "slowest_decile_share", "data-value": value(g.slowest_decile_share),
+      title: g.slowest_decile_tokens === null ? "" : `trajectories of ${g.slowest_decile_tokens}+ generated tokens (sync's slowest decile)`,
+    }),
   );
   return row;
 }
@@ -43,7 +50,8 @@ function groupRow(g) {
 export function drawPooled(panel, table, warnings, summary) {
   const pooled = summary.pooled ?? [];
   const head = document.createElement("thead"), body = document.createElement("tbody");
-  const titles = ["Schedule", "Runs", "Steps", "Median step [90%]", "Speedup vs sync [90%]", "Response length vs sync [90%]"];
+  const titles = ["Schedule", "Runs", "Steps", "Median step [90%]", "Speedup vs sync [90%]", "Response length vs sync [90%]",
+    "Equal-work step", "Slowest decile trained"];
   head.append(document.createElement("tr"));
   head.firstChild.append(...titles.map((t, i) => cell("th", t, i ? { class: "num" } : {})));
   body.append(...pooled.map(groupRow));

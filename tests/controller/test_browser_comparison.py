@@ -79,6 +79,10 @@ def test_a_comparison_launches_repeats_in_alternating_rounds_and_pools_them_with
         flagged = s_lo <= 1 <= s_hi
         assert group["speedup_spans_one"] is flagged and shown["speedup_vs_sync"]["spansOne"] == ("1" if flagged else "0")
         assert shown["speedup_vs_sync"]["text"] == f"{'≈ ' if flagged else ''}{group['speedup_vs_sync']:.2f}× [{s_lo:.2f}, {s_hi:.2f}]"
+        # the equal-work step and the share of sync's slowest decile trained, as the API has them
+        assert group["step_equal_work_s"] > 0 and shown["step_equal_work_s"]["text"] == f"{group['step_equal_work_s']:.3f} s"
+        assert 0 <= group["slowest_decile_share"] <= 1
+        assert shown["slowest_decile_share"]["text"] == f"{100 * group['slowest_decile_share']:.0f}%"
     page.locator("#pooled-panel").scroll_into_view_if_needed()
     screenshot(page, "comparison-pooled")
     # sync against itself: its ratio's interval always admits 1, and says so
