@@ -298,6 +298,12 @@ SCHEMAS = {
                 "speedup_spans_one": {"type": "boolean", "description": "the speedup's interval admits 1"},
                 "reward_mean": NULLABLE_NUMBER, "response_length_vs_sync": NULLABLE_NUMBER,
                 "response_length_vs_sync_ci90": {"type": ["array", "null"], "items": {"type": "number"}},
+                "step_equal_work_s": NULLABLE_NUMBER | {"description": "the windows per batch they produced "
+                                                                         "(docs/bench.md, equal-work windows)"},
+                "slowest_decile_tokens": {"type": ["integer", "null"], "description": "sync's 90th percentile of "
+                                                                                      "generated tokens per trajectory"},
+                "slowest_decile_share": NULLABLE_NUMBER | {"description": "share of trained trajectories at or "
+                                                                            "above slowest_decile_tokens"},
                 "trained_warning": {"type": ["string", "null"]}}}},
             "trained_warnings": {"type": "array", "items": {"type": "string"},
                                  "description": "schedules that trained other trajectories than sync's (learner/bench/trained.py)"},
