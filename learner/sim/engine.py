@@ -133,21 +133,22 @@ def train_batch(
             r = owners[m.group]
         else:
             r = min(range(ranks), key=lambda k: (free[k], k)) if assign == "least-loaded" else i % ranks
-        t0 = max(ready[i], free[r])
+        t0 = end = max(ready[i], free[r])
         if m.work.backward_s > 0:  # (a tied group's member has none: advantage 0, skipped)
-            free[r] = t0 + m.work.backward_s
+            free[r] = end = t0 + m.work.backward_s
             spans.append(Span(step, Kind.BACKWARD, t0, free[r], f"learner/{r}", m.traj, m.group,
                               policy_version=step))
-        if free[r] >= last.get(m.group, (-math.inf, 0))[0]:
-            last[m.group] = (free[r], r)
+        if end >= last.get(m.group, (-math.inf, 0))[0]:  # a skipped member still closes its group on arrival
+            last[m.group] = (end, r)
         left[m.group] -= 1
         if left[m.group] == 0:  # all rewards in and every member's backward assigned
             # the rank that finished the group's last backward is free exactly then
             done_at, rc = last[m.group]
             c0 = max(free[rc], done_at)
             free[rc] = c0 + workload.batch(m.dispatch).group_close_s[m.work.group]
-            spans.append(Span(step, Kind.GROUP_CLOSE, c0, free[rc], f"learner/{rc}", group=m.group,
-                              policy_version=step))
+            if free[rc] > c0:  # (a tied group's close costs nothing: none recorded, none drawn)
+                spans.append(Span(step, Kind.GROUP_CLOSE, c0, free[rc], f"learner/{rc}", group=m.group,
+                                  policy_version=step))
     barrier = max(free)
     grad_ready = barrier + workload.reduce_s
     opt_end = grad_ready + batch.optimizer_s

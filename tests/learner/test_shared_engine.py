@@ -170,6 +170,10 @@ def test_a_recorded_step_keeps_the_rollouts_of_groups_with_no_backward():
     result = simulate(workload_from_spans(spans), "sync", steps=2, warmup=0)
     assert result.run.steps[0].last_reward == pytest.approx(4.0)
     assert not [s for s in result.run.spans if s.kind == Kind.BACKWARD and s.traj in (2, 3)]
+    # streaming learns the trained group early, but its gradient is not complete before the tied
+    # group's last reward says that group adds nothing
+    streaming = simulate(workload_from_spans(spans), "streaming", steps=2, warmup=0).run.steps[0]
+    assert streaming.grad_ready >= 4.0
 
 
 def test_engine_cost_fits_lines_and_refuses_bad_rows(capsys):
