@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -99,26 +100,33 @@ class Runner:
     def __init__(self, cfg: RunConfig, workdir: Path):
         self.cfg, self.workdir = cfg, workdir
         self.costs: list[RunCost] = []  # wall time and step times of each run, in order
+        self.engine_timings: list[dict[str, Any]] = []  # the engine's costs, timed at each round's start
 
     def config(self, row: str) -> RunConfig:
         """The run config of a bench row (``learner/bench/rows.py``)."""
         return row_config(self.cfg, row)
 
-    def engine_cost(self) -> dict[str, Any] | None:
-        """The rollout engine's decode and join costs, timed once per bench in a process of their own
-        (``learner/bench/engine_cost.py``): the simulator's engine model for fully-async. None, with
-        the reason printed, when the timing fails (the rows are then simulated without it)."""
-        if not hasattr(self, "_engine_cost"):
-            from learner.bench.engine_cost import measure_in_subprocess
+    def time_engine(self) -> None:
+        """Time the rollout engine's decode, join and copy costs once more, in a process of its own
+        (``learner/bench/engine_cost.py``): the simulator's engine model for fully-async. A failure is
+        printed and leaves that timing out (with none, fully-async is simulated without the model)."""
+        from learner.bench.engine_cost import measure_in_subprocess
 
-            path = self.workdir / "engine-cost.yaml"
-            path.write_text(yaml.safe_dump(self.config("sync").model_dump(), sort_keys=False))
-            try:
-                self._engine_cost = measure_in_subprocess(str(path))
-            except (RuntimeError, ValueError) as err:
-                print(f"{PROG}: no engine model: {err}", file=sys.stderr)
-                self._engine_cost = None
-        return self._engine_cost
+        path = self.workdir / "engine-cost.yaml"
+        path.write_text(yaml.safe_dump(self.config("sync").model_dump(), sort_keys=False))
+        try:
+            self.engine_timings.append(measure_in_subprocess(str(path)))
+        except (RuntimeError, ValueError) as err:
+            print(f"{PROG}: engine cost not timed: {err}", file=sys.stderr)
+
+    def engine_cost(self) -> dict[str, Any] | None:
+        """The median of each cost over the timings (one per round: the machine's speed drifts
+        between them, as between runs), with every timing kept; None without a timing."""
+        if not self.engine_timings:
+            return None
+        median = {key: statistics.median(t[key] for t in self.engine_timings)
+                  for key in ("a_s", "b_s", "join_s", "copy_s")}
+        return {**median, "timings": self.engine_timings}
 
     def train(self, label: str, row: str, steps: int, scale: float) -> list[dict[str, Any]]:
         cfg = self.config(row)
@@ -231,7 +239,11 @@ def compare_schedules(runner: Runner, label: str, rows: list[str], steps: int, w
     and alternating puts the drift on every row alike. Per-row results (steps pooled) and the
     simulation."""
     runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in rows}
+    timed_round = -1
     for r, name in alternating(rows, rounds):
+        if r != timed_round and "fully-async" in rows:  # the engine model's costs, once a round
+            runner.time_engine()
+            timed_round = r
         drain = drain_steps(row_of(name).schedule, runner.cfg.train.max_staleness)
         run_label = f"{label}-{name}" + (f"-r{r}" if r else "")
         runs[name].append(runner.train(run_label, name, steps + drain, scale))
@@ -249,7 +261,7 @@ def compare_schedules(runner: Runner, label: str, rows: list[str], steps: int, w
     for name in rows:  # what each trained of the slowest decile sync trains (learner.bench.trained)
         results[name].update(slowest_decile(runs[name], runs["sync"], warmup, steps))
     results["sync"]["trajectory_time"] = tail_summary(runs["sync"], warmup, steps)
-    engine = runner.engine_cost() if "fully-async" in rows else None
+    engine = runner.engine_cost()
     return results, replay(runs, results, warmup, steps, engine, runner.cfg.rollout.max_running_rows,
                            runner.cfg.train.max_staleness)
 

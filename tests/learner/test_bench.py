@@ -126,6 +126,18 @@ def test_the_simulator_replays_the_sync_run_beside_the_measurement(tiny_bench):
     sync = doc["schedules"]["sync"]
     assert sync["speed_factor"] == 1.0 and sync["speedup_same_speed"] == pytest.approx(1 + sync["simulated_error"])
     assert doc["simulated"]["sync"]["staleness_max"] == 0
+    # fully-async is simulated on the engine's costs, timed once a round; every row's equal-work
+    # step is simulated over its own window, and each row says what it trained of sync's slowest decile
+    engine = doc["simulated"]["engine_model"]
+    assert engine["schedules"] == ["fully-async"] and len(engine["measured"]["timings"]) == 1
+    assert engine["b_s"] == engine["measured"]["b_s"] >= 0 and engine["sync_replay_median_error"] >= 0
+    for r in schedules.values():
+        assert r["simulated_step_equal_work_s"] > 0
+        if r["step_equal_work_s"]:  # (none where the window's rewards all came before it: 2 steps of 4 trajectories)
+            assert r["simulated_error_equal_work"] == pytest.approx(
+                r["simulated_step_equal_work_s"] / r["step_equal_work_s"] - 1)
+    for r in doc["schedules"].values():
+        assert 0 <= r["slowest_decile_share"] <= 1 and r["slowest_decile_tokens"] > 0
 
 
 @pytest.mark.slow
