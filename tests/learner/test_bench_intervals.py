@@ -154,3 +154,17 @@ def test_the_race_table_is_generated_from_a_race_json(tmp_path, capsys):
     assert "| `streaming` | 12.5 s [10.0, 15.0] · 900 [800, 1000] (2/3) | 0.450 [0.400, 0.500] |" in out
     assert "| `sync` | not reached (0/3) | 0.300 |" in out and "load 1.0 → 1.5" in out
     assert headline.main(["--race", str(tmp_path / "a.json"), str(tmp_path / "race.json")]) == 2
+
+
+def test_a_second_run_is_read_against_the_first_runs_intervals(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _bench_json(tmp_path / "a", "default", [0.60, 0.62, 0.58, 0.61], [0.40, 0.41, 0.39, 0.42])
+    second = _bench_json(tmp_path / "b", "default", [0.61, 0.60, 0.62, 0.59], [0.50, 0.52, 0.49, 0.51])
+    assert headline.main([str(first), "--against", str(second)]) == 0
+    text = capsys.readouterr().out
+    sync = next(line for line in text.splitlines() if line.startswith("| `sync`"))
+    streaming = next(line for line in text.splitlines() if line.startswith("| `streaming`"))
+    assert sync.endswith("| yes |") and streaming.endswith("| **no** |")
+    assert "1 of 2 medians inside" in text
+    assert headline.main([str(first), str(second), "--against", str(second)]) == 2
