@@ -7,11 +7,13 @@ Runs in its own process, as a rollout worker does (pinned to the core a worker g
 thread), on the config's engine and policy with its task's own prompts (the policy's chat format):
 for each row count, the median of ``REPEATS`` fixed-length ``generate`` calls of 1 and of
 ``1 + DECODE_STEPS`` tokens. Their difference over ``DECODE_STEPS`` is a decode step with that
-many rows (sampling included); the one-token call is the rows' prefill. Least-squares lines over
-the row counts give the model's ``a_s + b_s * rows`` per decode step and ``join_s`` per joining
-row; on the torch engine also ``copy_s`` per row of the running batch, the copy of its keys and
-values that each join and each retirement of ended rows makes (timed at a context two turns
-long). Prints one JSON object.
+many rows (sampling included), timed at the prompts' own width and two turns further on; the
+one-token call is the rows' prefill. Least-squares lines over the row counts give the model's
+decode step ``a_s + rows * (b_s + b_col_s * width)`` (a step attends over every column of the
+batch, and a running call widens by one column a step, from ``prompt_width``) and ``join_s`` per
+joining row; on the torch engine also ``copy_s`` per row of the running batch, the copy of its keys
+and values that each join and each retirement of ended rows makes (timed two turns on). Prints one
+JSON object.
 
 Why measured: a recording of sync holds every batch at about the same number of rows, so it
 cannot tell a step's fixed cost from its per-row cost; fully-async carries up to three batches'
@@ -31,7 +33,7 @@ from typing import Any
 
 DEFAULT_ROWS = (32, 128, 256, 512, 768)
 DECODE_STEPS = 8
-REPEATS = 3
+REPEATS = 5  # medians: a shared machine stalls a call now and then
 TIMEOUT_S = 300.0
 
 
@@ -78,17 +80,25 @@ def measure(config_path: str, rows: tuple[int, ...]) -> dict[str, Any]:
     call_s(min(rows), 2)  # warm-up
     prefill = {n: call_s(n, 1) for n in rows}
     _, join_s = line(list(rows), [prefill[n] for n in rows])
-    # decode steps and copies at the width of a running batch two turns in (left padding, as
-    # rows of different lengths are padded in the engine): a step attends over every column
-    width = max(len(p) for p in prompts) + 2 * cfg.rollout.max_new_tokens
-    first_turns, prompts = prompts, [[tok.pad_token_id] * (width - len(p)) + p for p in prompts]
-    step = {n: max(call_s(n, 1 + DECODE_STEPS) - call_s(n, 1), 0.0) / DECODE_STEPS for n in rows}
-    a_s, b_s = line(list(rows), [step[n] for n in rows])
+    # a decode step attends over every column of the batch, and a running call's batch widens by one
+    # column a step: decode steps timed at the prompts' own width and at two turns further on (left
+    # padding, as rows of different lengths are padded in the engine) give the cost per row and column
+    narrow = max(len(p) for p in prompts)
+    wide = narrow + 2 * cfg.rollout.max_new_tokens
+    steps_at = {}
+    first_turns = prompts
+    for width in (narrow, wide):
+        prompts = [[tok.pad_token_id] * (width - len(p)) + p for p in first_turns]
+        steps_at[width] = {n: max(call_s(n, 1 + DECODE_STEPS) - call_s(n, 1), 0.0) / DECODE_STEPS for n in rows}
     prompts = first_turns
-    copy = {n: copy_s(engine, prompts[:n], width) for n in rows} if hasattr(engine, "_prefill") else {}
+    a_narrow, b_narrow = line(list(rows), [steps_at[narrow][n] for n in rows])
+    a_wide, b_wide = line(list(rows), [steps_at[wide][n] for n in rows])
+    b_col = max(b_wide - b_narrow, 0.0) / (wide - narrow)
+    copy = {n: copy_s(engine, prompts[:n], wide) for n in rows} if hasattr(engine, "_prefill") else {}
     _, copy_per_row = line(list(copy), list(copy.values())) if copy else (0.0, 0.0)
-    return {"a_s": a_s, "b_s": b_s, "join_s": join_s, "copy_s": copy_per_row, "copy_width": width,
-            "rows": list(rows), "decode_step_s": {str(n): step[n] for n in rows},
+    return {"a_s": (a_narrow + a_wide) / 2, "b_s": b_narrow - b_col * narrow, "b_col_s": b_col,
+            "prompt_width": narrow, "join_s": join_s, "copy_s": copy_per_row, "copy_width": wide, "rows": list(rows),
+            "decode_step_s": {str(w): {str(n): v for n, v in at.items()} for w, at in steps_at.items()},
             "prefill_s": {str(n): prefill[n] for n in rows}, "copy_s_at": {str(n): v for n, v in copy.items()},
             "prompt_tokens_mean": statistics.fmean(len(p) for p in prompts), "engine": cfg.rollout.engine}
 

@@ -124,8 +124,8 @@ class Runner:
         between them, as between runs), with every timing kept; None without a timing."""
         if not self.engine_timings:
             return None
-        median = {key: statistics.median(t[key] for t in self.engine_timings)
-                  for key in ("a_s", "b_s", "join_s", "copy_s")}
+        median = {key: statistics.median(t.get(key, 0.0) for t in self.engine_timings)
+                  for key in ("a_s", "b_s", "join_s", "copy_s", "b_col_s", "prompt_width")}
         return {**median, "timings": self.engine_timings}
 
     def train(self, label: str, row: str, steps: int, scale: float) -> list[dict[str, Any]]:
@@ -279,7 +279,8 @@ def replay(runs: dict[str, list[list[dict[str, Any]]]], results: dict[str, Any],
     try:
         pooled, per_run = sync_workload(runs["sync"], warmup), [sync_workload([one], warmup) for one in runs["sync"]]
         if engine is not None:
-            cost = EngineCost(engine["a_s"], engine["b_s"], engine["join_s"], engine.get("copy_s", 0.0))
+            cost = EngineCost(engine["a_s"], engine["b_s"], engine["join_s"], engine.get("copy_s", 0.0),
+                              engine.get("b_col_s", 0.0), engine.get("prompt_width", 0.0))
             pooled = with_shared_engine(pooled, cost, max_rows)
             per_run = [with_shared_engine(one, cost, max_rows) for one in per_run]
         sim = simulated(pooled, list(results), warmup)

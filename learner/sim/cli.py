@@ -164,8 +164,8 @@ def load_engine_cost(path: str) -> EngineCost:
     except json.JSONDecodeError as err:
         raise SimInputError(f"--engine-cost: {path} is not JSON: {err.msg}") from None
     values = {}
-    for key in ("a_s", "b_s", "join_s", "copy_s"):
-        value = doc.get(key, 0.0 if key == "copy_s" else None) if isinstance(doc, dict) else None
+    for key in ("a_s", "b_s", "join_s", "copy_s", "b_col_s", "prompt_width"):
+        value = doc.get(key, None if key in ("a_s", "b_s", "join_s") else 0.0) if isinstance(doc, dict) else None
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise SimInputError(f"--engine-cost: {path} needs '{key}' as seconds >= 0, got {value!r}")
         values[key] = float(value)

@@ -44,22 +44,25 @@ ADMIT_SHARE = 8  # ... or sooner, once they are 1/ADMIT_SHARE of the running bat
 
 @dataclass(frozen=True)
 class EngineCost:
-    """One engine's decode step: ``a_s + b_s * n`` seconds with n rows; ``join_s`` per row that joins
-    the running batch and ``copy_s`` per row of the batch it joins (or from which ended rows are
-    retired), during which no row decodes."""
+    """One engine's decode step: ``a_s + n * (b_s + b_col_s * width)`` seconds with n rows in a batch
+    ``width`` columns wide; ``join_s`` per row that joins the running batch and ``copy_s`` per row of
+    the batch it joins (or from which ended rows are retired), during which no row decodes."""
 
     a_s: float
     b_s: float
     join_s: float = 0.0  # per row joining: its prefill
     copy_s: float = 0.0  # per row of the running batch, at each join and retirement: the cache copy
+    b_col_s: float = 0.0  # per row and column of the batch: a decode step attends over every column
+    prompt_width: float = 0.0  # the columns of a fresh call's batch; a running call widens a column a step
     workers: int = 1
 
-    def step_s(self, rows: int) -> float:
-        return self.a_s + self.b_s * rows
+    def step_s(self, rows: int, width: float | None = None) -> float:
+        w = self.prompt_width if width is None else width
+        return self.a_s + rows * max(self.b_s + self.b_col_s * w, 0.0)
 
     def scaled(self, slower: float) -> "EngineCost":
         return replace(self, a_s=self.a_s * slower, b_s=self.b_s * slower, join_s=self.join_s * slower,
-                       copy_s=self.copy_s * slower)
+                       copy_s=self.copy_s * slower, b_col_s=self.b_col_s * slower)
 
 
 @dataclass(frozen=True)
@@ -111,15 +114,33 @@ class SharedEngine:
         self.padding = 0
         self.waiting: list[tuple[Hashable, int]] = []  # ready, joining at the batching rule
         self.v_joined = 0.0  # ``v`` at the last join: ADMIT_WAIT_STEPS tokens later the waiting join
+        self.v_call = 0.0  # ``v`` when the running call began: its batch has widened a column a token since
         self.joined_at: dict[Hashable, float] = {}  # a row's turn is drawn from its join, as recorded
 
     def step_s(self) -> float:
-        return self.cost.step_s(len(self.rows) + self.padding)
+        """A decode step now: its rows (padding included) over the call's width, the prompt's plus a
+        column for every step since the call began."""
+        return self.cost.step_s(len(self.rows) + self.padding, self.cost.prompt_width + self.v - self.v_call)
+
+    def _slope(self) -> float:
+        """How much a decode step's cost grows per token decoded (the batch widens a column a step)."""
+        return (len(self.rows) + self.padding) * self.cost.b_col_s
+
+    def _seconds_for(self, tokens: float) -> float:
+        """Seconds to decode ``tokens`` more from now, the step cost growing linearly meanwhile."""
+        return self.step_s() * tokens + self._slope() * tokens * tokens / 2
+
+    def _tokens_in(self, seconds: float) -> float:
+        """Tokens decoded in ``seconds`` from now (the inverse of ``_seconds_for``)."""
+        c, k = self.step_s(), self._slope()
+        if k <= 0:
+            return seconds / c
+        return 2 * seconds / (c + math.sqrt(c * c + 2 * k * seconds))  # (a root of k x²/2 + c x = seconds, stable)
 
     def advance(self, now: float) -> None:
         start = max(self.t, self.stall_until)
         if self.rows and now > start:
-            self.v += (now - start) / self.step_s()
+            self.v += self._tokens_in(now - start)
         self.t = max(self.t, now)
 
     def join(self, now: float, key: Hashable, tokens: int) -> None:
@@ -141,6 +162,8 @@ class SharedEngine:
     def _join(self, now: float, rows: list[tuple[Hashable, int]]) -> None:
         self.advance(now)
         copied = len(self.rows) + self.padding if self.rows else 0  # a first join copies nothing
+        if not self.rows:  # a new call: as wide as its prompts
+            self.v_call = self.v
         self.padding, self.v_joined = 0, self.v
         self.stall_until = max(self.stall_until, now) + self.cost.join_s * len(rows) + self.cost.copy_s * copied
         for key, tokens in rows:
@@ -161,7 +184,7 @@ class SharedEngine:
         first = self.rows[0][0]
         if self.waiting:
             first = min(first, self.v_joined + ADMIT_WAIT_STEPS)
-        return start + max(first - self.v, 0.0) * self.step_s()
+        return start + self._seconds_for(max(first - self.v, 0.0))
 
     def pop_done(self, now: float) -> list[Hashable]:
         self.advance(now)
@@ -302,6 +325,7 @@ def with_shared_engine(workload, measured: EngineCost, max_rows: int | None = No
     if error is None:
         return workload
     return replace(workload, engine=cost, rollout_slots=max_rows or NO_CAP, inputs={**workload.inputs, "engine_model": {
-        "decode_step_s": "a + b * rows", "a_s": cost.a_s, "b_s": cost.b_s, "join_s_per_row": cost.join_s,
+        "decode_step_s": "a + rows * (b + b_col * width)", "a_s": cost.a_s, "b_s": cost.b_s,
+        "b_col_s": cost.b_col_s, "prompt_width": cost.prompt_width, "join_s_per_row": cost.join_s,
         "copy_s_per_batch_row": cost.copy_s, "workers": cost.workers, "sync_replay_median_error": error,
         "schedules": list(ENGINE_SCHEDULES), "max_rows": max_rows}})

@@ -245,3 +245,17 @@ def test_bad_engine_costs_exit_2_naming_the_flag(tmp_path, capsys, content, reas
     assert "--engine-cost" in err and reason in err and "Traceback" not in err
     assert simulate_cli(["--engine-cost", str(cost)]) == 2
     assert "--engine-cost: needs --spans" in capsys.readouterr().err
+
+
+def test_a_running_call_widens_a_column_a_step_and_each_step_costs_more():
+    # one row, 10 tokens: the k-th step attends over 10 + k columns at 1 ms a column
+    cost = EngineCost(0.0, 0.0, b_col_s=0.001, prompt_width=10)
+    (end,) = replay_alone([gen(10)], slots=1, cost=cost)
+    assert end == pytest.approx(sum(0.001 * (10 + k) for k in range(10)), rel=0.05)
+    # a second call starts as narrow as its prompts again
+    fleet = Fleet(cost)
+    fleet.start(0.0, "a", gen(10))
+    t = fleet.next_time()
+    assert fleet.advance(t) == ["a"]
+    fleet.start(t, "b", gen(10))
+    assert fleet.next_time() - t == pytest.approx(end)
