@@ -193,8 +193,11 @@ def test_engine_cost_times_the_real_engine_in_a_process_of_its_own():
     before = os.sched_getaffinity(0)
     doc = measure_in_subprocess("configs/bench.yaml", rows=(8, 32))
     assert os.sched_getaffinity(0) == before  # its pinning stayed in its own process
-    assert doc["engine"] == "torch" and doc["b_s"] >= 0 and doc["join_s"] > 0
-    assert set(doc["decode_step_s"]) == {"8", "32"} and doc["prefill_s"]["32"] > 0
+    assert doc["engine"] == "torch" and doc["b_col_s"] >= 0 and doc["join_s"] > 0
+    # decode steps timed at the prompts' width and two turns (2 x 16 tokens) further on, each at 8 and 32 rows
+    narrow = doc["prompt_width"]
+    assert set(doc["decode_step_s"]) == {str(narrow), str(narrow + 32)}
+    assert all(set(at) == {"8", "32"} for at in doc["decode_step_s"].values()) and doc["prefill_s"]["32"] > 0
 
 
 def test_engine_cost_failure_is_one_line_naming_it(tmp_path):
