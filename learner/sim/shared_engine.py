@@ -8,8 +8,10 @@ more rows it carries, so a schedule that keeps more trajectories in flight (full
 to ``max_staleness + 1`` batches' groups) makes each of them slower. With fixed durations that
 schedule looks as fast as its fastest trajectories.
 
-The model: engine w runs decode steps of ``a_s + b_s * n`` seconds with n rows decoding, and every
-row advances one token per step (processor sharing with a load-dependent speed). A trajectory's
+The model: engine w runs decode steps of ``a_s + n * (b_s + b_col_s * width)`` seconds with n rows
+decoding in a batch ``width`` columns wide (a running call widens a column a step from its
+prompts' width), and every row advances one token per step (processor sharing with a
+load-dependent speed). A trajectory's
 recorded rollout becomes phases: each ``rollout.generate`` turn is its token count on the engine,
 everything else (tool time, the modelled tool latency, verification, the agent loop's own gaps
 between spans) keeps its recorded duration. The costs are the engine's own, timed alone at several
