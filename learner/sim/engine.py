@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from learner.distributed.assignment import assign_owners
 from learner.driver import rules
 from learner.driver.pipeline import GroupPool
-from learner.sim.shared_engine import ENGINE_SCHEDULES, Fleet, phases
+from learner.sim.rollout_clock import RolloutClock
+from learner.sim.shared_engine import ENGINE_SCHEDULES, Fleet
 from learner.sim.workload import BatchWork, TrajWork, Workload
 from learner.timeline import Kind, Span
 
@@ -175,6 +176,14 @@ def learner_alone_s(workload: Workload, step: int, assign: str) -> float:
     return train_batch(members, [0.0] * len(members), 0.0, batch, workload, step, assign).publish_end
 
 
+def numbered_batch(batch: BatchWork, d: int, first_traj: int, first_group: int) -> list[SimTraj]:
+    """Dispatch batch ``d``'s trajectories with run-wide ids: numbered on from ``first_traj``, their
+    groups from ``first_group`` in order of first appearance."""
+    gids: dict[int, int] = {}
+    return [SimTraj(first_traj + i, gids.setdefault(w.group, first_group + len(gids)), d, w)
+            for i, w in enumerate(batch.trajs)]
+
+
 class _Run:
     """Mutable state of one simulation; ``run()`` is the event loop."""
 
@@ -182,7 +191,7 @@ class _Run:
         self.w, self.schedule, self.n_steps, self.assign = workload, schedule, steps, assign
         self.k = rules.lead(schedule, max_staleness)
         self.now = 0.0
-        self.events: list[tuple[float, int, int, object]] = []  # (time, priority, seq, payload)
+        self.events: list[tuple[float, int, int, object]] = []  # the publishes: (time, 0, seq, None)
         self.seq = 0
         self.free_slots: list[int] = []  # slots given back (a heap); slots are numbered on as needed
         self.slots_used = 0
@@ -201,31 +210,21 @@ class _Run:
         self.opened = 0  # batches whose dispatch gate has opened
         self.decisions: list[tuple] = []
         use_engine = workload.engine is not None and schedule in ENGINE_SCHEDULES
-        self.fleet = Fleet(workload.engine) if use_engine else None
-        self.running: dict[int, SimTraj] = {}  # with an engine model: by trajectory id
-
-    def push(self, t: float, priority: int, payload: object) -> None:
-        heapq.heappush(self.events, (t, priority, self.seq, payload))
-        self.seq += 1
+        self.rollouts = RolloutClock(Fleet(workload.engine) if use_engine else None)
 
     def run(self) -> SimRun:
         self.dispatch()
         while len(self.publish) < self.n_steps:
-            fleet_at = self.fleet.next_time() if self.fleet is not None else math.inf
-            if self.events and self.events[0][0] <= fleet_at:
-                self.now, priority, _, payload = heapq.heappop(self.events)
-                if priority == 0:
-                    self.publish.append(self.now)
-                    self.decisions.append(("publish", len(self.publish)))
-                    if self.fleet is not None and self.schedule == "fully-async":
-                        self.fleet.drain()  # the worker's turns follow the newest weights
-                else:
-                    self.on_reward(payload)
-            elif fleet_at < math.inf:
-                self.now = fleet_at
-                for traj in self.fleet.advance(self.now):
-                    t = self.running.pop(traj)
-                    t.end, t.drawn = self.now, self.fleet.drawn.pop(traj)
+            reward_at = self.rollouts.next_time()
+            if self.events and self.events[0][0] <= reward_at:  # a publish first, at a tie
+                self.now, _, _, _ = heapq.heappop(self.events)
+                self.publish.append(self.now)
+                self.decisions.append(("publish", len(self.publish)))
+                if self.schedule == "fully-async":
+                    self.rollouts.drain()  # the worker's turns follow the newest weights
+            elif reward_at < math.inf:
+                self.now = reward_at
+                for t in self.rollouts.advance(self.now):
                     self.on_reward(t)
             else:
                 raise RuntimeError(f"{self.schedule}: simulation stalled at t={self.now}")
@@ -233,21 +232,13 @@ class _Run:
             self.dispatch()
         unfinished = [t for b in self.batches for t in b if t.step < 0 and not math.isnan(t.start)]
         for t in unfinished:
-            if self.fleet is not None and t.traj in self.running:
-                t.drawn = self.fleet.drawn.get(t.traj, [])
+            t.drawn = t.drawn or self.rollouts.drawn_so_far(t)
         return SimRun(self.schedule, self.records, self.spans, unfinished, self.pool.dropped, self.decisions)
 
     def enqueue_batch(self) -> None:
         d = self.next_dispatch
-        batch = self.w.batch(d)
-        gids = {}
-        trajs = []
-        for work in batch.trajs:
-            if work.group not in gids:
-                gids[work.group] = self.n_group
-                self.n_group += 1
-            trajs.append(SimTraj(self.n_traj, gids[work.group], d, work))
-            self.n_traj += 1
+        trajs = numbered_batch(self.w.batch(d), d, self.n_traj, self.n_group)
+        self.n_traj, self.n_group = self.n_traj + len(trajs), self.n_group + len({t.group for t in trajs})
         self.batches.append(trajs)
         self.done_count.append(0)
         if self.schedule == "fully-async":  # the driver dispatches a group's members together
@@ -263,9 +254,6 @@ class _Run:
     def groups_through(self, step: int) -> int:
         """Groups in the batches of steps 0..step."""
         return sum(self.w.batch(j).n_groups for j in range(step + 1))
-
-    def drops(self, groups: list[int]) -> None:
-        self.decisions += [("drop", g, len(self.publish)) for g in groups]
 
     def dispatch(self) -> None:
         while self.free_slots or self.slots_used < self.w.rollout_slots:
@@ -295,19 +283,15 @@ class _Run:
             else:
                 t.slot, self.slots_used = self.slots_used, self.slots_used + 1
             t.start, t.version = self.now, len(self.publish)
-            if self.fleet is not None:  # its end comes from the engine model
-                self.running[t.traj] = t
-                self.fleet.start(self.now, t.traj, phases(t.work), t.slot)
-            else:
-                t.end = self.now + t.work.rollout_s
-                self.push(t.end, 1, t)
+            self.rollouts.start(self.now, t)
 
     def on_reward(self, t: SimTraj) -> None:
         self.decisions.append(("reward", t.traj, t.group, t.version))
         heapq.heappush(self.free_slots, t.slot)
         self.done_count[t.dispatch] += 1
         if self.schedule == "fully-async":
-            self.drops(self.pool.add(t.group, t, t.version, len(self.publish)))
+            gone = self.pool.add(t.group, t, t.version, len(self.publish))
+            self.decisions += [("drop", g, len(self.publish)) for g in gone]
             if t.group in self.pool.complete:
                 self.decisions.append(("complete", t.group))
         elif self.done_count[t.dispatch] == len(self.batches[t.dispatch]):
@@ -338,11 +322,13 @@ class _Run:
             t.step = j
         self.records.append(StepRecord(j, start, p.publish_end, max(t.end for t in members), p.grad_ready, members))
         self.spans.extend(p.spans)
-        self.push(p.publish_end, 0, None)
+        heapq.heappush(self.events, (p.publish_end, 0, self.seq, None))  # the publishes are the only events
+        self.seq += 1
 
     def take_groups(self, j: int) -> list[SimTraj] | None:
         """The first groups to complete, once a batch of them is in; None to wait."""
-        self.drops(self.pool.refresh(len(self.publish)))  # one version later than when they completed
+        # one version later than when they completed
+        self.decisions += [("drop", g, len(self.publish)) for g in self.pool.refresh(len(self.publish))]
         chosen = self.pool.take(self.w.batch(j).n_groups)
         if chosen is None:
             return None
