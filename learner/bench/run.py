@@ -38,6 +38,7 @@ from learner.bench.rows import (
 )
 from learner.bench.table import summary_text
 from learner.bench.trained import slowest_decile
+from learner.bench.window import charged_step
 from learner.bench.workload import WORKLOADS, tail_summary
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
@@ -218,8 +219,7 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps:
             parts = equal_work_parts(run, warmup, end=steps)
             window, trained, produced = window + parts[0], trained + parts[1], produced + parts[2]
         out[name] = {"speed_factor": slower, "step_s": sim[name].step_s,
-                     "step_equal_work_s": window * trained / (len(per_run) * (steps - warmup)) / produced
-                     if produced else None,
+                     "step_equal_work_s": charged_step(window, trained, produced, len(per_run) * (steps - warmup)),
                      "sync_step_s": sim["sync"].step_s if same else None}
     return out
 
