@@ -53,11 +53,13 @@ def warnings(runs: list[Run], steps_done: dict[int, int]) -> list[str]:
     if len(set(steps)) > 1:
         found.append(f"Different step counts ({_listing(runs, steps)}): medians over different phases of training.")
     seeds = [r.config.get("seed") for r in runs]
-    if len(set(seeds)) > 1:
+    if len(set(seeds)) > 1 and not all(r.round_seed() is not None for r in runs):  # repeats across seeds
         found.append(f"Different seeds ({_listing(runs, seeds)}): the runs saw different prompts and samples.")
     allowed = OWN_PATHS | schedule_paths(runs)
     other = [row["path"] for row in config_diff(runs) if row["path"] not in allowed]
-    launched = {p for r in runs for p in r.overrides}  # set at launch: a sweep's field, an override
+    launched = {p for r in runs for p in r.launch_overrides()}  # set at launch: a sweep's field, an override
+    if all(r.round_seed() is not None for r in runs):
+        other = [p for p in other if p != "seed"]  # the rounds' seeds: repeats drawn across seeds
     swept = [p for p in other if p in launched]
     if swept:
         found.append(f"Launched with different overrides ({', '.join(swept[:5])}): a ratio between these runs "
@@ -80,7 +82,7 @@ def shared_schedule(runs: list[Run]) -> bool:
     (which its summary pools: controller/pooled.py)."""
     groups: dict[tuple, list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.schedule.kind, repr(sorted(r.overrides.items()))), []).append(r)
+        groups.setdefault((r.schedule.kind, repr(sorted(r.launch_overrides().items()))), []).append(r)
 
     def repeats(members: list[Run]) -> bool:
         first = members[0]

@@ -62,16 +62,29 @@ def rounds(cells: list, repeats: int) -> list[tuple[int, Any]]:
     return [(k, cell) for k in range(repeats) for cell in (cells if k % 2 == 0 else cells[::-1])]
 
 
+def round_seeds(experiment: Experiment, overrides: dict[str, Any], sweep: Sweep | None,
+                repeats: int) -> list[dict[str, Any]]:
+    """The seed override of each round: round k trains seed s0 + k, where s0 is the launch's
+    seed (its override, else the experiment's), so repeats are draws of the result across seeds
+    while the runs of one round (one per schedule and sweep value) share theirs and stay paired.
+    One round, or a sweep of the seed itself, sets nothing."""
+    if repeats <= 1 or (sweep is not None and sweep.field == "seed"):
+        return [{}] * max(repeats, 1)
+    base = int(overrides.get("seed", experiment.config.get("seed", 0)) or 0)
+    return [{"seed": (base + k) % 2**31} for k in range(repeats)]
+
+
 def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: int, name: str = "",
                       overrides: dict[str, Any] | None = None, sweep: Sweep | None = None,
                       repeats: int = 1) -> Comparison:
     """``repeats`` runs per schedule of the experiment's config (per sweep value and schedule with
-    a ``sweep``) in alternating rounds (``rounds``), all with ``steps``, the config's seed and
-    ``overrides``, as one comparison. All or none are queued: a ConfigError or QuotaExceeded (as
+    a ``sweep``) in alternating rounds (``rounds``), all with ``steps`` and ``overrides``, round k
+    with seed s0 + k (``round_seeds``), as one comparison. All or none are queued: a ConfigError or QuotaExceeded (as
     launch_run) of any run rolls every row back, and the owner's row lock (quotas.check_queue) is
     held until the last one is counted."""
     values = [(None, {})] if sweep is None else [(v, {sweep.field: v}) for v in sweep.values]
     cells = [(value, swept, schedule) for value, swept in values for schedule in schedules]
+    seeds = round_seeds(experiment, overrides or {}, sweep, repeats)
     runs = []
     with transaction.atomic():
         comparison = Comparison.objects.create(experiment=experiment, name=name, steps=steps, repeats=repeats,
@@ -83,7 +96,7 @@ def launch_comparison(experiment: Experiment, schedules: list[Schedule], steps: 
                 run_name = (f"{label} · {schedule.name}" + (f" · {format_override(sweep.field, value)}" if sweep else "")
                             + (f" · round {k + 1}" if repeats > 1 else ""))
                 runs.append(launch_run(experiment, schedule, steps, run_name[:200], comparison=comparison,
-                                       overrides={**(overrides or {}), **swept}, enqueue_on_commit=False))
+                                       overrides={**(overrides or {}), **seeds[k], **swept}, enqueue_on_commit=False))
         except QuotaExceeded as err:
             if err.status != 429:
                 raise

@@ -116,8 +116,9 @@ def join_tags(tags: list[str]) -> str:
 
 
 class Comparison(models.Model):
-    """Runs launched together to compare schedules: the experiment's config, one seed and one
-    step count, one run per schedule preset (controller/launching.py, launch_comparison)."""
+    """Runs launched together to compare schedules: the experiment's config and one step count,
+    one run per schedule preset and round; the runs of a round share a seed, round k trains the
+    launch's seed + k (controller/launching.py, launch_comparison)."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="comparisons")
     name = models.CharField(max_length=200, blank=True)
@@ -140,6 +141,11 @@ class Comparison(models.Model):
 
     def tag_list(self) -> list[str]:
         return split_tags(self.tags)
+
+    def round_seeds(self) -> list[int]:
+        """The seeds its rounds trained, in order (one when the runs share the config's seed)."""
+        return sorted({run.overrides["seed"] for run in self.runs.all()
+                       if isinstance(run.overrides, dict) and isinstance(run.overrides.get("seed"), int)})
 
 
 class Run(models.Model):
@@ -192,6 +198,23 @@ class Run(models.Model):
 
     def __str__(self):
         return self.name or f"run {self.pk}"
+
+    def round_seed(self) -> int | None:
+        """The seed its comparison's round gave it (controller/launching.py, round_seeds), or None
+        when the seed is the config's own, an override of one run or a sweep's value."""
+        c = self.comparison
+        seed = self.overrides.get("seed") if isinstance(self.overrides, dict) else None
+        if c is None or c.repeats <= 1 or c.sweep_field == "seed" or not isinstance(seed, int):
+            return None
+        return seed
+
+    def launch_overrides(self) -> dict:
+        """The overrides that set this run apart from its comparison's others of one schedule
+        (a sweep's value, the launch's own), without its round's seed: repeats across seeds pool."""
+        overrides = dict(self.overrides) if isinstance(self.overrides, dict) else {}
+        if self.round_seed() is not None:
+            overrides.pop("seed", None)
+        return overrides
 
     def tag_list(self) -> list[str]:
         return split_tags(self.tags)

@@ -19,6 +19,10 @@ MAX_OVERRIDES = 8
 MAX_VALUE_CHARS = 200
 MAX_SWEEP_VALUES = 4  # the compare page shows at most 4 runs (controller/compare.py, MAX_COMPARED)
 PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+# Top-level fields an override or a sweep may set by their bare name (every other field lives in
+# a section: train.lr). The seed is an axis of every RL result: swept, or varied by a comparison's
+# repeats (controller/launching.py).
+TOP_LEVEL = ("seed",)
 # Fields a launch sets through its own inputs, not through an override.
 OWN_FIELDS = {"train.schedule": "the schedule sets it: pick another schedule",
               "train.steps": "use the steps field", "name": "use the name field"}
@@ -54,8 +58,9 @@ def parse_value(text: str, path: str) -> Any:
 
 
 def check_path(path: Any) -> str:
-    if not isinstance(path, str) or not PATH.match(path):
-        raise OverrideError(f"{str(path)[:60]!r}: expected a dotted config field such as train.lr")
+    if not isinstance(path, str) or not (PATH.match(path) or path in TOP_LEVEL):
+        raise OverrideError(f"{str(path)[:60]!r}: expected a dotted config field such as train.lr "
+                            f"(or {', '.join(TOP_LEVEL)})")
     if path in OWN_FIELDS:
         raise OverrideError(f"{path}: not an override, {OWN_FIELDS[path]}")
     return path

@@ -29,7 +29,7 @@ REFERENCE_SCHEDULE = "sync"
 
 
 def group_key(run: Run) -> tuple:
-    return run.schedule_id, repr(sorted(run.overrides.items()))
+    return run.schedule_id, repr(sorted(run.launch_overrides().items()))
 
 
 def label(run: Run) -> str:
@@ -37,7 +37,7 @@ def label(run: Run) -> str:
     launch overrides (a sweep's value)."""
     kind = run.config.get("train", {}).get("schedule", run.schedule.kind)
     name = kind if run.schedule.name == kind else f"{kind} ({run.schedule.name})"
-    return name + "".join(f" · {k}={v}" for k, v in sorted(run.overrides.items()))
+    return name + "".join(f" · {k}={v}" for k, v in sorted(run.launch_overrides().items()))
 
 
 def values_of(rows: list[dict], key: str) -> list[float]:

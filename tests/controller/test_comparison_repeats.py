@@ -71,3 +71,40 @@ def test_a_comparisons_runs_start_one_at_a_time_in_launch_order(alice_client, al
         started.append(claim_next_run())
         assert claim_next_run() is None
     assert started == order
+
+
+def test_repeats_train_one_seed_per_round_shared_by_the_rounds_runs(alice_client, alice_experiment, presets):
+    response = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets[:2], repeats=3,
+                                                                overrides={"seed": 7}))
+    assert response.status_code == 201, response.content
+    comparison = Comparison.objects.get()
+    runs = list(comparison.runs.order_by("created", "id"))
+    assert [(r.schedule.kind, r.config["seed"]) for r in runs] == [
+        ("sync", 7), ("async", 7), ("async", 8), ("sync", 8), ("sync", 9), ("async", 9)]
+    assert comparison.round_seeds() == [7, 8, 9]
+    # the rounds' seeds do not split a schedule's repeats: one pooled group per schedule
+    from controller.pooled import group_key, label
+    assert len({group_key(r) for r in runs}) == 2 and {label(r) for r in runs} == {"sync", "async"}
+    from controller.fairness import shared_schedule
+    assert not shared_schedule(runs)
+    page = alice_client.get(f"/comparisons/{comparison.pk}/").content.decode()
+    assert "seeds 7, 8, 9, one per round" in page
+
+
+def test_the_seed_is_an_override_and_a_sweep_axis(alice_client, alice_experiment, presets):
+    one = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": presets[0].pk,
+                                                 "steps": 2, "overrides": "seed=3"})
+    assert one.status_code == 201, one.content
+    assert Run.objects.get(pk=one.json()["id"]).config["seed"] == 3
+    Run.objects.update(status=Run.Status.CANCELLED)
+    sweep = post_json(alice_client, "/api/comparisons/", body(alice_experiment, presets[:1], repeats=1,
+                                                             sweep={"field": "seed", "values": [1, 2, 3]}))
+    assert sweep.status_code == 201, sweep.content
+    runs = Comparison.objects.get(pk=sweep.json()["id"]).runs.order_by("created", "id")
+    assert [r.config["seed"] for r in runs] == [1, 2, 3]
+    bad = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": presets[0].pk,
+                                                 "steps": 2, "overrides": "seed=-1"})
+    assert bad.status_code == 400 and "seed" in str(bad.json()), bad.content
+    nested = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": presets[0].pk,
+                                                    "steps": 2, "overrides": "lr=0.1"})
+    assert nested.status_code == 400 and "expected a dotted config field" in str(nested.json())
