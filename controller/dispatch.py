@@ -12,7 +12,11 @@ slot is sent again if runs are waiting (``top_up``), which is when a limit frees
 
 The pick and the claim (queued -> starting) happen in one transaction under a PostgreSQL
 advisory lock, so two workers never pick concurrently past a user's limit (SQLite, the
-embedded demo, has one worker and serialises writers anyway).
+embedded demo, has one worker and serialises writers anyway). A cancel takes no such lock: it
+may end the picked run between the pick and the claim. So the claim is one conditional
+``UPDATE ... WHERE status='queued' AND NOT cancel_requested``: a run cancelled meanwhile stays
+``cancelled`` and the worker picks again (a run that left the queue while it was being picked
+likewise), and returns nothing when nothing is left to start.
 """
 
 from django.db import connection, transaction
@@ -26,6 +30,7 @@ from .quotas import quotas_for
 
 DISPATCH_LOCK = 0x7453_0001  # pg_advisory_xact_lock key: "ts" + 1
 ACTIVE = (Run.Status.STARTING, Run.Status.RUNNING)
+PICK_TRIES = 5  # picks per claim when a cancel keeps winning the race (each loss is a run gone from the queue)
 
 
 def waiting():
@@ -40,20 +45,26 @@ def startable():
 
 def next_run_id() -> int | None:
     """The queued run that should start now (see the module doc), or None."""
-    owners = dict(startable().values_list("experiment__owner").annotate(oldest=Min("created")))
-    if not owners:
-        return None
-    running = dict(Run.objects.filter(status__in=ACTIVE, experiment__owner__in=owners)
-                   .values_list("experiment__owner").annotate(n=Count("id")))
-    last_start = dict(Run.objects.filter(started__isnull=False, experiment__owner__in=owners)
-                      .values_list("experiment__owner").annotate(last=Max("started")))
-    quotas = quotas_for(owners)
-    eligible = [u for u in owners if running.get(u, 0) < quotas[u].concurrent_runs]
-    if not eligible:
-        return None
-    never = timezone.now().replace(year=1)
-    user = min(eligible, key=lambda u: (last_start.get(u) or never, owners[u], u))
-    return startable().filter(experiment__owner=user).order_by("created", "id").values_list("id", flat=True)[0]
+    for _ in range(PICK_TRIES):
+        owners = dict(startable().values_list("experiment__owner").annotate(oldest=Min("created")))
+        if not owners:
+            return None
+        running = dict(Run.objects.filter(status__in=ACTIVE, experiment__owner__in=owners)
+                       .values_list("experiment__owner").annotate(n=Count("id")))
+        last_start = dict(Run.objects.filter(started__isnull=False, experiment__owner__in=owners)
+                          .values_list("experiment__owner").annotate(last=Max("started")))
+        quotas = quotas_for(owners)
+        eligible = [u for u in owners if running.get(u, 0) < quotas[u].concurrent_runs]
+        if not eligible:
+            return None
+        never = timezone.now().replace(year=1)
+        user = min(eligible, key=lambda u: (last_start.get(u) or never, owners[u], u))
+        run_id = startable().filter(experiment__owner=user).order_by("created", "id").values_list(
+            "id", flat=True).first()
+        if run_id is not None:
+            return run_id
+        # that user's waiting runs left the queue while we looked (a cancel): look again
+    return None
 
 
 def claim_next_run(task_id: str = "") -> int | None:
@@ -64,13 +75,17 @@ def claim_next_run(task_id: str = "") -> int | None:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DISPATCH_LOCK])
-        run_id = next_run_id()
-        if run_id is None:
-            return None
-        now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
-        Run.objects.filter(pk=run_id).update(status=Run.Status.STARTING, started=now, heartbeat=now,
-                                             supervisor=me(), start_task_id=task_id or "")
-        return run_id
+        for _ in range(PICK_TRIES):
+            run_id = next_run_id()
+            if run_id is None:
+                return None
+            now = timezone.now()  # the claimer owns the run from here on (controller/ownership.py)
+            if Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, cancel_requested=False).update(
+                    status=Run.Status.STARTING, started=now, heartbeat=now, supervisor=me(),
+                    start_task_id=task_id or ""):
+                return run_id
+            # lost the race: the run was cancelled after the pick (a cancel takes no dispatch lock)
+        return None
 
 
 def top_up() -> None:

@@ -149,7 +149,9 @@ def requeue_lost(now: datetime) -> int:
     if run_id is None:
         return 0
     cutoff = now - timedelta(seconds=settings.THUNDERSYNC_REQUEUE_AFTER_S)
-    run = Run.objects.get(pk=run_id)
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return 0  # withdrawn meanwhile (a launch whose message the broker refused)
     if (run.enqueued or run.created) > cutoff or backlog() != 0:
         return 0
     if not Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, enqueued=run.enqueued).update(enqueued=now):

@@ -100,3 +100,61 @@ def test_a_slot_starts_the_fairest_run_and_tops_up_after_it(alice_experiment, bo
         assert queued_messages() == 1
     finally:
         purge()
+
+
+def cancel_during(monkeypatch, name: str, run: Run) -> list[int]:
+    """Wrap ``controller.dispatch.<name>`` so that ``run`` is cancelled (as the cancel button
+    does, launching.request_cancel) right after it was called: a cancel that lands inside the
+    claim, deterministically. Returns the list of cancels done (one per call of the hook)."""
+    import controller.dispatch as dispatch
+    from controller.launching import request_cancel
+
+    real, done = getattr(dispatch, name), []
+
+    def racing(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not done:
+            done.append(request_cancel(Run.objects.get(pk=run.pk)))
+        return result
+
+    monkeypatch.setattr(dispatch, name, racing)
+    return done
+
+
+def assert_cancelled_untouched(run: Run) -> None:
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED and run.cancel_requested
+    assert run.started is None and run.supervisor == "" and run.start_task_id == "" and not run.pids
+
+
+def test_a_cancel_between_the_pick_and_the_claim_wins_and_the_worker_does_nothing(monkeypatch, alice_experiment,
+                                                                                   sync_preset):
+    """The run is picked, then cancelled, then the claim's UPDATE runs: it finds the run no
+    longer queued and claims nothing (an unconditional claim made the cancelled run start)."""
+    run = queue(alice_experiment, sync_preset, 1)[0]
+    cancels = cancel_during(monkeypatch, "next_run_id", run)
+    assert run_training.apply(args=[run.pk]).get() == "skipped"
+    assert cancels == [True]
+    assert_cancelled_untouched(run)
+    assert claim_next_run() is None
+
+
+def test_a_cancel_while_the_run_is_being_picked_raises_nothing(monkeypatch, alice_experiment, sync_preset):
+    """The cancel lands after the pick saw the run's owner waiting and before it looked up
+    that owner's oldest run (an IndexError in the worker before): nothing is claimed."""
+    run = queue(alice_experiment, sync_preset, 1)[0]
+    cancels = cancel_during(monkeypatch, "quotas_for", run)
+    assert run_training.apply(args=[run.pk]).get() == "skipped"
+    assert cancels == [True]
+    assert_cancelled_untouched(run)
+
+
+def test_a_lost_claim_picks_the_next_waiting_run(monkeypatch, alice_experiment, bob_experiment, sync_preset):
+    """Alice's run is picked and cancelled before the claim: the same claim starts Bob's."""
+    alice_run = queue(alice_experiment, sync_preset, 1)[0]
+    bob_run = queue(bob_experiment, sync_preset, 1)[0]
+    cancel_during(monkeypatch, "next_run_id", alice_run)
+    assert claim_next_run("slot-1") == bob_run.pk
+    assert_cancelled_untouched(alice_run)
+    bob_run.refresh_from_db()
+    assert bob_run.status == Run.Status.STARTING and bob_run.start_task_id == "slot-1"
