@@ -78,6 +78,16 @@ class Metric:
     OPEN_ROWS = "learner/open_rows"
     OPEN_MICRO_BATCHES = "learner/open_micro_batches"
     EARLY_MICRO_BATCHES = "learner/early_micro_batches"
+    # why streaming learnt early or deferred (docs/learner.md, "When early work pays"; a run page's
+    # one sentence reads these): the share of the step's learnt rows learnt before its last arrival,
+    # the share of its groups that closed in the last tenth of the rollout (every schedule), the
+    # cost model's early row seconds over a known row's, and the idle moments that learnt nothing,
+    # by reason (+ one of cost_model.DEFER_REASONS: unmeasured, cost, allowance, count,
+    # not_near_end, overrun, policy)
+    EARLY_ROW_SHARE = "learner/early_row_share"
+    LATE_CLOSE_SHARE = "learner/late_close_share"
+    EARLY_COST_RATIO = "learner/early_cost_ratio"
+    DEFERRED = "learner/deferred_"
     PEAK_ACCUMULATOR_MB = "learner/peak_accumulator_mb"
     PEAK_LEARNER_MEMORY_MB = "learner/peak_memory_mb"  # on a GPU: max allocated over the step
     PEAK_RSS_MB = "memory/peak_rss_mb"

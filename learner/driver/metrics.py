@@ -75,7 +75,30 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
                        ("cpu_s", Metric.LEARNER_CPU_S), ("open_rows", Metric.OPEN_ROWS),
                        ("open_micro_batches", Metric.OPEN_MICRO_BATCHES),
                        ("early_micro_batches", Metric.EARLY_MICRO_BATCHES),
-                       ("peak_memory_mb", Metric.PEAK_LEARNER_MEMORY_MB)):
+                       ("peak_memory_mb", Metric.PEAK_LEARNER_MEMORY_MB),
+                       ("early_row_share", Metric.EARLY_ROW_SHARE), ("early_cost_ratio", Metric.EARLY_COST_RATIO)):
         if stat in rec.learner_stats:
             values[name] = float(rec.learner_stats[stat])
+    for stat, value in rec.learner_stats.items():
+        if stat.startswith("deferred_"):
+            values[Metric.DEFERRED + stat.removeprefix("deferred_")] = float(value)
+    values[Metric.LATE_CLOSE_SHARE] = late_close_share(rec.trajs, rec.t_start, last_reward)
     return values
+
+
+# the "last tenth" of ``learner/late_close_share``
+LATE_CLOSE_TAIL = 0.1
+
+
+def late_close_share(trajs: list[Trajectory], t_start: float, last_reward: float) -> float:
+    """The share of the step's groups whose last reward came in the last ``LATE_CLOSE_TAIL`` of the
+    step's rollout (from the step's start, or its first reward if earlier, to its last reward):
+    work that can only be learnt in the tail, whatever the drain does."""
+    closes: dict[int, float] = {}
+    for t in trajs:
+        closes[t.group] = max(closes.get(t.group, t.t_reward), t.t_reward)
+    if not closes:
+        return 0.0
+    start = min(t_start, min(t.t_reward for t in trajs))
+    cut = last_reward - LATE_CLOSE_TAIL * (last_reward - start)
+    return sum(c >= cut for c in closes.values()) / len(closes)

@@ -29,7 +29,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
+
+# Why an idle moment's early work was deferred (``learner/deferred_<reason>``, docs/spans.md):
+DEFER_REASONS = (
+    "unmeasured",    # no micro-batch measured yet (a run's first backward): the micro-batched way
+    "cost",          # an early row costs more than twice a known one: its premium exceeds the tail it saves
+    "allowance",     # its premium does not fit what is left of early_work_share
+    "count",         # an unfilled known micro-batch would add a backward to sync's count (or is under half one)
+    "not_near_end",  # the remaining arrivals take longer than learning what waits: those groups close first
+    "overrun",       # the work would run past the predicted last arrival, into the tail
+    "policy",        # learner.drain_policy closed-groups: never before the groups close
+)
 
 # Before any open bucket ran: an open row at twice a known one (measured 2.1–2.6 on the bench
 # workload, docs/learner.md), so the first open bucket is taken only where it clearly pays.
@@ -137,6 +149,19 @@ class EarlyWorkBudget:
         self.learnt_slots = 0  # their token slots
         self.closed_tokens = 0  # tokens of closed groups' members handed to the known path
         self.learnt_tokens = 0  # of those, what takes a backward (A = 0 without KL/entropy: none; a cut shared prompt: less)
+        self.deferred: Counter[str] = Counter()  # idle moments that learnt nothing, by the refusal's reason
+        self.reason: str | None = None  # the last refusal of the idle moment in progress
+
+    def refuse(self, reason: str) -> bool:
+        """Record why early work was refused now (one of ``DEFER_REASONS``); returns False."""
+        self.reason = reason
+        return False
+
+    def idle_ended(self, learnt: bool) -> None:
+        """An idle moment is over: if it learnt nothing, count the reason of its last refusal."""
+        if not learnt and self.reason is not None:
+            self.deferred[self.reason] += 1
+        self.reason = None
 
     def arrivals(self, n: int, slots: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -196,13 +221,13 @@ class EarlyWorkBudget:
         """Early work costing ``premium_s`` beyond sync's, while ``waiting_s`` of known-row work waits."""
         if not self.within(premium_s):
             return False
-        return self.remaining_rollout_s(now) <= waiting_s
+        return self.remaining_rollout_s(now) <= waiting_s or self.refuse("not_near_end")
 
     def within(self, premium_s: float) -> bool:
         """Something measured, and ``premium_s`` more stays within the batch's allowance."""
         if not self.costs.known:
-            return False  # nothing measured yet: the micro-batched way, which is never worse than sync
-        return self.spent_s + premium_s <= self.allowance_s()
+            return self.refuse("unmeasured")  # nothing measured yet: the micro-batched way, never worse than sync
+        return self.spent_s + premium_s <= self.allowance_s() or self.refuse("allowance")
 
     def spend(self, premium_s: float) -> None:
         self.spent_s += premium_s
@@ -248,8 +273,8 @@ class DrainPolicy:
         runs. Groups close in waves, so without this the rows of a whole wave would wait for the
         end of the rollout when a full micro-batch forms only there."""
         if self.name != "cost-aware":
-            return self.eager
-        return slots >= self.min_partial_slots and budget.keeps_count(slots, parts)
+            return self.eager or budget.refuse("policy")
+        return (slots >= self.min_partial_slots and budget.keeps_count(slots, parts)) or budget.refuse("count")
 
     def open_pays(self, budget: EarlyWorkBudget, rows: int, waiting_slots: int, now: float | None = None) -> bool:
         """An open group's bucket of ``rows`` rows, at ``open_ratio`` known rows' seconds each. Only if
@@ -265,12 +290,14 @@ class DrainPolicy:
         4. and the bucket ends before the predicted last arrival: one that runs late delays the
            final drain by what is left of it, in the tail, where waiting costs nothing."""
         if self.name != "cost-aware":
-            return self.eager
+            return self.eager or budget.refuse("policy")
         row_s, ratio = self.costs.known_row_s, self.costs.open_ratio
         premium = max(ratio - 1.0, 0.0) * row_s * rows
-        if ratio > 2.0 or not budget.pays(premium, self.costs.known_s(waiting_slots), now):
+        if ratio > 2.0:
+            return budget.refuse("cost" if self.costs.known else "unmeasured")
+        if not budget.pays(premium, self.costs.known_s(waiting_slots), now):
             return False
-        return ratio * row_s * rows <= budget.remaining_rollout_s(now)
+        return ratio * row_s * rows <= budget.remaining_rollout_s(now) or budget.refuse("overrun")
 
     def grouped_pays(self, budget: EarlyWorkBudget, slots: int, rows: int, open_rows: int, full: bool,
                      waiting_slots: int, now: float | None = None) -> bool:
@@ -286,17 +313,24 @@ class DrainPolicy:
         plus the fixed cost of one more backward within the allowance and no more than the tail it
         saves, and it ends before the predicted last arrival."""
         if self.name != "cost-aware":
-            return self.eager
+            return self.eager or budget.refuse("policy")
         ratio = self.costs.grouped_ratio
         premium = max(ratio - 1.0, 0.0) * self.costs.known_s(slots) if open_rows else 0.0
-        if ratio > 2.0 or not budget.within(premium):
+        if ratio > 2.0:
+            return budget.refuse("cost")
+        if not budget.within(premium):
             return False
         if full or self.partial_pays(budget, slots):
             return True
         extra = premium + self.costs.fixed_s
         if not budget.pays(extra, self.costs.known_s(waiting_slots), now):
             return False
-        return ratio * self.costs.known_row_s * rows <= budget.remaining_rollout_s(now)
+        return ratio * self.costs.known_row_s * rows <= budget.remaining_rollout_s(now) or budget.refuse("overrun")
+
+    def early_cost_ratio(self, grouped: bool) -> float:
+        """What the model holds now for an early row's seconds over a known row's: the grouped
+        micro-batch's ratio where the grouped backward is on, else an open bucket's per row."""
+        return self.costs.grouped_ratio if grouped else self.costs.open_ratio
 
     def charge_grouped(self, budget: EarlyWorkBudget, slots: int, seconds: float) -> None:
         """A grouped micro-batch ran: its ratio is observed, its measured premium comes off the allowance."""

@@ -33,7 +33,7 @@ import torch
 
 from learner.config import AlgorithmConfig
 from learner.grad.accumulator import OpenGroupError
-from learner.grad.cost_model import DrainPolicy, EarlyWorkBudget
+from learner.grad.cost_model import DEFER_REASONS, DrainPolicy, EarlyWorkBudget
 from learner.grad.drain import Bucket, Close, DrainPlanner, Known
 from learner.grad.grouped_drain import GroupedPool
 from learner.grad.loss_tally import LossTally
@@ -234,6 +234,11 @@ class StreamingLearner(InProcessLearner):
         """Nothing waits: learn deferred work where the drain policy says it pays (docs/learner.md):
         known rows not yet a full micro-batch, else an open group's bucket."""
         state = self._state("idle_work")
+        learnt = self._idle_work(state, on_phase)
+        state.budget.idle_ended(learnt)  # learner/deferred_<reason>: why an idle moment learnt nothing
+        return learnt
+
+    def _idle_work(self, state: _Batch, on_phase: PhaseCallback | None) -> bool:
         if self.backward.pool.enabled and self.backward.pool.idle(state, on_phase):
             return True  # known and open rows in grouped micro-batches (learner/grad/grouped_drain.py)
         if state.ready and self.backward.early_known_pays(state):
@@ -294,7 +299,18 @@ class StreamingLearner(InProcessLearner):
                 "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
                 "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
                 "early_rows": state.early_rows, "grouped_micro_batches": state.grouped_micro_batches,
-                **({} if open_cost is None else {"open_row_cost": open_cost})}
+                **({} if open_cost is None else {"open_row_cost": open_cost}), **self._deferral_stats(state)}
+
+    def _deferral_stats(self, state: _Batch) -> dict:
+        """Why the streaming learner learnt early or not (adaptive GRPO): the share of its rows learnt
+        before the batch's last arrival, the cost model's early/known row ratio, and the idle moments
+        that learnt nothing by reason (docs/learner.md, "When early work pays")."""
+        if self.path != "adaptive" or self.algo.objective != "grpo":
+            return {}
+        early = state.early_rows + state.open_rows
+        return {"early_row_share": early / state.rows if state.rows else 0.0,
+                "early_cost_ratio": self.policy.early_cost_ratio(self.backward.pool.enabled),
+                **{f"deferred_{r}": float(state.budget.deferred.get(r, 0)) for r in DEFER_REASONS}}
 
 
 class OnPolicyBackward:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.cost_model import BackwardCosts, DrainPolicy, EarlyWorkBudget
+from learner.grad.cost_model import DEFER_REASONS, GROUPED_PRIOR_RATIO, BackwardCosts, DrainPolicy, EarlyWorkBudget
 from learner.grad.exactness import early_work_everywhere, random_batch, relative_error, tiny_llama
 from learner.grad.learner_common import LearnerOptions
 from learner.grad.on_policy import StreamingLearner
@@ -153,3 +153,38 @@ def test_an_open_bucket_pays_its_measured_premium_out_of_the_allowance():
     budget = policy.begin(expected_rows=100)
     policy.charge_open(budget, rows=2, seconds=0.3)  # 2 rows at 0.05 s known: 0.2 s beyond
     assert budget.spent_s == pytest.approx(0.2)
+
+
+def test_each_refusal_is_counted_by_its_reason_once_per_idle_moment():
+    policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
+    budget = policy.begin(expected_rows=100)
+    budget.arrivals(10, 1000, now=0.0)
+    assert not policy.open_pays(budget, 4, waiting_slots=5000, now=1.0)  # nothing measured: the prior 2.0
+    budget.idle_ended(learnt=False)
+    policy.costs = _open_ratio(2.5)
+    assert not policy.open_pays(budget, 4, waiting_slots=5000, now=1.0)
+    budget.idle_ended(learnt=False)
+    policy.costs = fitted(0.01, 1e-4)
+    assert not policy.partial_pays(budget, 1000)  # under half a micro-batch
+    budget.idle_ended(learnt=False)
+    budget.refuse("count")  # an idle moment that refused once and then learnt something counts nothing
+    budget.idle_ended(learnt=True)
+    assert budget.deferred == Counter({"unmeasured": 1, "cost": 1, "count": 1})
+    closed = DrainPolicy("closed-groups", 0.05)
+    shut = closed.begin(expected_rows=4)
+    assert not closed.partial_pays(shut, 4096)
+    shut.idle_ended(learnt=False)
+    assert shut.deferred == Counter({"policy": 1})
+
+
+def test_a_streaming_batch_reports_why_it_deferred_and_how_much_it_learnt_early():
+    """Real backwards: cold, the cost-aware learner defers every idle moment as unmeasured and learns
+    nothing before the last arrival; with the drain forced everywhere it learns early and says so."""
+    stats, rel = _learn("cost-aware", None)
+    assert rel < 1e-12
+    assert stats["early_row_share"] == 0.0 and stats["deferred_unmeasured"] > 0
+    assert set(k for k in stats if k.startswith("deferred_")) == {f"deferred_{r}" for r in DEFER_REASONS}
+    assert stats["early_cost_ratio"] == pytest.approx(GROUPED_PRIOR_RATIO)  # the grouped backward is on
+    stats, rel = _learn("finished-groups-first", None)
+    assert rel < 1e-12 and 0.0 < stats["early_row_share"] <= 1.0
+    assert sum(stats[f"deferred_{r}"] for r in DEFER_REASONS) == 0  # it never refuses
