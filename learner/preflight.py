@@ -3,7 +3,9 @@
 ``thundersync train`` runs these before it boots the rollout workers (which import torch
 for seconds and take hundreds of MB): a model path that does not exist or an output
 directory it cannot write must be a one-line error at once, not after the workers are up
-or after step 0. Each failure is a ``ConfigError`` naming the field or flag.
+or after step 0. Each failure is a ``ConfigError`` naming the field or flag. A task that calls
+the ``python-sandbox`` tool where bubblewrap cannot confine it is one of them
+(``check_sandbox``): no rollout worker ever runs policy-written code unconfined.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from learner.config import ConfigError, RunConfig
+from learner.rollout import sandbox_bwrap
 
 BUILTIN_PREFIX = "builtin:"
 # learner/rollout/models.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
@@ -75,6 +78,13 @@ def check_vllm_speculation(cfg: RunConfig) -> None:
                           f"has {size} (use rollout.engine: torch, or turn speculation off)")
 
 
+def check_sandbox(cfg: RunConfig) -> None:
+    """A run whose task calls ``python-sandbox`` starts only where bwrap can confine the calls
+    (probed once per process: a trivial confined call, tens of milliseconds)."""
+    if problem := sandbox_bwrap.refusal(cfg.task):
+        raise ConfigError(problem)
+
+
 def check_writable_dir(flag: str, path: str | Path) -> Path:
     """Create ``path`` if needed and prove a file can be written there."""
     path = Path(path).expanduser()
@@ -102,6 +112,7 @@ def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | Non
               events: str | None = None) -> None:
     check_model_paths(cfg)
     check_vllm_speculation(cfg)
+    check_sandbox(cfg)
     if cfg.train.checkpoint_every and not cfg.train.output_dir:  # the web app gives every run one
         raise ConfigError("train.checkpoint_every: checkpoints need train.output_dir (--output DIR)")
     if dump_dir:

@@ -1,30 +1,22 @@
 """``python-sandbox`` tool: run untrusted Python in a confined, resource-limited subprocess.
 
-Where bubblewrap works (the usual case; ``learner/rollout/sandbox_bwrap.py``), each call
-runs in mount, PID, network, IPC and UTS namespaces of its own: a read-only view of
-``/usr`` and the interpreter's prefix only, a private ``/tmp`` and working directory, no
-other process visible, only its own loopback, an unprivileged user id of its own when the
-worker is root. ``SandboxResult.confinement`` says ``"bwrap"``. Where it does not (not
-installed, namespaces refused), ``"rlimits"``: everything below still holds, but the
-filesystem and the process tree are the worker's user's to see (docs/tasks.md, "The
-sandbox's boundary").
+Every call runs under bubblewrap (``learner/rollout/sandbox_bwrap.py``): mount, PID, network,
+IPC and UTS namespaces of its own: a read-only view of ``/usr`` and the interpreter's prefix
+only, a private size-bounded ``/tmp`` holding its working directory, no other process visible,
+only its own loopback, an unprivileged user id of its own when the worker is root. Where bwrap
+cannot run (not installed, namespaces refused) a call raises ``SandboxUnavailable``: there is
+no unconfined fallback, and a run that needs the tool is refused before it starts
+(``learner/preflight.py``, ``controller/sandbox_hosts.py``).
 
-In both (set in ``preexec_fn``, i.e. after fork, before exec):
+Also (set in ``preexec_fn``, i.e. after fork, before exec, inherited by bwrap's children):
 - an isolated interpreter, ``python -I -S`` (no user site, no PYTHON* variables, no
-  ``site``), only the environment given here and a fresh private working directory that is
-  removed afterwards;
-- rlimits: CPU seconds (SIGXCPU at ``cpu_s``, SIGKILL one second later), address space
-  (``memory_mb``), file size, open files, no core dumps, and a process count (not enforced
-  for root: under bwrap the call runs as a user id of its own, so it holds there);
+  ``site``), only the environment given here;
+- rlimits: CPU seconds (SIGXCPU at ``cpu_s``, SIGKILL one second later), address space and
+  data segment (``memory_mb``), file size, open files, no core dumps, and a process count
+  (under bwrap as root the call runs as a user id of its own, so it holds there);
 - its own session, so the whole process group is killed at the wall-clock limit and at exit;
-  a descendant that left the group (``setsid()``) is found by a token in its inherited
-  environment and killed too (``_sweep``; under bwrap the pid namespace dies with the call
-  anyway);
-- no network. Under bwrap, and otherwise preferably, a new network namespace
-  (``unshare(CLONE_NEWNET)``, needs root or user namespaces); every socket then has no route
-  off it. Fallback when that is not permitted: an audit hook installed before the user code
-  refuses to create sockets (best effort: native code could bypass it).
-  ``SandboxResult.network`` says which one applied.
+  a descendant that left the group (``setsid()``) dies with the call's pid namespace, and is
+  swept by a token in its inherited environment too (``_sweep``);
 - stdout and stderr go to anonymous files (not pipes), so a flood of output cannot fill the
   parent's memory; each is truncated to ``max_output`` characters.
 """
@@ -34,10 +26,8 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -46,7 +36,6 @@ from typing import IO, Literal
 
 from learner.rollout import sandbox_bwrap
 
-CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: preexec_fn must not import
 MAX_FILE_BYTES = 16 * 2**20
@@ -54,17 +43,9 @@ MAX_OPEN_FILES = 64
 MAX_PROCESSES = 64
 SANDBOX_TOKEN = "THUNDERSYNC_SANDBOX_CALL"  # in every sandbox process's environment: the sweep finds them by it
 
-# Runs before the user's code when no network namespace is available.
-_AUDIT_PRELUDE = """
-import sys
-def _no_network(event, args):
-    if event.startswith("socket."):
-        raise PermissionError("network access is disabled in the sandbox")
-sys.addaudithook(_no_network)
-del _no_network
-_source = open("main.py").read()
-exec(compile(_source, "main.py", "exec"), {"__name__": "__main__"})
-"""
+
+class SandboxUnavailable(RuntimeError):
+    """bwrap cannot confine a call on this host; the call is not run."""
 
 
 @dataclass
@@ -74,24 +55,19 @@ class SandboxResult:
     exit_code: int  # negative: killed by that signal
     timed_out: bool  # the wall-clock or CPU limit ended the run
     killed_reason: str | None  # "wall_time", "cpu_time", "signal:<NAME>" or None
-    network: Literal["netns", "audit-hook"]  # how network access was removed
     duration_s: float
-    confinement: Literal["bwrap", "rlimits"] = "bwrap"  # namespaces of its own (sandbox_bwrap), or rlimits only
+    confinement: Literal["bwrap"] = "bwrap"  # the only one: no call runs unconfined
+    network: Literal["netns"] = "netns"  # its own network namespace (bwrap --unshare-net)
 
 
-def _unshare_network() -> None:
-    if _LIBC.unshare(CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
-
-
-def _limits(cpu_s: int, memory_mb: int, isolate_network: bool):
+def _limits(cpu_s: int, memory_mb: int):
     """The child-side setup; runs between fork and exec, so it only makes system calls."""
 
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
         memory = memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
         resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -99,8 +75,6 @@ def _limits(cpu_s: int, memory_mb: int, isolate_network: bool):
         # its own session escapes the run's process-group kill: die with the thread that runs
         # the call instead (a rollout worker killed mid-call leaves no sandbox behind)
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if isolate_network:
-            _unshare_network()
 
     return apply
 
@@ -166,73 +140,48 @@ def _reason(returncode: int, wall_killed: bool, duration_s: float, cpu_s: int) -
 def run_python(
     code: str, *, cpu_s: int = 2, memory_mb: int = 256, wall_s: float = 5.0, max_output: int = 4096
 ) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in a confined child interpreter and collect its output."""
+    """Run ``code`` as ``__main__`` in a confined child interpreter and collect its output.
+    Raises ``SandboxUnavailable`` (and runs nothing) where bwrap cannot confine it."""
     for field, value in (("cpu_s", cpu_s), ("memory_mb", memory_mb), ("wall_s", wall_s), ("max_output", max_output)):
         if value <= 0:
             raise ValueError(f"{field}: must be positive, got {value}")
-    workdir = tempfile.mkdtemp(prefix="thundersync-sandbox-")
-    try:
-        with open(os.path.join(workdir, "main.py"), "w") as src:
-            src.write(code)
-        token = uuid.uuid4().hex
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir, SANDBOX_TOKEN: token}
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            start = time.monotonic()
-            confinement: Literal["bwrap", "rlimits"] = "bwrap" if sandbox_bwrap.available() is None else "rlimits"
-            network = "netns"
-            if confinement == "bwrap":
-                uid = sandbox_bwrap.call_uid()
-                if uid is not None:  # the call's own user id writes its working directory
-                    os.chown(workdir, uid, uid)
-                argv = [sandbox_bwrap.interpreter(), "-I", "-S", "main.py"]
-                proc = subprocess.Popen(
-                    sandbox_bwrap.command(argv, workdir, env, uid), cwd=workdir, env={}, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=err, start_new_session=True,
-                    preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
-                )  # fmt: skip
-            else:
-                proc = _unconfined_popen(workdir, env, out, err, cpu_s, memory_mb)
-                network = "netns" if proc.args[-1] == "main.py" else "audit-hook"
-            wall_killed = False
-            try:
-                proc.wait(timeout=wall_s)
-            except subprocess.TimeoutExpired:
-                wall_killed = True
-                _kill_group(proc.pid)
-                proc.wait()
-            _kill_group(proc.pid)  # background children outlive their parent otherwise
-            _sweep(token)  # ...and so do those that left the group with setsid()
-            duration = time.monotonic() - start
-            returncode = proc.returncode
-            if confinement == "bwrap" and 128 < returncode < 128 + signal.NSIG:  # bwrap: 128 + the signal
-                returncode = 128 - returncode
-            reason = _reason(returncode, wall_killed, duration, cpu_s)
-            return SandboxResult(
-                stdout=_read_truncated(out, max_output),
-                stderr=_read_truncated(err, max_output),
-                exit_code=returncode,
-                timed_out=reason in ("wall_time", "cpu_time"),
-                killed_reason=reason,
-                network=network,
-                duration_s=duration,
-                confinement=confinement,
-            )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _unconfined_popen(workdir: str, env: dict, out, err, cpu_s: int, memory_mb: int) -> subprocess.Popen:
-    """Where bwrap cannot run: rlimits, a session, and a network namespace if permitted (else
-    the audit hook): no view of the filesystem or the processes is taken away."""
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-I", "-S", "main.py"],
-            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=True),
+    probe = sandbox_bwrap.probe()
+    if probe.problem is not None:
+        raise SandboxUnavailable(f"python-sandbox: refusing to run unconfined: {probe.problem}")
+    token = uuid.uuid4().hex
+    inside = sandbox_bwrap.WORKDIR
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": inside, "TMPDIR": inside, SANDBOX_TOKEN: token}
+    argv = [sandbox_bwrap.interpreter(), "-I", "-S", "main.py"]
+    with tempfile.TemporaryFile() as src, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        src.write(code.encode("utf-8", errors="surrogateescape"))
+        src.seek(0)
+        cmd = sandbox_bwrap.command(argv, env, sandbox_bwrap.call_uid(), bwrap=probe.bwrap,
+                                    fresh_proc=probe.fresh_proc, code_fd=src.fileno())
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            cmd, cwd=tempfile.gettempdir(), env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            start_new_session=True, pass_fds=(src.fileno(),), preexec_fn=_limits(cpu_s, memory_mb),
         )  # fmt: skip
-    except subprocess.SubprocessError:  # unshare refused: no namespace privileges
-        return subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _AUDIT_PRELUDE],
-            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            start_new_session=True, preexec_fn=_limits(cpu_s, memory_mb, isolate_network=False),
-        )  # fmt: skip
+        wall_killed = False
+        try:
+            proc.wait(timeout=wall_s)
+        except subprocess.TimeoutExpired:
+            wall_killed = True
+            _kill_group(proc.pid)
+            proc.wait()
+        _kill_group(proc.pid)  # background children outlive their parent otherwise
+        _sweep(token)  # ...and so do those that left the group with setsid()
+        duration = time.monotonic() - start
+        returncode = proc.returncode
+        if 128 < returncode < 128 + signal.NSIG:  # bwrap: 128 + the signal
+            returncode = 128 - returncode
+        reason = _reason(returncode, wall_killed, duration, cpu_s)
+        return SandboxResult(
+            stdout=_read_truncated(out, max_output),
+            stderr=_read_truncated(err, max_output),
+            exit_code=returncode,
+            timed_out=reason in ("wall_time", "cpu_time"),
+            killed_reason=reason,
+            duration_s=duration,
+        )
+
