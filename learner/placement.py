@@ -98,6 +98,13 @@ def _ranks_per_node(cfg: Any) -> int:
     return cfg.learner.world_size // len(cfg.learner.nodes or [None])
 
 
+def local_rank(cfg: Any, rank: int) -> tuple[int, int]:
+    """(local rank, ranks on the node) of learner rank ``rank``: torchrun's LOCAL_RANK and
+    LOCAL_WORLD_SIZE (rank 4 of a 2 x 4 run is its node's rank 0)."""
+    per_node = _ranks_per_node(cfg)
+    return rank % per_node, per_node
+
+
 def learner_device(cfg: Any, rank: int = 0) -> str:
     """The device learner rank ``rank`` trains on (its local rank's GPU on its node)."""
     if cfg.placement is None:

@@ -18,7 +18,7 @@ import torch
 from learner.config import RunConfig
 from learner.distributed.peers import RankPeers, RankPhase
 from learner.distributed.ranks import init_rank
-from learner.placement import learner_device
+from learner.placement import learner_device, local_rank
 from learner.distributed.worker import broadcast_from_rank0, param_digest
 from learner.grad.learner_common import LearnerOptions, PhaseCallback
 from learner.grad.on_policy import StreamingLearner
@@ -40,7 +40,9 @@ class DataParallelLearner:
         self._reduced = False  # this batch's gradient summed over the ranks already (``reduce``)
         self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
-            init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s, device=learner_device(cfg, 0))
+            local, local_world = local_rank(cfg, 0)
+            init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s, local_rank=local,
+                      device=learner_device(cfg, 0), local_world_size=local_world)
             torch.set_num_threads(1)
             self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
                                      0, self.world)

@@ -15,6 +15,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 
@@ -40,10 +41,45 @@ def process_group_backend(device: str) -> str:
     return "cpu:gloo,cuda:nccl" if device.startswith("cuda:") else "gloo"
 
 
+@dataclass(frozen=True)
+class RankEnv:
+    """What torchrun gives a rank: its global ``rank``, its index among the ranks on its own node
+    (``local_rank``), the counts, its node and the rendezvous address (rank 0's node)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node: str
+    master_addr: str
+    master_port: int
+
+    def environ(self) -> dict[str, str]:
+        """The environment variables torchrun sets (DeepSpeed reads LOCAL_RANK for its device)."""
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+
+def rank_layout(nodes: list[str], master_addr: str, master_port: int) -> list[RankEnv]:
+    """torchrun's semantics from a placement: ``nodes[r]`` is the node rank ``r`` runs on. A rank's
+    local rank is its index among the ranks of its node in rank order (rank 4, the first rank of
+    the second node of a 2 x 4 run, is local rank 0: its node's first GPU, not GPU 4)."""
+    seen: dict[str, int] = {}
+    local = []
+    for node in nodes:
+        local.append(seen.get(node, 0))
+        seen[node] = local[-1] + 1
+    return [RankEnv(r, local[r], len(nodes), seen[node], node, master_addr, master_port)
+            for r, node in enumerate(nodes)]
+
+
 def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-              local_rank: int | None = None, device: str = "cpu") -> None:
+              local_rank: int | None = None, device: str = "cpu", local_world_size: int | None = None) -> None:
     """Join the process group (``process_group_backend(device)``; the rendezvous waits at most
-    ``timeout_s``; so does every collective). ``device``: the rank's own (learner.placement)."""
+    ``timeout_s``; so does every collective). ``device``: the rank's own (learner.placement).
+    ``local_rank``/``local_world_size``: the rank's index among its node's ranks and their count
+    (None: every rank on this node, so the global rank and the world size)."""
     import torch
     import torch.distributed as dist
 
@@ -51,9 +87,11 @@ def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float = D
 
     bind_device(device)  # NCCL binds a rank to the current device
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")  # DeepSpeed's
-    # what a launcher would set; DeepSpeed reads them
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank if local_rank is None else local_rank))
+    # what a launcher (torchrun) would set; DeepSpeed reads them
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    env = RankEnv(rank, rank if local_rank is None else local_rank, world_size,
+                  world_size if local_world_size is None else local_world_size, "", host, int(port or 0))
+    os.environ.update(env.environ())
     torch.set_num_threads(1)
     dist.init_process_group(process_group_backend(device), init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))

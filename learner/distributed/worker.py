@@ -81,9 +81,11 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         import os
 
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
-        from learner.placement import learner_device
+        from learner.placement import learner_device, local_rank
 
-        init_rank(rank, world, init_method, cfg.learner.timeout_s, device=learner_device(cfg, rank))
+        local, local_world = local_rank(cfg, rank)  # torchrun's LOCAL_RANK: the index among its node's ranks
+        init_rank(rank, world, init_method, cfg.learner.timeout_s, local_rank=local, device=learner_device(cfg, rank),
+                  local_world_size=local_world)
         rl, engine = build_rank(cfg, policy_dir, rank, world)
         if rollouts is not None:
             rollouts.attach(rl.learner.model)

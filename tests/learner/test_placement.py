@@ -117,3 +117,19 @@ def test_each_placed_gpu_reports_its_roles_memory_and_utilisation(monkeypatch):
     assert placed_gpu_metrics(cfg.placement) == {
         "system/gpu0_learner+rollout/gpu_memory_mb": 1.0, "system/gpu0_learner+rollout/gpu_util": 0.0,
         "system/gpu1_rollout/gpu_memory_mb": 2.0, "system/gpu1_rollout/gpu_util": 10.0}
+
+
+def test_two_nodes_give_each_rank_torchruns_local_rank_not_its_global_rank():
+    from learner.distributed.ranks import rank_layout
+    from learner.placement import local_rank
+
+    cfg = config(learner={"world_size": 8, "nodes": ["a", "b"]})
+    assert [local_rank(cfg, r) for r in (0, 3, 4, 7)] == [(0, 4), (3, 4), (0, 4), (3, 4)]
+    layout = rank_layout([cfg.learner.node_of(r) for r in range(8)], "10.0.0.1", 29500)
+    assert [(e.rank, e.local_rank, e.node) for e in layout] == [(r, r % 4, "ab"[r // 4]) for r in range(8)]
+    assert layout[4].environ() == {"RANK": "4", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert learner_device(cfg, 4) == f"cuda:{cfg.placement.learner[layout[4].local_rank]}"
+    # ranks of a node need not be contiguous for the semantics: each counts among its node's own
+    assert [e.local_rank for e in rank_layout(["x", "y", "x", "y", "y"], "h", 1)] == [0, 0, 1, 1, 2]
+    assert [e.local_world_size for e in rank_layout(["x", "y", "x", "y", "y"], "h", 1)] == [2, 3, 2, 3, 3]
