@@ -1,10 +1,13 @@
-"""Small decorators for the JSON API views (healthchecks.io style, no framework)."""
+"""Small decorators for the JSON API views (healthchecks.io style, no framework) and the
+pages' form targets."""
 
 import json
 from functools import wraps
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
+from django.shortcuts import render
+from django.urls import Resolver404, resolve
 
 from .api_errors import ApiError, json_error
 from .limits import MAX_JSON_DEPTH, nesting_depth
@@ -32,6 +35,37 @@ def api_view(*methods: str):
         return wrapper
 
     return decorate
+
+
+def page_above(path: str) -> str:
+    """The nearest page above ``path`` that exists (``/runs/3/cancel/`` -> ``/runs/3/``,
+    ``/schedules/4/delete/`` -> ``/schedules/``)."""
+    while path not in ("", "/"):
+        path = path.rstrip("/").rsplit("/", 1)[0] + "/"
+        try:
+            resolve(path)
+            return path
+        except Resolver404:
+            continue
+    return "/"
+
+
+def form_post(view):
+    """A page's form target: POST only. Any other method (an address left in the bar after a
+    form's error, a bookmark) gets a styled 405 page with ``Allow: POST`` and a link to the page
+    the form lives on (the address without its last part), instead of the browser's blank one."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.method != "POST":
+            back = page_above(request.path)
+            response = render(request, "405.html", {"method": request.method, "path": request.path, "back": back},
+                              status=405)
+            response["Allow"] = "POST"
+            return response
+        return view(request, *args, **kwargs)
+
+    return wrapper
 
 
 JSON_TYPE_NAMES = {str: "a string", int: "an integer", dict: "a JSON object", list: "a JSON array"}

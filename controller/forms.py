@@ -1,12 +1,14 @@
 """Forms: the one validation path for pages and the JSON API (errors name field and reason)."""
 
 import re
+from typing import get_args
 
 import yaml
 from django import forms
+from pydantic import BaseModel
 from django.core.exceptions import ValidationError
 
-from learner.config import SCHEDULES, ConfigError, parse_config
+from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
 from learner.safe_yaml import MAX_YAML_CHARS, UnsafeYamlError, load_yaml
 
 from .compare import MAX_COMPARED
@@ -160,6 +162,18 @@ class RunCreateForm(LaunchForm):
         self.fields["experiment"].queryset = Experiment.objects.filter(owner=user)
 
 
+def config_has_field(dotted: str) -> bool:
+    """Whether ``dotted`` names a field of RunConfig (through optional sections too)."""
+    model: type[BaseModel] | None = RunConfig
+    for part in dotted.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        model = next((a for a in (annotation, *get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return True
+
+
 class ComparisonForm(forms.Form):
     """Launch the experiment under several schedules at once (views.launch_comparison), or a
     small sweep: one field over a few values under the chosen schedules."""
@@ -184,10 +198,13 @@ class ComparisonForm(forms.Form):
                                              f"one run per value and schedule, at most {MAX_COMPARED} in all")
 
     def __init__(self, *args, user, experiment=None, **kwargs):
+        # its own element ids: the experiment page holds the launch form's id_name, id_steps, ...
+        kwargs.setdefault("auto_id", "compare_%s")
         super().__init__(*args, **kwargs)
         visible = Schedule.objects.visible_to(user)
         self.fields["schedules"].queryset = visible
         self.fields["schedules"].initial = [s.pk for s in visible.filter(owner__isnull=True, name__in=COMPARED_PRESETS)]
+        self.experiment = experiment
         if experiment is not None:
             self.fields["steps"].initial = max(MIN_COMPARED_STEPS, experiment.run_config().train.steps)
 
@@ -224,8 +241,15 @@ class ComparisonForm(forms.Form):
                 self.add_error("sweep_values", str(err))
             if field in (data.get("overrides") or {}):
                 self.add_error("sweep_field", f"{field}: both swept and overridden; keep one")
+            self.check_swept_field(field)
         self.check_run_count(data)
         return data
+
+    def check_swept_field(self, field: str) -> None:
+        """A swept field the config does not have is named before anything is counted (each value
+        is still validated on the merged config at launch, controller/launching.py)."""
+        if "sweep_field" not in self.errors and not config_has_field(field):
+            self.add_error("sweep_field", f"{field}: unknown field")
 
     def check_run_count(self, data):
         schedules, values = data.get("schedules"), data.get("sweep_values")

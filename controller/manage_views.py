@@ -11,11 +11,11 @@ from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
 
 from .forms import ExperimentForm, ScheduleForm
 from .models import Experiment, Run, Schedule, Span
 from .runlog import run_dir
+from .decorators import form_post
 
 
 def owned_experiment(request, experiment_id: int) -> Experiment:
@@ -38,7 +38,7 @@ def experiment_edit(request, experiment_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def experiment_clone(request, experiment_id: int):
     found = owned_experiment(request, experiment_id)
     copy = Experiment.objects.create(owner=request.user, name=f"{found.name} (copy)"[:200],
@@ -101,7 +101,7 @@ def schedule_edit(request, schedule_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def schedule_delete(request, schedule_id: int):
     found = get_object_or_404(Schedule, pk=schedule_id, owner=request.user)
     used = found.runs.count()

@@ -8,7 +8,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
 
 from learner.config import SCHEDULES
 
@@ -17,6 +16,7 @@ from .models import Comparison, Run, join_tags
 from .run_table import COLUMNS, GROUPS, ListQuery, grouped, read_query, sorted_runs, with_table_figures
 from .runlog import run_dir
 from .views import owned_runs
+from .decorators import form_post
 
 RUNS_PER_PAGE = 25
 # the sort menu's choices (every column header sorts too, either way: controller/run_table.py)
@@ -95,14 +95,14 @@ def annotate(request, target, back: str):
 
 
 @login_required
-@require_POST
+@form_post
 def run_annotate(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
     return annotate(request, found, f"/runs/{found.pk}/")
 
 
 @login_required
-@require_POST
+@form_post
 def comparison_annotate(request, comparison_id: int):
     found = get_object_or_404(Comparison, pk=comparison_id, experiment__owner=request.user)
     return annotate(request, found, f"/comparisons/{found.pk}/")
@@ -126,7 +126,7 @@ def run_delete(request, run_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def comparison_delete(request, comparison_id: int):
     """Delete a comparison (its name, tags, note, sweep); its runs are kept, each on its own."""
     found = get_object_or_404(Comparison, pk=comparison_id, experiment__owner=request.user)

@@ -8,7 +8,6 @@ from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
 from learner.config import ConfigError
 
@@ -22,6 +21,7 @@ from .resuming import ResumeRefused, request_resume
 from .models import Comparison, Experiment, Run, Schedule
 from .quotas import QuotaExceeded
 from .runlog import log_path, readable_log
+from .decorators import form_post
 
 
 def owned_runs(user):
@@ -94,7 +94,7 @@ def try_launch(form, schedule_field: str, start):
 
 
 @login_required
-@require_POST
+@form_post
 def launch(request, experiment_id: int):
     found = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
     form = LaunchForm(request.POST, user=request.user)
@@ -104,7 +104,7 @@ def launch(request, experiment_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def compare_schedules(request, experiment_id: int):
     """One action: the experiment under each chosen schedule, same steps and seed, as one
     comparison; then its compare page, live while the runs train."""
@@ -167,7 +167,7 @@ def run_log(request, run_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def resume(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
     try:
@@ -179,7 +179,7 @@ def resume(request, run_id: int):
 
 
 @login_required
-@require_POST
+@form_post
 def cancel(request, run_id: int):
     found = get_object_or_404(owned_runs(request.user), pk=run_id)
     if not request_cancel(found):

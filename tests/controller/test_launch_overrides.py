@@ -120,7 +120,7 @@ def test_a_sweep_launches_one_run_per_value_and_schedule_as_one_comparison(alice
 
 @pytest.mark.parametrize("more, field, reason", [
     ({"sweep": {"field": "train.lr", "values": [1e-4, -1]}}, "sweep_values", "train.lr: Input should be greater than 0"),
-    ({"sweep": {"field": "train.lrr", "values": [1, 2]}}, "sweep_values", "train.lrr: unknown field"),
+    ({"sweep": {"field": "train.lrr", "values": [1, 2]}}, "sweep_field", "train.lrr: unknown field"),
     ({"sweep": {"field": "train.lr", "values": [1e-4]}}, "sweep_values", "a sweep takes 2 to 4 values"),
     ({"sweep": {"field": "train.lr", "values": [1e-4, 2e-4, 3e-4]}}, "schedules", "6 runs: pick at most 4"),
     ({"sweep": {"field": "train.lr"}}, "sweep", "values: required"),
