@@ -13,7 +13,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.worker import WorkController, state
 from django.db import connections
 
-from controller import warm
+from controller import sandbox_hosts, warm
 
 
 class ThreadWorker(WorkController):
@@ -42,6 +42,7 @@ class EmbeddedWorker:
             connections.close_all()  # this thread's database connections die with it
 
     def start(self, timeout: float = 30.0) -> "EmbeddedWorker":
+        sandbox_hosts.report()  # can this host confine the python-sandbox tool (launches read it)
         warm.start()  # imports torch in the background while the user logs in (THUNDERSYNC_WARM_RUNNER)
         self.thread.start()
         if not self.worker.ready.wait(timeout):

@@ -6,6 +6,7 @@ from learner.config import ConfigError
 from .config_merge import LaunchOverrideError
 from .launching import Sweep
 from .quotas import LAUNCH_FIELDS
+from .sandbox_hosts import SandboxRefused
 
 
 def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str | None, int, str]:
@@ -14,6 +15,8 @@ def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str |
     field they set, else the schedule, or the input quotas.LAUNCH_FIELDS names."""
     swept = data.get("sweep_field") or None
     overridden = set(data.get("overrides") or {})
+    if isinstance(err, SandboxRefused):  # the experiment's task, on these workers
+        return "experiment", 400, str(err)
     if isinstance(err, LaunchOverrideError):
         return ("sweep_values" if swept and str(err).startswith(f"{swept}:") else "overrides"), 400, str(err)
     if isinstance(err, ConfigError):

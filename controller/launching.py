@@ -15,6 +15,8 @@ from .models import Comparison, Experiment, Run, Schedule
 from .outages import OUTAGE_ERRORS
 from .overrides import format_override
 from .disk_quota import check_disk
+from .nodes import placement
+from .sandbox_hosts import launch_refusal
 from .quotas import QuotaExceeded, check_config, check_queue, quota_for
 from .frames import status_frame
 
@@ -27,12 +29,15 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     ``steps`` defaults to the experiment's train.steps; ``overrides`` are dotted config fields
     set for this launch (controller/overrides.py). Raises learner.config.ConfigError when the
     schedule's values do not fit the experiment's config (config_merge.LaunchOverrideError when
-    the overrides do not), and quotas.QuotaExceeded when the run is over the owner's quota.
+    the overrides do not; sandbox_hosts.SandboxRefused when its task calls the python-sandbox tool
+    and no worker can confine it), and quotas.QuotaExceeded when the run is over the owner's quota.
     """
     if steps is None:
         steps = experiment.run_config().train.steps
     overrides = overrides or {}
     config = run_config(experiment.config, schedule.overrides(), steps, name, overrides)
+    if refused := launch_refusal(config, placement(config)[0]):  # no worker can run its tool confined
+        raise refused
     check_config(experiment.owner, config)
     check_disk(experiment.owner, config)
     task_id = str(uuid.uuid4())

@@ -8,7 +8,7 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
-from . import live, nodes, ownership, priority, warm
+from . import live, nodes, ownership, priority, sandbox_hosts, warm
 from .broker import hand_to_node
 from .dispatch import claim_next_run, top_up
 from .ingestion import finish_run
@@ -101,6 +101,7 @@ def start_reaping(**_):
     """Every ``celery worker`` reaps at start (runs a killed worker left) and then
     periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
     _reaper["stop"] = ownership.start_reaper()
+    sandbox_hosts.report()  # can this host confine the python-sandbox tool (launches read it)
     warm.start()  # runs fork from it (controller/warm.py)
     _reaper["restore_priority"] = priority.lower_session()  # runs lead sessions of their own: they come first
 

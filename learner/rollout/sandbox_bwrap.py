@@ -155,22 +155,24 @@ def available() -> str | None:
     return probe().problem
 
 
-def needed_by(task) -> str | None:
-    """The config field that makes a run call the sandbox (``task`` is a ``TaskConfig``), or None."""
-    if task.name == "python-sandbox":
+def needed_by(task_name: str, tools: list[str]) -> str | None:
+    """The config field that makes a run call the sandbox (``task.name``, ``task.tools``), or None."""
+    if task_name == "python-sandbox":
         return "task.name"
-    if "python-sandbox" in task.tools:
+    if "python-sandbox" in tools:
         return "task.tools"
     return None
 
 
+def refused(field: str, task_name: str, why: str) -> str:
+    return (f"{field}: task {task_name} calls the python-sandbox tool, which runs policy-written code only under "
+            f"bubblewrap, and {why}")
+
+
 def refusal(task) -> str | None:
-    """Why a run with this task cannot start here (one line naming the field), or None."""
-    field = needed_by(task)
+    """Why a run with this task (a ``TaskConfig``) cannot start here (one line naming the field), or None."""
+    field = needed_by(task.name, task.tools)
     if field is None:
         return None
     problem = available()
-    if problem is None:
-        return None
-    return (f"{field}: task {task.name} calls the python-sandbox tool, which runs policy-written code only "
-            f"under bubblewrap, and bubblewrap cannot confine it on this host: {problem}")
+    return None if problem is None else refused(field, task.name, f"bubblewrap cannot confine it on this host: {problem}")
