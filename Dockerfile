@@ -4,7 +4,9 @@ FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-# bubblewrap confines the python-sandbox tool (docs/tasks.md, "The sandbox's boundary")
+# bubblewrap confines the python-sandbox tool (docs/tasks.md, "The sandbox's boundary"); without it
+# runs that call the tool are refused. The workers need seccomp and AppArmor lifted for its user
+# namespace (docker-compose.yml, docs/controller.md "Production").
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 
 COPY pyproject.toml manage.py ./

@@ -135,7 +135,8 @@ def _try(bwrap: str, fresh_proc: bool) -> str | None:
 def _probe(bwrap: str | None) -> Probe:
     start = time.monotonic()
     if bwrap is None:
-        where = f"${BWRAP_ENV}={os.environ[BWRAP_ENV]}" if BWRAP_ENV in os.environ else "PATH"
+        where = (f"${BWRAP_ENV}={os.environ[BWRAP_ENV]} is not an executable file" if BWRAP_ENV in os.environ
+                 else "not on PATH")
         return Probe(f"bwrap is not installed ({where}; Debian: apt-get install bubblewrap)", None, False, 0.0)
     problem = _try(bwrap, fresh_proc=True)
     if problem is None:

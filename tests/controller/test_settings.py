@@ -81,6 +81,11 @@ def test_the_image_runs_as_an_unprivileged_user():
     assert users and users[-1] not in ("root", "0")
 
 
+def test_the_image_installs_bubblewrap():
+    installs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "apt-get install" in line]
+    assert any("bubblewrap" in line.split() for line in installs), installs
+
+
 COMPOSE = shutil.which("docker-compose")
 
 
@@ -101,6 +106,10 @@ def test_docker_compose_config_is_valid():
         worker = services[name]
         assert worker["environment"]["THUNDERSYNC_NODE"] == node and f"-Q {queues} " in worker["command"]
         assert worker["environment"]["DJANGO_SETTINGS_MODULE"] == "controller.settings.production"
+        # the python-sandbox's bwrap needs a user namespace and mounts, which Docker's default
+        # seccomp and AppArmor profiles refuse (docs/controller.md, "Production")
+        assert set(worker["security_opt"]) == {"seccomp:unconfined", "apparmor:unconfined"}
+    assert "security_opt" not in services["web"]  # the web server runs no tool call
     # a killed worker, web server or data store comes back by itself (docs/controller.md)
     assert {name: service.get("restart") for name, service in services.items()} == dict.fromkeys(
         services, "unless-stopped")
