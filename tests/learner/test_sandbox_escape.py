@@ -345,3 +345,48 @@ def test_a_task_without_the_tool_needs_no_bubblewrap(no_confinement):
     sandbox_cfg = load_config("configs/quickstart.yaml", {"task.name": "python-sandbox"})
     with pytest.raises(ConfigError, match=no_confinement):
         preflight(sandbox_cfg)
+
+
+NON_ROOT_WORKER = """
+import json, os
+from learner.rollout import sandbox_bwrap
+from learner.rollout.sandbox import run_python
+probe = sandbox_bwrap.probe()
+result = run_python("import os\\nfor p in ['/proc', '/proc/{pid}/environ', '/var/run/postgresql']:\\n"
+                    "    print(p, os.path.exists(p))\\nprint(os.getuid())")
+print(json.dumps({"uid": os.getuid(), "problem": probe.problem, "fresh_proc": probe.fresh_proc,
+                  "stdout": result.stdout, "stderr": result.stderr}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+                    reason="needs root to build the container-like worker (unshare -m, setpriv) and Debian's python3")
+def test_a_non_root_worker_under_dockers_masked_proc_confines_without_proc(secret_process):
+    """The compose worker: an unprivileged user (its namespaces through a user namespace) whose
+    /proc has a masked path, as Docker masks /proc/kcore and others, so the kernel refuses a
+    fresh /proc; the call then runs with no /proc at all, and still confined."""
+    import shutil
+    import tempfile
+
+    pid, secret = secret_process
+    with tempfile.TemporaryDirectory() as root:
+        os.chmod(root, 0o755)
+        package = Path(root) / "learner" / "rollout"
+        package.mkdir(parents=True)
+        source = Path(__file__).resolve().parents[2] / "learner"
+        shutil.copy(source / "__init__.py", package.parent)
+        for name in ("__init__.py", "sandbox.py", "sandbox_bwrap.py"):  # they need nothing beyond the stdlib
+            shutil.copy(source / "rollout" / name, package)
+        for path in [package.parent, package, *package.parent.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        worker = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i", f"PYTHONPATH={root}",
+                  "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", NON_ROOT_WORKER.replace("{pid}", str(pid))]
+        done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               'mount --bind /dev/null /proc/uptime && exec "$@"', "sh", *worker],
+                              capture_output=True, text=True, timeout=60, cwd=root)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["uid"] == 65534 and seen["problem"] is None and seen["fresh_proc"] is False, seen
+    assert seen["stdout"].splitlines() == ["/proc False", f"/proc/{pid}/environ False", "/var/run/postgresql False",
+                                           "65534"], seen
+    assert secret not in done.stdout
