@@ -142,12 +142,13 @@ SCHEMAS = {
                           "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
                           "description": "global presets or yours; at least two without a sweep"},
             "steps": {"type": "integer", "minimum": MIN_COMPARED_STEPS, "maximum": MAX_STEPS,
-                      "description": "the same for every run (the seed is the config's)"},
+                      "description": "the same for every run; at most your steps quota"},
             "name": text(200),
             "overrides": OVERRIDES,
             "repeats": {"type": "integer", "minimum": 1, "maximum": MAX_REPEATS, "default": DEFAULT_REPEATS,
                         "description": "runs per schedule (and sweep value), launched in alternating rounds and "
-                                       "run one at a time; the summary pools them"},
+                                       "run one at a time; round k trains the launch's seed + k (its runs' "
+                                       "seed override), and the summary pools them"},
             "sweep": {
                 "type": "object", "additionalProperties": False, "required": ["field", "values"],
                 "description": (f"one config field over 2-{MAX_SWEEP_VALUES} values: one run per value and schedule, "
@@ -443,9 +444,10 @@ def quota_bounds(quota) -> dict:
 def schema(user) -> dict:
     """The schema as ``user`` is served it: limits from their quota included."""
     schemas = copy.deepcopy(SCHEMAS)
-    steps = schemas["RunInput"]["properties"]["steps"]
     quota = quota_for(user)
-    steps["maximum"] = min(MAX_STEPS, quota.steps)
+    for name in ("RunInput", "ComparisonInput"):  # the server refuses past the quota (quotas.check_config)
+        steps = schemas[name]["properties"]["steps"]
+        steps["maximum"] = min(MAX_STEPS, quota.steps)
     schemas["ExperimentInput"]["properties"]["config"]["oneOf"][0]["properties"] = quota_bounds(quota)
     return {
         "openapi": "3.1.0",

@@ -17,6 +17,7 @@ from .run_table import COLUMNS, GROUPS, ListQuery, grouped, read_query, sorted_r
 from .runlog import run_dir
 from .views import owned_runs
 from .decorators import form_post
+from .templatetags.notes import SESSION_KEY as NOTES_DRAFT
 
 RUNS_PER_PAGE = 25
 # the sort menu's choices (every column header sorts too, either way: controller/run_table.py)
@@ -90,7 +91,11 @@ def annotate(request, target, back: str):
         target.save(update_fields=["tags", "note"])
         messages.info(request, f"Saved the tags and note of {target}.")
     else:
-        messages.warning(request, "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items()))
+        said = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+        messages.warning(request, said)
+        # the form shows what was typed and why it was refused (controller/templatetags/notes.py)
+        request.session[NOTES_DRAFT] = {"action": request.path, "tags": request.POST.get("tags", "")[:500],
+                                        "note": request.POST.get("note", "")[:10_000], "error": said}
     return redirect(back)
 
 

@@ -2,6 +2,8 @@
 
 import json
 
+import yaml
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -141,7 +143,8 @@ def run(request, run_id: int):
         "run": found,
         "ws_path": f"/ws/runs/{found.pk}/",
         "api_base": f"/api/runs/{found.pk}/",
-        "config_json": json.dumps(found.config, indent=2),
+        # YAML, as the experiment page shows its config: the full merged config, every default filled in
+        "config_yaml": yaml.safe_dump(found.config, sort_keys=False),
         "launch_diff": launch_diff(found),
         "checkpoints": list(found.checkpoints.values_list("step", flat=True)),
         # the progress line's count until the websocket's replay has brought the metrics

@@ -4,8 +4,28 @@
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
-function fileName(gd) {
-  return (gd.dataset.exportName || gd.id || "chart").replace(/[^\w.-]+/g, "-");
+/** Where the chart is: "run-12" on /runs/12/, "comparison-3" on /comparisons/3/, "compare-4-5" on
+ * /compare/?runs=4,5 (so two runs' Gantts never download under one name). */
+export function pagePrefix(location = window.location) {
+  const path = location.pathname.split("/").filter(Boolean);
+  const runs = new URLSearchParams(location.search).get("runs");
+  if (path[0] === "runs" && path[1]) return `run-${path[1]}`;
+  if (path[0] === "comparisons" && path[1]) return `comparison-${path[1]}`;
+  if (path[0] === "compare" && runs) return `compare-${runs.split(",").filter(Boolean).join("-")}`;
+  return path.join("-") || "thundersync";
+}
+
+/** The chart's shown x range as "t12.3-15.0" (seconds, or steps), when a zoom set one. */
+function shownRange(gd) {
+  const axis = gd._fullLayout?.xaxis;
+  if (!axis || axis.autorange || !Array.isArray(axis.range)) return "";
+  const [a, b] = axis.range.map(Number);
+  return Number.isFinite(a) && Number.isFinite(b) ? `t${a.toFixed(1)}-${b.toFixed(1)}` : "";
+}
+
+export function fileName(gd, location = window.location) {
+  const parts = [pagePrefix(location), gd.dataset.exportName || gd.id || "chart", shownRange(gd)];
+  return parts.filter(Boolean).join("-").replace(/[^\w.-]+/g, "-");
 }
 
 function save(url, name) {
@@ -80,11 +100,21 @@ export async function downloadFigure(gd, format, bars = null) {
   }
 }
 
-/** Plotly config whose modebar has "Download PNG" and "Download SVG" instead of plotly's camera. */
+// The SVG button's own icon (a pen nib: a drawing in vectors), so the two downloads never look alike.
+const VECTOR_ICON = {
+  width: 1000, height: 1000,
+  path: "M500 50 L800 450 L620 900 L380 900 L200 450 Z M500 180 L500 520 M430 590 a70 70 0 1 0 140 0 a70 70 0 1 0 -140 0",
+  transform: "matrix(1 0 0 -1 0 1000)",
+};
+
+/** Plotly config whose modebar has "Download PNG" (camera) and "Download SVG" (pen nib) instead
+ * of plotly's camera, with the base config's removals kept. */
 export function exportConfig(base, bars = null) {
   const button = (format) => ({
-    name: `download-${format}`, title: `Download ${format.toUpperCase()}`, icon: Plotly.Icons.camera,
+    name: `download-${format}`, title: `Download ${format.toUpperCase()}`,
+    icon: format === "png" ? Plotly.Icons.camera : VECTOR_ICON,
     click: (gd) => downloadFigure(gd, format, bars),
   });
-  return { ...base, modeBarButtonsToRemove: ["toImage"], modeBarButtonsToAdd: [button("png"), button("svg")] };
+  return { ...base, modeBarButtonsToRemove: [...(base.modeBarButtonsToRemove || []), "toImage"],
+           modeBarButtonsToAdd: [button("png"), button("svg")] };
 }

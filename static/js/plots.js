@@ -1,7 +1,12 @@
 // Small plotly helpers shared by the pages: a throttled redraw loop and the metric charts.
 import { exportConfig } from "./figureexport.js";
 
-export const PLOTLY_CONFIG = { displaylogo: false, responsive: true };
+// No plotly branding or sharing links, and no lasso/box selection (nothing on these charts acts on a
+// selection; a drag zooms).
+export const PLOTLY_CONFIG = {
+  displaylogo: false, responsive: true, showLink: false, showSendToCloud: false, showEditInChartStudio: false,
+  modeBarButtonsToRemove: ["lasso2d", "select2d"],
+};
 
 /**
  * Resolves once plotly.js has run. The run page loads it (the basic partial bundle,

@@ -37,3 +37,19 @@ def test_documented_methods_match_the_views(alice_client):
         for method in ("get", "post"):
             response = getattr(alice_client, method)(concrete)
             assert (response.status_code == 405) == (method not in operations), (method, path)
+
+
+def test_every_steps_input_is_bounded_by_the_users_quota_as_the_server_is(alice_client, alice_experiment):
+    from controller.models import Schedule
+    from controller.quotas import quota_for
+
+    from .conftest import post_json
+
+    limit = quota_for(alice_experiment.owner).steps
+    schemas = alice_client.get("/api/openapi.json").json()["components"]["schemas"]
+    assert schemas["RunInput"]["properties"]["steps"]["maximum"] == limit
+    assert schemas["ComparisonInput"]["properties"]["steps"]["maximum"] == limit
+    presets = [Schedule.objects.create(owner=None, name=k, kind=k) for k in ("sync", "streaming")]
+    over = post_json(alice_client, "/api/comparisons/", {"experiment": alice_experiment.pk, "steps": limit + 1,
+                                                         "schedules": [p.pk for p in presets]})
+    assert over.status_code == 400 and "quota" in over.json()["errors"]["steps"]

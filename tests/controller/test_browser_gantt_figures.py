@@ -109,3 +109,21 @@ def test_the_learner_lane_stays_labelled_and_readable_at_128_rollout_lanes(live_
     assert shown == unfolded
     assert not page.is_checked("#fold-lanes")
     assert errors == []
+
+
+def test_the_modebar_names_its_downloads_by_run_and_has_no_selection_or_sharing(live_url, browser_page, alice, run):
+    page, errors = browser_page
+    open_run_page(page, live_url, run)
+    page.hover("#gantt")
+    page.wait_for_selector(modebar_button("#gantt", "Download SVG"), timeout=30_000)
+    for title in ("Lasso Select", "Box Select", "Edit in Chart Studio", "Download plot as a png"):
+        assert page.locator(modebar_button("#gantt", title)).count() == 0, title
+    assert page.locator("#gantt a.modebar-btn[href], #gantt .js-plot-link-container").count() == 0  # no share link
+    icons = [page.inner_html(modebar_button("#gantt", f"Download {f}")) for f in ("PNG", "SVG")]
+    assert icons[0] != icons[1]  # two buttons that look alike no more
+    with page.expect_download(timeout=30_000) as info:
+        page.click(modebar_button("#gantt", "Download PNG"))
+    # the run, the chart and the shown time range (seconds): two runs' or two zooms' files never collide
+    assert re.fullmatch(rf"run-{run.pk}-gantt-t[\d.]+-[\d.]+\.png", info.value.suggested_filename), \
+        info.value.suggested_filename
+    assert errors == []

@@ -71,8 +71,18 @@ def test_tags_and_notes_of_a_run_and_a_comparison(live_url, browser_page, alice,
     run.refresh_from_db()
     assert run.tag_list() == ["baseline", "lr-sweep"] and run.note == "the reference for the lr sweep"
     page.fill("#notes-tags", "not a tag!")
+    page.fill("#notes-note", "a longer note typed before the error")
     page.click("#notes-form button[type=submit]")
     assert "a tag is 1-40 letters" in page.inner_text(".messages")
+    # the refused values stay in the form, with the reason beside them; nothing stored changed
+    assert page.is_visible("#notes-error") and "a tag is 1-40 letters" in page.inner_text("#notes-error")
+    assert page.input_value("#notes-tags") == "not a tag!"
+    assert page.input_value("#notes-note") == "a longer note typed before the error"
+    run.refresh_from_db()
+    assert run.note == "the reference for the lr sweep"
+    page.reload()  # taken once: the stored values again
+    page.click("#notes summary")
+    assert page.input_value("#notes-tags") == "baseline, lr-sweep" and page.locator("#notes-error").count() == 0
     page.goto(f"{live_url}/runs/?tag=lr-sweep")
     assert listed(page) == ["run 05"] and "the reference for the lr sweep" in page.inner_text("#runs-list")
     page.goto(f"{live_url}/runs/?q=reference")

@@ -88,7 +88,10 @@ def test_the_run_page_points_at_its_socket_and_api(alice_client, alice_run):
     context = alice_client.get(f"/runs/{alice_run.pk}/").context
     assert context["ws_path"] == f"/ws/runs/{alice_run.pk}/"
     assert context["api_base"] == f"/api/runs/{alice_run.pk}/"
-    assert '"schedule": "streaming"' in context["config_json"]
+    # the run's full config as YAML, as the experiment page shows its own
+    import yaml
+    assert "schedule: streaming" in context["config_yaml"]
+    assert yaml.safe_load(context["config_yaml"]) == alice_run.config
 
 
 def test_it_rejects_other_users_pages(bob_client, alice_run, sync_preset):
