@@ -13,3 +13,17 @@ def nesting_depth(value) -> int:
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
     return deepest
+
+
+def value_count(value, stop: int = 1_000_000) -> int:
+    """Lists, objects and scalars in ``value``, counted as YAML counts nodes (stops past ``stop``)."""
+    count, stack = 0, [value]
+    while stack and count <= stop:
+        node = stack.pop()
+        count += 1
+        if isinstance(node, dict):
+            stack.extend(node.values())
+            count += len(node)  # the keys
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count

@@ -122,7 +122,7 @@ def test_it_rejects_deeply_nested_json(alice_client, body):
     assert "nested deeper than 32 levels" in response.json()["errors"]["body"]
 
 
-@pytest.mark.parametrize("config", ["a: " + "[" * 50_000, "a: " + "[" * 40 + "]" * 40])
+@pytest.mark.parametrize("config", ["a: " + "[" * 19_000, "a: " + "[" * 40 + "]" * 40])
 def test_it_rejects_deeply_nested_yaml(alice_client, config):
     response = post_json(alice_client, URL, {"name": "x", "config": config})
     assert response.status_code == 400

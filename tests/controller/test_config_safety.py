@@ -126,3 +126,34 @@ def test_any_yaml_loader_error_is_a_400_naming_the_config(alice_client, config):
     assert response.status_code == 400 and "config" in response.json()["errors"], response.content
     assert cpu_s < 0.2, cpu_s
     assert alice_client.post("/", {"name": "x", "config": config}).status_code == 400
+
+
+def test_a_config_over_the_size_cap_is_refused_unparsed(alice_client, monkeypatch):
+    """40 KB of YAML is refused on its length: the parser never sees it (it cost ~0.5 s of CPU
+    to build before the cap; docs/results.md)."""
+    import learner.safe_yaml as safe_yaml
+    from controller.forms import MAX_CONFIG_CHARS
+
+    parsed = []
+    monkeypatch.setattr(safe_yaml, "_parse", lambda *args: parsed.append(args))
+    text = yaml.safe_dump(QUICKSTART) + "".join(f"# padding {i} {'x' * 60}\n" for i in range(600))
+    assert len(text) > MAX_CONFIG_CHARS
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": text})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"] == f"longer than {MAX_CONFIG_CHARS} characters"
+    assert parsed == [] and not Experiment.objects.exists()
+
+
+def test_a_config_of_too_many_values_is_refused_naming_the_line(alice_client):
+    from controller.forms import MAX_CONFIG_VALUES
+
+    text = yaml.safe_dump(QUICKSTART) + "junk:\n" + "  k: [" + ",".join(["1"] * MAX_CONFIG_VALUES) + "]\n"
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": text})
+    assert response.status_code == 400
+    assert f"more than {MAX_CONFIG_VALUES} values" in response.json()["errors"]["config"]
+    assert response.json()["errors"]["config"].startswith("refused at line ")
+    as_json = {**QUICKSTART, "junk": {f"k{i}": [1, 2] for i in range(MAX_CONFIG_VALUES)}}
+    response = post_json(alice_client, "/api/experiments/", {"name": "x", "config": as_json})
+    assert response.status_code == 400
+    assert response.json()["errors"]["config"] == f"more than {MAX_CONFIG_VALUES} values"
+    assert not Experiment.objects.exists()

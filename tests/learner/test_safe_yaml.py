@@ -77,3 +77,45 @@ def test_the_cli_exits_2_on_an_integer_over_4300_digits(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "a value cannot be read" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_text_over_the_character_cap_is_never_parsed(monkeypatch):
+    import learner.safe_yaml as safe_yaml
+
+    parsed = []
+    monkeypatch.setattr(safe_yaml, "_parse", lambda *args: parsed.append(args))
+    with pytest.raises(UnsafeYamlError, match="longer than 1000 characters"):
+        load_yaml("a: 1\n" * 201, max_chars=1000)
+    assert parsed == []
+
+
+def test_text_over_the_value_cap_is_refused_before_anything_is_built(monkeypatch):
+    """The events are read up to the first value over the cap, and the constructors never run."""
+    import yaml
+
+    import learner.safe_yaml as safe_yaml
+
+    if safe_yaml._C_LOADER is None:
+        pytest.skip("without libyaml the pure-Python composer refuses it (test_size_and_node_caps)")
+    events, built = [], []
+    real_parse = yaml.parse
+
+    def counted(text, Loader):  # noqa: N803 (yaml's name)
+        for event in real_parse(text, Loader=Loader):
+            events.append(event)
+            yield event
+
+    monkeypatch.setattr(safe_yaml.yaml, "parse", counted)
+    monkeypatch.setattr(safe_yaml.yaml, "load", lambda *a, **k: built.append(a))
+    text = "a: [" + ", ".join(["1"] * 5000) + "]\n"
+    with pytest.raises(UnsafeYamlError, match="more than 100 values"):
+        load_yaml(text, max_nodes=100)
+    assert built == [] and len(events) < 110  # stream, document, mapping, key, list, 100 items
+
+
+def test_the_c_loader_gives_what_the_python_loader_gives():
+    import yaml
+
+    text = ("name: x\ntrain: {steps: 3, lr: 5.0e-4, schedule: streaming}\nrollout:\n  temperature: 1.0\n"
+            "  stop: ['\\n', 'END']\ntask:\n  datasets: [{name: chain_sum, weight: 2}]\nflag: yes\nempty:\n")
+    assert load_yaml(text) == yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506
