@@ -19,7 +19,11 @@ from .fairness import warnings
 from .models import Run, Span, StepMetric
 from .pooled import REFERENCE_SCHEDULE, pooled_summary
 
-MIN_COMPARED, MAX_COMPARED = 2, 4
+# Hand-picked runs (/compare/?runs=, /api/compare/): an overlay of 2-12 runs. A comparison's own
+# page and /api/comparisons/<id>/ hold every run it launched (schedules x sweep values x repeats,
+# at most MAX_LAUNCHED); the per-run charts draw at most static/js/compare.js's CHART_RUNS of them.
+MIN_COMPARED, MAX_COMPARED = 2, 12
+MAX_LAUNCHED = 24
 MAX_ID = 2**31 - 1
 # Time to reward reads an exponential moving average of reward/mean: per-step rewards of a few
 # groups swing widely, so the first step whose raw reward passes a level is mostly luck.
@@ -36,7 +40,7 @@ class CompareError(ValueError):
 
 
 def parse_run_ids(raw: str) -> list[int]:
-    """``"1,2,3"`` -> [1, 2, 3]: 2 to 4 distinct ids (empty text -> [])."""
+    """``"1,2,3"`` -> [1, 2, 3]: MIN_COMPARED to MAX_COMPARED distinct ids (empty text -> [])."""
     try:
         ids = [int(part) for part in raw.split(",") if part.strip()]
     except ValueError:
@@ -46,7 +50,8 @@ def parse_run_ids(raw: str) -> list[int]:
     if len(ids) != len(set(ids)):
         raise CompareError("runs", "a run is listed twice")
     if ids and not MIN_COMPARED <= len(ids) <= MAX_COMPARED:
-        raise CompareError("runs", f"pick between {MIN_COMPARED} and {MAX_COMPARED} runs")
+        raise CompareError("runs", f"pick between {MIN_COMPARED} and {MAX_COMPARED} runs (a comparison's "
+                                           "own page shows all of its runs)")
     return ids
 
 
@@ -195,30 +200,84 @@ def time_to_reward(rows: list[dict], level: float | None, start: float | None,
     return None, None
 
 
+def reward_curves(all_rows: list[list[dict]], weight: float) -> list[list[float]]:
+    return [[v for _, v in smoothed_rewards(rows, weight)] for rows in all_rows]
+
+
+def improved(curve: list[float]) -> bool:
+    """Whether a smoothed reward curve rises above its first step's value at a later step."""
+    return len(curve) >= 2 and max(curve[1:]) > curve[0]
+
+
 def default_reward_level(all_rows: list[list[dict]], weight: float) -> float | None:
     """The highest smoothed reward/mean that every run crosses after its first step: above each
     run's first smoothed reward and reached by each at a later step, so the time to it measures
     learning, not the first batch's luck. None when no level is (a run whose reward never rises
-    above its first step's, or one with a single rewarded step): the page says so. The best every
-    run reached at least once, the earlier default, was the first step's reward whenever a
-    reward fell, and read "(step 0)" for every run."""
-    curves = [[v for _, v in smoothed_rewards(rows, weight)] for rows in all_rows]
-    curves = [c for c in curves if c]
+    above its first step's, or one with a single rewarded step)."""
+    curves = [c for c in reward_curves(all_rows, weight) if c]
     if not curves or any(len(c) < 2 for c in curves):
         return None
     level = min(max(c[1:]) for c in curves)
     return level if level > max(c[0] for c in curves) else None
 
 
-NO_LEVEL = ("no reward level is crossed by every run after its first step: the smoothed reward of some run "
-            "never rises above its first step's (type a level to read the time to it)")
+def default_reward_levels(all_rows: list[list[dict]], weight: float) -> list[float]:
+    """Levels from the runs' own smoothed curves such that every run that improved (rose above
+    its first step's reward later) crosses at least one of them after its first step: one level,
+    ``default_reward_level``, when every run crosses it; else as few as that takes (each improved
+    run's interval (first value, best later value] holds a level: the least best of the runs not
+    yet covered, in turn). Empty when no run improved."""
+    common = default_reward_level(all_rows, weight)
+    if common is not None:
+        return [common]
+    levels: list[float] = []
+    for best, first in sorted((max(c[1:]), c[0]) for c in reward_curves(all_rows, weight) if improved(c)):
+        if not any(first < level <= best for level in levels):
+            levels.append(best)
+    return levels
+
+
+def own_level(curve: list[float], levels: list[float]) -> float | None:
+    """The highest of ``levels`` the run crosses after its first step (None: it crosses none)."""
+    crossed = [level for level in levels if improved(curve) and curve[0] < level <= max(curve[1:])]
+    return max(crossed) if crossed else None
+
+
+def reward_note(runs: list[Run], curves: list[list[float]], levels: list[float], chosen: bool) -> str:
+    """The plain sentence under the summary when the time to reward needs one."""
+    if chosen:
+        at_start = [c for c in curves if c and c[0] >= levels[0]]
+        if curves and len(at_start) == len(curves):
+            return (f"every run's smoothed reward was already at or above {levels[0]:.3f} at its first step: the time "
+                    "to it measures the first batch, not learning")
+        return ""
+    shown = [c for c in curves if c]
+    if not shown:
+        return "no run has a reward yet"
+    if not any(improved(c) for c in shown):
+        firsts, lasts = [c[0] for c in shown], [c[-1] for c in shown]
+        span = lambda vs: f"{min(vs):.2f}" if max(vs) - min(vs) < 0.005 else f"{min(vs):.2f}-{max(vs):.2f}"
+        return (f"no run improved: every run's smoothed reward stayed at or below its first step's ({span(firsts)} "
+                f"at the first step, {span(lasts)} at the last; the reward chart shows the curves)")
+    flat = [str(r) for r, c in zip(runs, curves) if not improved(c)]
+    parts = []
+    if len(levels) > 1:
+        parts.append(f"no one level is crossed by every run after its first step: each run is timed to the highest of "
+                     f"{', '.join(f'{v:.3f}' for v in levels)} it crosses after its first step")
+    if flat:
+        parts.append(f"{len(flat)} run{'s' if len(flat) > 1 else ''} never rose above {'their' if len(flat) > 1 else 'its'} "
+                     f"first step's reward ({', '.join(flat[:4])}{', ...' if len(flat) > 4 else ''}): no time to reward")
+    return "; ".join(parts)
 
 
 def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) -> dict:
+    """One run's summary row; ``level``: the reward level it is timed to (None: no time to reward)."""
     window = training_window(rows)
     staleness = present(rows, Metric.STALENESS_MEAN)
     worst = present(rows, Metric.STALENESS_MAX)
     seconds, step = time_to_reward(rows, level, window[0] if window else None, weight)
+    rewarded = smoothed_rewards(rows, weight)
+    at_first = step is not None and bool(rewarded) and step == rewarded[0][0]["step"]
     p10, p90 = spread_of(rows, Metric.STEP_S)
     return {
         "id": run.pk, "name": str(run), "status": run.status,
@@ -230,7 +289,8 @@ def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) 
         "staleness_mean": statistics.fmean(staleness) if staleness else None,
         "staleness_max": max(worst) if worst else None,
         "tail_s": median_of(rows, Metric.TAIL_S),
-        "time_to_reward_s": seconds, "reward_step": step,
+        "time_to_reward_s": seconds, "reward_step": step, "reward_level": level,
+        "reward_at_first_step": at_first,
         **speculation_figures(rows),
     }
 
@@ -249,9 +309,12 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
     """The compare page's summary table (GET /api/compare/): see docs/pages.md."""
     rows = step_rows([r.pk for r in runs])
     chosen = level is not None
-    if not chosen:
-        level = default_reward_level([rows[r.pk] for r in runs], weight)
-    figures = [run_figures(r, rows[r.pk], level, weight) for r in runs]
+    curves = reward_curves([rows[r.pk] for r in runs], weight)
+    levels = [level] if chosen else default_reward_levels([rows[r.pk] for r in runs], weight)
+    own = [level if chosen else own_level(c, levels) for c in curves]
+    figures = [run_figures(r, rows[r.pk], lv, weight) for r, lv in zip(runs, own)]
+    for f, c in zip(figures, curves):
+        f["reward_improved"] = improved(c) if c else None
     reference = next((f for f in figures if f["schedule"] == REFERENCE_SCHEDULE and f["step_s"]), None)
     rollout_s, learner_s = phase_medians(rows[reference["id"]]) if reference else (None, None)
     works = {r.pk: run_work(r.pk, rows[r.pk]) for r in runs}
@@ -268,6 +331,7 @@ def compare_summary(runs: list[Run], level: float | None = None, weight: float =
     pooled = pooled_summary(runs, rows)  # repeats of a schedule together, with intervals (controller/pooled.py)
     return {"reference": reference["id"] if reference else None, "rollout_s": rollout_s, "learner_s": learner_s,
             "pooled": pooled, "trained_warnings": [g["trained_warning"] for g in pooled if g["trained_warning"]],
-            "reward_level": level, "reward_smoothing": weight,
-            "reward_level_note": NO_LEVEL if level is None and not chosen else "",
+            # the one level in use (typed, or from the curves), None with several or none
+            "reward_level": levels[0] if len(levels) == 1 else None, "reward_levels": levels,
+            "reward_smoothing": weight, "reward_level_note": reward_note(runs, curves, levels, chosen),
             "warnings": warnings(runs, {r.pk: len(rows[r.pk]) for r in runs}), "runs": figures}

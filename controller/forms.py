@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
-from .compare import MAX_COMPARED
+from .compare import MAX_LAUNCHED
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .limits import MAX_JSON_DEPTH, nesting_depth, value_count
 from .models import Experiment, Schedule
@@ -29,7 +29,7 @@ MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
 DEFAULT_SCHEDULE = "streaming"
 COMPARED_PRESETS = ("sync", "async", "streaming")  # ticked by default in "compare schedules"
 # a comparison's runs per schedule: 2 by default, so each schedule has a repeat in another round;
-# a sweep 1 by default (its values already multiply its runs up to MAX_COMPARED)
+# a sweep 1 by default (its values already multiply its runs)
 DEFAULT_REPEATS, SWEEP_REPEATS, MAX_REPEATS = 2, 1, 4
 
 
@@ -193,8 +193,10 @@ class ComparisonForm(forms.Form):
                                help_text=f"the same for every run; at least {MIN_COMPARED_STEPS} for a median")
     name = forms.CharField(max_length=200, required=False)
     repeats = forms.IntegerField(
-        required=False, widget=forms.NumberInput(attrs={"min": 1, "max": MAX_REPEATS,
-                                                        "placeholder": f"{DEFAULT_REPEATS} (a sweep: {SWEEP_REPEATS})"}),
+        required=False, widget=forms.NumberInput(attrs={
+            "min": 1, "max": MAX_REPEATS, "placeholder": f"{DEFAULT_REPEATS} (a sweep: {SWEEP_REPEATS})",
+            # the experiment page's run count (static/js/runcount.js) reads the defaults and the limit here
+            "data-default": DEFAULT_REPEATS, "data-sweep-default": SWEEP_REPEATS, "data-max-runs": MAX_LAUNCHED}),
         error_messages={"invalid": f"a whole number of runs per schedule, 1-{MAX_REPEATS}"},
         help_text=f"runs per schedule, 1-{MAX_REPEATS}, in alternating rounds, one run at a time; the summary pools them")
     overrides = OverridesField(required=False, help_text=OVERRIDES_HELP + "; the same for every run")
@@ -202,7 +204,7 @@ class ComparisonForm(forms.Form):
                                   help_text="optional: one config field, e.g. train.lr")
     sweep_values = forms.CharField(max_length=1000, required=False, label="Sweep values",
                                    help_text=f"2-{MAX_SWEEP_VALUES} comma-separated values, e.g. 1e-4, 3e-4; "
-                                             f"one run per value and schedule, at most {MAX_COMPARED} in all")
+                                             f"one run per value and schedule (times repeats), at most {MAX_LAUNCHED} in all")
 
     def __init__(self, *args, user, experiment=None, **kwargs):
         # its own element ids: the experiment page holds the launch form's id_name, id_steps, ...
@@ -262,13 +264,15 @@ class ComparisonForm(forms.Form):
         schedules, values = data.get("schedules"), data.get("sweep_values")
         if not schedules or any(f in self.errors for f in ("schedules", "sweep_field", "sweep_values")):
             return
-        runs = len(schedules) * (len(values) if isinstance(values, list) and values else 1)
+        cells = len(schedules) * (len(values) if isinstance(values, list) and values else 1)
         if not isinstance(values, list) or not values:
             if len(schedules) < 2:
                 self.add_error("schedules", "pick at least two schedules (or sweep a field over one)")
-        if runs > MAX_COMPARED:
-            self.add_error("schedules", f"{runs} runs: pick at most {MAX_COMPARED} in all, schedules × sweep values "
-                                        f"(the compare page shows up to {MAX_COMPARED})")
+        repeats = data.get("repeats") if isinstance(data.get("repeats"), int) else 1
+        if cells * repeats > MAX_LAUNCHED:
+            self.add_error("schedules", f"{cells * repeats} runs: pick at most {MAX_LAUNCHED} in all, schedules × "
+                                        f"sweep values × repeats ({cells} × {repeats})")
+
 
 
 TAG = re.compile(r"^[\w.:-]{1,40}$")

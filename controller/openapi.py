@@ -6,7 +6,7 @@ nothing else is, so the two cannot drift apart.
 
 import copy
 
-from .compare import MAX_COMPARED, MIN_COMPARED
+from .compare import MAX_COMPARED, MAX_LAUNCHED, MIN_COMPARED
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_REPEATS, MAX_STEPS
 from .limits import INT32_MAX
@@ -138,9 +138,10 @@ SCHEMAS = {
         "required": ["experiment", "schedules", "steps"],
         "properties": {
             "experiment": {"type": "integer", "minimum": 1, "maximum": INT32_MAX, "description": "one of your experiments"},
-            "schedules": {"type": "array", "minItems": 1, "maxItems": MAX_COMPARED, "uniqueItems": True,
+            "schedules": {"type": "array", "minItems": 1, "maxItems": MAX_LAUNCHED, "uniqueItems": True,
                           "items": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
-                          "description": "global presets or yours; at least two without a sweep"},
+                          "description": ("global presets or yours; at least two without a sweep; schedules x sweep "
+                                          f"values x repeats at most {MAX_LAUNCHED} runs")},
             "steps": {"type": "integer", "minimum": MIN_COMPARED_STEPS, "maximum": MAX_STEPS,
                       "description": "the same for every run; at most your steps quota"},
             "name": text(200),
@@ -152,7 +153,7 @@ SCHEMAS = {
             "sweep": {
                 "type": "object", "additionalProperties": False, "required": ["field", "values"],
                 "description": (f"one config field over 2-{MAX_SWEEP_VALUES} values: one run per value and schedule, "
-                                f"at most {MAX_COMPARED} runs in all; each value validated like an override"),
+                                f"times repeats at most {MAX_LAUNCHED} runs in all; each value validated like an override"),
                 "properties": {
                     "field": {"type": "string", "maxLength": 200, "description": "a dotted config field, e.g. train.lr"},
                     "values": {"oneOf": [{"type": "array", "minItems": 2, "maxItems": MAX_SWEEP_VALUES,
@@ -271,6 +272,10 @@ SCHEMAS = {
             "time_to_reward_s": NULLABLE_NUMBER | {"description": "first step start to the end of the first step "
                                                                   "whose smoothed reward/mean >= reward_level"},
             "reward_step": NULLABLE_INT,
+            "reward_level": NULLABLE_NUMBER | {"description": "the level this run is timed to (null: none it crosses)"},
+            "reward_improved": {"type": ["boolean", "null"], "description": "its smoothed reward/mean rose above its "
+                                                                           "first step's later (null: no reward yet)"},
+            "reward_at_first_step": {"type": "boolean", "description": "it was at the level at its first step"},
             "kept_token_share": NULLABLE_NUMBER | {"description": "mean speculation/kept_token_share (null: no drafts)"},
             "whole_draft_share": NULLABLE_NUMBER | {"description": "mean speculation/whole_draft_share"},
             "drafted_tokens": NULLABLE_NUMBER | {"description": "total speculation/drafted_tokens"},
@@ -282,13 +287,18 @@ SCHEMAS = {
             "reference": NULLABLE_INT | {"description": "id of the sync run (1.00x), null without one"},
             "rollout_s": NULLABLE_NUMBER | {"description": "R: the sync run's median last reward - step start"},
             "learner_s": NULLABLE_NUMBER | {"description": "L: the sync run's median step end - first backward"},
-            "reward_level": NULLABLE_NUMBER,
+            "reward_level": NULLABLE_NUMBER | {"description": "the one level every run is timed to (typed, or from the "
+                                                             "curves); null with several or none"},
+            "reward_levels": {"type": "array", "items": {"type": "number"},
+                              "description": "levels from the runs' own curves: each run that improved crosses one "
+                                             "after its first step (empty: no run improved)"},
             "reward_smoothing": {"type": "number", "description": "EMA weight applied to reward/mean"},
             "warnings": {"type": "array", "items": {"type": "string"},
                          "description": "what makes a ratio between these runs unfair (empty: nothing)"},
             "runs": {"type": "array", "items": ref("CompareRun")},
-            "reward_level_note": {"type": "string", "description": "why there is no automatic reward level (empty: "
-                                                                   "there is one, or the level was chosen)"},
+            "reward_level_note": {"type": "string", "description": "the time to reward's plain sentence: several levels, "
+                                                                   "runs that never improved, no run improved, or a typed "
+                                                                   "level every run had at its first step (empty: none)"},
             "pooled": {"type": "array", "description": "per schedule preset and overrides: its runs' steps pooled "
                                                         "(controller/pooled.py)", "items": {"type": "object", "properties": {
                 "label": {"type": "string"}, "schedule": {"type": "string"},
@@ -329,7 +339,8 @@ def list_of(key: str, item: str) -> dict:
 
 RUN_ID = int_path("run_id")
 REWARD_LEVEL = {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
-                "description": "smoothed reward/mean level for time_to_reward_s (default: the highest every run reached)"}
+                "description": "smoothed reward/mean level for time_to_reward_s (default: levels from the runs' own curves, "
+                               "docs/pages.md)"}
 SMOOTHING = {"name": "smoothing", "in": "query", "required": False,
              "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
              "description": "EMA weight of reward/mean for time_to_reward_s (default 0.8; 0: raw)"}
@@ -361,13 +372,15 @@ PATHS = {
         "get": operation("Your comparisons and sweeps, newest first", json_body(list_of("comparisons", "Comparison"),
                                                                               "comparisons"),
                          [int_query("experiment", "only this experiment's comparisons", minimum=1)]),
-        "post": operation("Launch a comparison (2-4 schedules) or a small sweep (one field x values x schedules) "
-                          "as one comparison: every run queued, or none (config or quota refusal)",
+        "post": operation(f"Launch a comparison (schedules x repeats) or a small sweep (one field x values x schedules x "
+                          f"repeats), at most {MAX_LAUNCHED} runs, as one comparison: every run queued, or none "
+                          "(config or quota refusal)",
                           json_body(ref("Comparison"), "queued"), body=ref("ComparisonInput"), ok_status="201",
                           more_responses={"429": json_body(ref("Errors"), "your queued-runs quota cannot take them all")}),
     },
     "/api/comparisons/{comparison_id}/": {
-        "get": operation("One comparison with its runs and their compare summary (null once no run is left)",
+        "get": operation("One comparison with every run it launched and their compare summary, repeats pooled per "
+                         "schedule (null once no run is left)",
                          json_body({"allOf": [ref("Comparison"), {"type": "object", "properties": {
                              "summary": {"oneOf": [ref("Compare"), {"type": "null"}]}}}]}, "comparison"),
                          [int_path("comparison_id"), REWARD_LEVEL, SMOOTHING]),
@@ -419,7 +432,8 @@ PATHS = {
     },
     "/api/compare/": {
         "get": operation(
-            "Summary of 2-4 of your runs (docs/pages.md, Compare summary)", json_body(ref("Compare"), "summary"),
+            f"Summary of {MIN_COMPARED}-{MAX_COMPARED} hand-picked runs of yours (docs/pages.md, Compare summary; a "
+            "comparison's whole summary: /api/comparisons/{id}/)", json_body(ref("Compare"), "summary"),
             [{"name": "runs", "in": "query", "required": True, "style": "form", "explode": False,
               "description": f"comma-separated run ids ({MIN_COMPARED}-{MAX_COMPARED}, distinct)",
               "schema": {"type": "array", "minItems": MIN_COMPARED, "maxItems": MAX_COMPARED, "uniqueItems": True,

@@ -17,7 +17,7 @@ from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 MAX_OVERRIDES = 8
 MAX_VALUE_CHARS = 200
-MAX_SWEEP_VALUES = 4  # the compare page shows at most 4 runs (controller/compare.py, MAX_COMPARED)
+MAX_SWEEP_VALUES = 4  # a few values; with schedules and repeats at most compare.MAX_LAUNCHED runs
 PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 # Top-level fields an override or a sweep may set by their bare name (every other field lives in
 # a section: train.lr). The seed is an axis of every RL result: swept, or varied by a comparison's

@@ -1,4 +1,6 @@
-// Compare page: 2-4 runs side by side, all figures from the JSON API (metrics and spans).
+// Compare page: hand-picked runs or a comparison's every run side by side, all figures from the
+// JSON API (metrics and spans). The tables hold every run; the per-run charts and timelines draw at
+// most CHART_RUNS of them (round-robin over the schedules, so every schedule is drawn).
 import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
@@ -9,19 +11,45 @@ import { MetricPanel, metricPoints } from "./metricpanel.js";
 import { METRIC } from "./conventions.js";
 import { drawSweep } from "./sweepplot.js";
 
-const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1"];
+const RUN_COLOURS = ["#4c78a8", "#e15759", "#59a14f", "#b07aa1", "#f28e2b", "#76b7b2", "#edc948", "#9c755f",
+  "#ff9da7", "#bab0ac", "#1f77b4", "#8c564b"];
+const CHART_RUNS = 8; // runs per chart: more lines than this are unreadable
 const TIMELINE_PX = 1100; // merge resolution of the small multiples: about one pixel
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const LIVE_POLL_MS = 3000; // while a run trains, the page re-reads metrics and the summary
 
-const runs = [...document.querySelectorAll("#compare-runs li")].map((li, i) => ({
+const runs = [...document.querySelectorAll("#compare-runs li")].map((li) => ({
   id: Number(li.dataset.runId), name: li.dataset.name, schedule: li.dataset.schedule, status: li.dataset.status,
-  apiBase: li.dataset.apiBase, colour: RUN_COLOURS[i % RUN_COLOURS.length],
-  sweepValue: li.dataset.sweepValue ? JSON.parse(li.dataset.sweepValue) : null,
+  apiBase: li.dataset.apiBase, sweepValue: li.dataset.sweepValue ? JSON.parse(li.dataset.sweepValue) : null,
   metrics: [], stepSpans: new Map(), // step -> spans
 }));
 const $ = (id) => document.getElementById(id);
+
+/** The runs the charts draw: all of them up to CHART_RUNS, else the first run of every schedule
+ * (and sweep value), then the second of each, ... in page order. */
+function chartedRuns(all) {
+  if (all.length <= CHART_RUNS) return all;
+  const groups = new Map();
+  for (const r of all) {
+    const key = `${r.schedule}|${JSON.stringify(r.sweepValue)}`;
+    groups.set(key, [...(groups.get(key) ?? []), r]);
+  }
+  const picked = new Set();
+  for (let k = 0; picked.size < CHART_RUNS; k++) {
+    const round = [...groups.values()].map((g) => g[k]).filter(Boolean);
+    if (!round.length) break;
+    for (const r of round) if (picked.size < CHART_RUNS) picked.add(r);
+  }
+  return all.filter((r) => picked.has(r));
+}
+const charted = chartedRuns(runs);
+charted.forEach((r, i) => { r.colour = RUN_COLOURS[i % RUN_COLOURS.length]; });
+if (charted.length < runs.length) {
+  $("chart-note").hidden = false;
+  $("chart-note").textContent = `The charts and timelines below draw ${charted.length} of these ${runs.length} runs `
+    + "(the first rounds of every schedule); this table and the pooled one hold every run.";
+}
 const stepSelect = $("compare-step");
 const label = (run) => `${run.name} (${run.schedule})`;
 
@@ -40,7 +68,7 @@ async function loadSteps(run, lo, hi) {
 }
 
 function drawMetricCharts() {
-  const per = (key, scale = 1) => runs.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
+  const per = (key, scale = 1) => charted.map((r) => ({ name: label(r), colour: r.colour, ...metricSeries(r.metrics, key, scale) }));
   drawFigure($("chart-step-time"), seriesFigure(per(METRIC.STEP_S), { kind: "bar", yTitle: "seconds" }));
   drawFigure($("chart-idle"), seriesFigure(per(METRIC.TRAINER_IDLE, 100), { kind: "bar", yTitle: "learner idle %", yRange: [0, 100] }));
 }
@@ -48,17 +76,16 @@ function drawMetricCharts() {
 /**
  * Reward against wall time: each step's reward when the step ended, from the run's first step
  * start, so no run carries its boot time (the summary's origin): raw (faint) and smoothed as the
- * summary reads it (solid); ``level``, the summary's reward level, as a dotted line.
+ * summary reads it (solid); ``levels``, the summary's reward levels, as dotted lines.
  */
-function drawReward(level, smoothing) {
-  const reward = runs.flatMap((r) => [
+function drawReward(levels, smoothing) {
+  const reward = charted.flatMap((r) => [
     { name: `${label(r)} raw`, colour: r.colour, opacity: 0.3, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall" }) },
     { name: `${label(r)} EMA ${smoothing}`, colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall", smoothing }) },
   ]);
   const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: METRIC.REWARD_MEAN });
-  if (level !== null) {
-    figure.layout.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }];
-  }
+  figure.layout.shapes = levels.map((level) => (
+    { type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }));
   return drawFigure($("chart-reward"), figure);
 }
 
@@ -82,7 +109,7 @@ function stalenessCounts(metrics) {
 }
 
 function drawStaleness() {
-  const series = runs.map((r) => {
+  const series = charted.map((r) => {
     const counts = stalenessCounts(r.metrics);
     const x = [...counts.keys()].sort((a, b) => a - b);
     return { name: label(r), colour: r.colour, x, y: x.map((v) => counts.get(v)) };
@@ -95,7 +122,7 @@ function drawStaleness() {
 /** One Gantt per run for ``step``, times relative to that run's step start, one shared x range. */
 async function drawTimelines(step) {
   const container = $("timelines");
-  const per = await Promise.all(runs.map(async (r) => {
+  const per = await Promise.all(charted.map(async (r) => {
     const store = new SpanStore();
     store.add(await loadSteps(r, step, step));
     const metric = r.metrics.find((m) => m.step === step);
@@ -143,12 +170,12 @@ function watchSummary() {
   const input = $("reward-level"), smoothing = $("reward-smoothing");
   let chosen = null;
   const draw = async () => {
-    const summary = await drawSummary($("compare-summary"), $("summary-note"), $("compare-warnings"),
-      runs.map((r) => r.id), chosen, Number(smoothing.value));
-    if (chosen === null && summary.reward_level !== null) input.value = String(Number(summary.reward_level.toFixed(4)));
+    const summary = await drawSummary($("compare-summary"), $("summary-note"), $("reward-note"), $("compare-warnings"),
+      runs.map((r) => r.id), chosen, Number(smoothing.value), $("compare-app").dataset.summaryUrl);
+    if (chosen === null) input.value = summary.reward_level === null ? "" : String(Number(summary.reward_level.toFixed(4)));
     drawPooled($("pooled-panel"), $("compare-pooled"), $("trained-warnings"), summary);
     lastSummary = summary;
-    await drawReward(summary.reward_level, summary.reward_smoothing);
+    await drawReward(summary.reward_levels ?? [], summary.reward_smoothing);
     await drawSweepPanel();
   };
   input.addEventListener("change", () => {
@@ -175,7 +202,7 @@ async function load() {
  * shown until the user picks one. */
 let pickedStep = null;
 async function drawCommonSteps() {
-  const common = runs.map((r) => new Set(r.metrics.map((m) => m.step)))
+  const common = charted.map((r) => new Set(r.metrics.map((m) => m.step)))
     .reduce((a, b) => new Set([...a].filter((s) => b.has(s))));
   const steps = [...common].sort((a, b) => a - b);
   const shown = pickedStep ?? steps[steps.length - 1];
@@ -204,7 +231,7 @@ async function main() {
   const panel = new MetricPanel($("metric-panel"));
   const redraw = async () => {
     await drawSummaryAndReward();
-    await panel.update(runs.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
+    await panel.update(charted.map((r) => ({ name: label(r), colour: r.colour, metrics: r.metrics })));
     drawMetricCharts();
     await drawCommonSteps();
     await drawStaleness();

@@ -1,7 +1,7 @@
 // Run pickers (the compare page's, the runs list's ticks): the checked runs become
-// ``?runs=1,2,3`` (2 to 4 of them). A box may sit outside its form (``form="..."``, the runs
+// ``?runs=1,2,3`` (2 to 12 of them, controller/compare.py MIN_COMPARED/MAX_COMPARED). A box may sit outside its form (``form="..."``, the runs
 // list's rows): form.elements holds it either way.
-const MIN_RUNS = 2, MAX_RUNS = 4;
+const MIN_RUNS = 2, MAX_RUNS = 12;
 
 for (const form of document.querySelectorAll("form[data-run-picker]")) {
   const boxes = [...form.elements].filter((e) => e.type === "checkbox");

@@ -49,14 +49,22 @@ function headerRow(level, columns) {
   return row;
 }
 
-function runRow(run, reference, columns) {
+/** A time-to-reward cell: the time and its step; the run's own level when the runs are timed to
+ * several; "at its first step" when it started there; "no rise" for a run that never improved. */
+function rewardText(run, level, text) {
+  if (run.time_to_reward_s === null) return run.reward_improved === false ? "no rise" : text;
+  const to = level === null && run.reward_level !== null ? ` to ≥ ${run.reward_level.toFixed(3)}` : "";
+  return `${text}${to} (${run.reward_at_first_step ? "at its first step, " : ""}step ${run.reward_step})`;
+}
+
+function runRow(run, reference, columns, level) {
   const row = document.createElement("tr");
   row.dataset.runId = String(run.id);
   row.append(cell("td", run.name + (run.id === reference ? " (reference)" : "")), cell("td", run.schedule));
   for (const [field, , format] of columns) {
     const v = run[field];
     let text = v === null || v === undefined ? dash : format(v);
-    if (field === "time_to_reward_s" && v !== null) text += ` (step ${run.reward_step})`;
+    if (field === "time_to_reward_s") text = rewardText(run, level, text);
     const [lo, hi] = SPREAD[field] ?? [];
     if (lo && v !== null && run[lo] !== null && run[hi] !== null) text += ` (${format(run[lo])}–${format(run[hi])})`;
     row.append(cell("td", text, { class: "num", "data-field": field, "data-value": v === null ? "" : String(v) }));
@@ -84,22 +92,24 @@ function drawWarnings(list, warnings) {
 
 /**
  * Fetches the summary for ``runIds`` (``level`` or the API's default, ``smoothing`` of reward/mean)
- * and fills ``table`` and the ``warnings`` list.
+ * and fills ``table``, the ``warnings`` list and ``rewardNote`` (the time to reward's sentence). ``comparisonUrl`` (a comparison's own page):
+ * its summary from /api/comparisons/<id>/, every run it launched; else /api/compare/?runs=.
  */
-export async function drawSummary(table, note, warnings, runIds, level = null, smoothing = null) {
-  const query = new URLSearchParams({ runs: runIds.join(",") });
+export async function drawSummary(table, note, rewardNote, warnings, runIds, level = null, smoothing = null, comparisonUrl = "") {
+  const query = new URLSearchParams(comparisonUrl ? {} : { runs: runIds.join(",") });
   if (level !== null) query.set("reward", String(level));
   if (smoothing !== null) query.set("smoothing", String(smoothing));
-  const summary = await getJSON(`/api/compare/?${query}`);
+  const summary = comparisonUrl ? (await getJSON(`${comparisonUrl}?${query}`)).summary : await getJSON(`/api/compare/?${query}`);
   drawWarnings(warnings, summary.warnings);
   const head = document.createElement("thead"), body = document.createElement("tbody");
   const columns = shownColumns(summary.runs);
   head.append(headerRow(summary.reward_level, columns));
-  body.append(...summary.runs.map((r) => runRow(r, summary.reference, columns)));
+  body.append(...summary.runs.map((r) => runRow(r, summary.reference, columns, summary.reward_level)));
   table.replaceChildren(head, body);
-  // no automatic level: say why rather than show a time to a level nobody crossed
-  const why = summary.reward_level_note ? ` Time to reward: ${summary.reward_level_note}.` : "";
-  note.textContent = describe(summary) + why;
+  // several levels, none, or a typed one every run had at its first step: said plainly, above the table
+  note.textContent = describe(summary);
+  rewardNote.textContent = summary.reward_level_note ? `Time to reward: ${summary.reward_level_note}.` : "";
+  rewardNote.hidden = !summary.reward_level_note;
   table.dataset.rewardLevel = summary.reward_level === null ? "" : String(summary.reward_level);
   table.dataset.rewardNote = summary.reward_level_note ?? "";
   return summary;

@@ -78,7 +78,7 @@ BEYOND_THE_SCHEMA = {
     "schedule": re.compile("^does not fit the experiment's config"),
     "experiment": re.compile("trajectories per step, over your quota"),
     "step_to": re.compile("^must be >= step_from$"),
-    # [5.0] (as steps); two schedules unless a sweep, at most 4 runs in all (schedules x values;
+    # [5.0] (as steps); two schedules unless a sweep, at most 24 runs in all (schedules x values x repeats;
     # rules across fields); the config's fit
     "schedules": re.compile(r"^required: a list of integer schedule ids$|^pick at least two schedules|"
                             "runs: pick at most|^does not fit the experiment's config"),

@@ -150,6 +150,6 @@ def test_unknown_run_ids_get_a_styled_error_that_keeps_the_ticks(live_url, brows
     checked = page.evaluate("[...document.querySelectorAll('#compare-picker input:checked')].map((i) => Number(i.value))")
     assert sorted(checked) == sorted([sync.pk, streaming.pk])
     response = page.goto(f"{live_url}/compare/?runs={sync.pk}")
-    assert response.status == 400 and "pick between 2 and 4" in page.inner_text("#compare-error")
+    assert response.status == 400 and "pick between 2 and 12" in page.inner_text("#compare-error")
     assert page.evaluate("[...document.querySelectorAll('#compare-picker input:checked')].map((i) => Number(i.value))") == [sync.pk]
     assert errors == []

@@ -108,3 +108,34 @@ def test_the_seed_is_an_override_and_a_sweep_axis(alice_client, alice_experiment
     nested = post_json(alice_client, "/api/runs/", {"experiment": alice_experiment.pk, "schedule": presets[0].pk,
                                                     "steps": 2, "overrides": "lr=0.1"})
     assert nested.status_code == 400 and "expected a dotted config field" in str(nested.json())
+
+
+def test_a_comparison_of_any_size_summarises_every_run_pooled_per_schedule(alice_client, alice_experiment, presets):
+    """4 schedules x 3 repeats = 12 runs: the comparison's own summary holds all of them, pooled per
+    schedule (an ad-hoc overlay of hand-picked runs stays bounded, at 12)."""
+    from controller.compare import MAX_COMPARED
+
+    from .test_api_compare import store_steps
+
+    schedules = [*presets, Schedule.objects.create(owner=None, name="fully-async", kind="fully-async")]
+    comparison = Comparison.objects.create(experiment=alice_experiment, steps=3, repeats=3)
+    runs = []
+    for k in range(3):
+        for i, preset in enumerate(schedules):
+            run = make_run(alice_experiment, preset, steps=3, comparison=comparison, name=f"{preset.name} {k}")
+            step = 1.0 + 0.25 * i  # sync 1 s a step, the others slower or faster by schedule
+            store_steps(run, [(10 + s * step, 10 + (s + 1) * step, 10 + s * step + 0.5, 10 + s * step + 0.6,
+                               0.1 * (s + 1), 0.0) for s in range(3)])
+            runs.append(run)
+    body = alice_client.get(f"/api/comparisons/{comparison.pk}/").json()
+    summary = body["summary"]
+    assert len(body["runs"]) == 12 and len(summary["runs"]) == 12
+    pooled = {g["schedule"]: g for g in summary["pooled"]}
+    assert set(pooled) == {"sync", "async", "streaming", "fully-async"}
+    assert all(len(g["runs"]) == 3 and g["steps"] == 9 for g in pooled.values())
+    assert pooled["sync"]["speedup_vs_sync"] == 1.0 and pooled["async"]["step_s"] == 1.25
+    ids = ",".join(str(r.pk) for r in runs)
+    assert MAX_COMPARED == 12 and alice_client.get(f"/api/compare/?runs={ids}").status_code == 200
+    extra = make_run(alice_experiment, presets[0], steps=3)
+    too_many = alice_client.get(f"/api/compare/?runs={ids},{extra.pk}")
+    assert too_many.status_code == 400 and "between 2 and 12" in too_many.json()["errors"]["runs"]
