@@ -10,8 +10,10 @@ from django.shortcuts import get_object_or_404
 
 from learner.config import ConfigError
 
+from .advisor import NoAdvice, advice
 from .api_errors import ApiError, form_errors
-from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing
+from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing, step_rows
+from .drain import drain_notes
 from .decorators import api_view, int_param, read_json
 from .exports import download, metrics_csv_chunks, trace_chunks
 from .forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
@@ -190,6 +192,18 @@ def step_range(request) -> dict:
     if hi is not None:
         filters["step__lte"] = hi
     return filters
+
+
+@api_view("GET")
+def run_advice(request, run_id: int):
+    """The run page's schedule advisor (controller/advisor.py: the simulator on the run's own
+    spans, a finished run's) and its drain's decisions (controller/drain.py, streaming's)."""
+    run = owned_run(request.user, run_id)
+    try:
+        found, note = advice(run), ""
+    except NoAdvice as err:
+        found, note = None, str(err)
+    return JsonResponse({"advisor": found, "advisor_note": note, "drain": drain_notes(step_rows([run.pk])[run.pk])})
 
 
 @api_view("GET")

@@ -234,6 +234,40 @@ SCHEMAS = {
                 "tokens": {"type": "integer"}, "cut": {"type": "boolean"}, "turn": {"type": "integer"},
                 "version": NULLABLE_INT, "tool_call": {"type": "boolean"}}}}}}],
     },
+    "Advice": {
+        "type": "object",
+        "description": "the schedule advisor (null: see advisor_note) and streaming's drain decisions (null: no "
+                       "drain metrics); docs/pages.md, Schedule advisor",
+        "properties": {
+            "advisor": {"oneOf": [{"type": "null"}, {"type": "object", "properties": {
+                "run": {"type": "integer"}, "schedule": {"type": "string", "description": "the run's own schedule"},
+                "steps_replayed": {"type": "integer"}, "first_step": {"type": "integer"},
+                "rollout_slots": {"type": "integer"}, "learner_ranks": {"type": "integer"},
+                "rollout_s": {"type": "number", "description": "R: a batch's rollout makespan alone (median)"},
+                "learner_s": {"type": "number", "description": "L: its learner work alone, barrier included"},
+                "rl_ratio": {"type": "number"},
+                "regime": {"type": "string", "enum": ["rollout-bound", "balanced", "learner-bound"]},
+                "breakdown": {"type": "object", "description": "where a sync step goes", "properties": {
+                    "rollout_s": {"type": "number"}, "backward_s": {"type": "number"}, "barrier_s": {"type": "number"}}},
+                "schedules": {"type": "array", "items": {"type": "object", "properties": {
+                    "schedule": {"type": "string"}, "step_s": {"type": "number"}, "speedup_vs_sync": {"type": "number"},
+                    "learner_idle": {"type": "number"}, "rollout_idle": {"type": "number"},
+                    "staleness_mean": {"type": "number"}, "staleness_max": {"type": "integer"},
+                    "tail_s": {"type": "number"}}}},
+                "measured_step_s": NULLABLE_NUMBER | {"description": "the run's median timing_s/step over the replayed steps"},
+                "simulated_step_s": NULLABLE_NUMBER | {"description": "the simulated step of the run's own schedule"},
+                "model_error": NULLABLE_NUMBER | {"description": "(simulated - measured) / measured"},
+                "advice": {"type": "string", "description": "the one sentence"}}}]},
+            "advisor_note": {"type": "string", "description": "why there is no advice (empty: there is)"},
+            "drain": {"oneOf": [{"type": "null"}, {"type": "object", "properties": {
+                "steps": {"type": "integer"}, "deferred_steps": {"type": "array", "items": {"type": "integer"}},
+                "headline": {"type": "string"}, "more": {"type": "integer"},
+                "notes": {"type": "array", "items": {"type": "object", "properties": {
+                    "step": {"type": "integer"}, "deferred": {"type": "boolean"}, "sentence": {"type": "string"},
+                    "early_row_share": NULLABLE_NUMBER, "late_close_share": NULLABLE_NUMBER,
+                    "early_cost_ratio": NULLABLE_NUMBER, "reason": {"type": ["string", "null"]}}}}}}]},
+        },
+    },
     "CompareRun": {
         "type": "object",
         "description": "one run's figures; null where the stored metrics do not give it",
@@ -398,6 +432,11 @@ PATHS = {
     },
     "/api/runs/{run_id}/metrics/": {
         "get": operation("Per-step metrics", json_body(list_of("metrics", "Metric"), "metrics"), [RUN_ID]),
+    },
+    "/api/runs/{run_id}/advice/": {
+        "get": operation("The schedule advisor (the simulator on a finished run's own spans: each schedule's step, "
+                         "idle and staleness, R/L, the model's error on this run) and streaming's drain decisions",
+                         json_body(ref("Advice"), "advice"), [RUN_ID]),
     },
     "/api/runs/{run_id}/spans/": {
         "get": operation(

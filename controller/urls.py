@@ -21,6 +21,7 @@ api_urlpatterns = [
     path("api/runs/<int:run_id>/resume/", api.run_resume, name="api-run-resume"),
     path("api/runs/<int:run_id>/metrics/", api.run_metrics, name="api-run-metrics"),
     path("api/runs/<int:run_id>/spans/", api.run_spans, name="api-run-spans"),
+    path("api/runs/<int:run_id>/advice/", api.run_advice, name="api-run-advice"),
     path("api/runs/<int:run_id>/trajectories/", trajectories.run_trajectories, name="api-run-trajectories"),
     path("api/runs/<int:run_id>/trajectories/<int:traj>/", trajectories.run_trajectory, name="api-run-trajectory"),
     path("api/runs/<int:run_id>/trace.json", api.run_trace, name="api-run-trace"),

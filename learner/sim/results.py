@@ -121,8 +121,10 @@ def equal_work_step(run: SimRun, warmup: int, end: int | None = None) -> float |
 
 
 def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2, max_staleness: int = 2,
-             assign: str = "group-affinity") -> ScheduleResult:
-    """Run ``schedule`` for ``steps`` optimizer steps and summarise steps ``warmup..steps-1``."""
+             assign: str = "group-affinity", per_step: bool = True) -> ScheduleResult:
+    """Run ``schedule`` for ``steps`` optimizer steps and summarise steps ``warmup..steps-1``;
+    ``per_step=False`` leaves ``per_step`` empty (each step's idle is a pass over every span: the
+    summary alone costs about half as much on a recorded run's thousands of spans)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if not 0 <= warmup < steps:
@@ -131,7 +133,7 @@ def simulate(workload: Workload, schedule: str, steps: int = 10, warmup: int = 2
     run.spans = sorted(run.spans + rollout_spans(run), key=lambda s: (s.t0, s.t1, s.lane))
     for seq, span in enumerate(run.spans):
         span.seq = seq
-    per_step = step_metrics(run, run.spans)
+    per_step = step_metrics(run, run.spans) if per_step else []
     measured = run.steps[warmup:]
     idle = window_metrics(run.spans, measured[0].t_start, measured[-1].t_end)
     stale = [v for rec in measured for v in rec.staleness]

@@ -45,7 +45,7 @@ def test_a_comparison_launches_repeats_in_alternating_rounds_and_pools_them_with
     assert comparison.repeats == 2
     assert [r.schedule.kind for r in runs] == ["sync", "streaming", "streaming", "sync"]
     assert all(r.status == Run.Status.QUEUED for r in runs) and str(runs[2]).endswith("· round 2")
-    assert {r.steps for r in runs} == {4} and len({r.config["seed"] for r in runs}) == 1
+    assert {r.steps for r in runs} == {4} and [r.config["seed"] for r in runs] == [0, 0, 1, 1]  # a seed per round
     page.wait_for_selector("#compare-app[data-ready='1']", timeout=60_000)
     assert page.inner_text("h1") == str(comparison)
     assert "2 runs per schedule, in alternating rounds, one run at a time" in page.inner_text("#comparison-head")

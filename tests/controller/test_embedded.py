@@ -10,7 +10,7 @@ from django.core.management import call_command
 
 from controller.embedded_layer import EmbeddedChannelLayer
 from controller.embedded_worker import EmbeddedWorker
-from controller.management.commands.demo import DEMO_STEPS
+from controller.management.commands.demo import DEMO_STEPS, DEMOS
 from controller.models import Experiment, Run, Schedule
 
 from .conftest import QUICKSTART, make_run, wait_for_status
@@ -30,7 +30,7 @@ def test_demo_setup_prints_a_working_login(capsys):
     user = authenticate(username="demo", password=password)
     assert user is not None
     # configs/quickstart.yaml, with the demo's step count (a chart worth reading)
-    assert Experiment.objects.get(owner=user).config == {**QUICKSTART, "train": {**QUICKSTART["train"], "steps": DEMO_STEPS}}
+    assert Experiment.objects.get(owner=user, name="quickstart").config == {**QUICKSTART, "train": {**QUICKSTART["train"], "steps": DEMO_STEPS}}
     assert {"sync", "streaming"} <= set(Schedule.objects.filter(owner=None).values_list("kind", flat=True))
 
 
@@ -38,7 +38,39 @@ def test_demo_setup_prints_a_working_login(capsys):
 def test_demo_setup_can_run_twice(capsys):
     call_command("demo", "--setup-only")
     call_command("demo", "--setup-only")
-    assert Experiment.objects.count() == 1 and Schedule.objects.count() == 4
+    assert Experiment.objects.count() == 1 + len(DEMOS) and Schedule.objects.count() == 4
+
+
+@pytest.mark.django_db
+def test_the_demo_experiments_load_their_config_files_and_compare_the_four_schedules(capsys, settings):
+    """Beside the quickstart, an experiment per demo config file (at balance, rollout-bound long tail),
+    loaded as the file stands, its purpose and the file's own shape in the description; the compare
+    form's defaults tick the four schedules and launch a comparison the compare page holds whole."""
+    import yaml
+
+    from controller.compare import MAX_LAUNCHED
+    from controller.forms import DEFAULT_REPEATS, ComparisonForm
+
+    call_command("demo", "--setup-only")
+    out = capsys.readouterr().out
+    user = Experiment.objects.get(name="quickstart").owner
+    for name, file, purpose in DEMOS:
+        experiment = Experiment.objects.get(owner=user, name=name)
+        text = (settings.BASE_DIR / "configs" / file).read_text()
+        config = yaml.safe_load(text)
+        assert experiment.config_text == text and experiment.config == config
+        assert experiment.description.startswith(purpose) and f"configs/{file}" in experiment.description
+        train = config["train"]
+        assert f"{train['steps']} steps of {train['prompts_per_step']} prompts x {train['group_size']}" in experiment.description
+        assert f"{name}: http://127.0.0.1:8000/experiments/{experiment.pk}/" in out
+        form = ComparisonForm(user=user, experiment=experiment)
+        ticked = Schedule.objects.filter(pk__in=form.fields["schedules"].initial)
+        assert sorted(s.kind for s in ticked) == ["async", "fully-async", "streaming", "sync"]
+        assert 4 * DEFAULT_REPEATS <= MAX_LAUNCHED  # the defaults fit one comparison's page
+    assert "at balance" in DEMOS[0][0] and "long tail" in DEMOS[1][0]
+    # a file changed since (another tuning) is picked up on the next start; nothing is duplicated
+    call_command("demo", "--setup-only")
+    assert Experiment.objects.filter(owner=user).count() == 1 + len(DEMOS)
 
 
 async def test_the_embedded_layer_takes_sends_from_another_thread():

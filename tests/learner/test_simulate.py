@@ -280,3 +280,11 @@ def test_a_draft_sampled_in_the_step_before_is_not_rollout_time_of_the_step_it_t
     assert "rollout.draft" not in {seg.kind for t in workload.batches[1].trajs for seg in t.segments}
     assert simulate_spans(events + [draft], ["sync"], steps=4, warmup=1)["schedules"]["sync"]["step_s"] == \
         pytest.approx(11.0)
+
+
+def test_the_summary_without_per_step_metrics_is_the_same_summary():
+    """``per_step=False`` (the run page's advisor) skips only the per-step idle passes."""
+    full = simulate(modelled(steps=4, seed=2), "streaming", steps=4, warmup=1).as_dict()
+    summary = simulate(modelled(steps=4, seed=2), "streaming", steps=4, warmup=1, per_step=False).as_dict()
+    assert summary["per_step"] == [] and len(full["per_step"]) == 4
+    assert {k: v for k, v in summary.items() if k != "per_step"} == {k: v for k, v in full.items() if k != "per_step"}

@@ -1,8 +1,10 @@
 """``python manage.py demo``: the whole app in one process, ready to click through.
 
 Migrates, creates a demo user (prints login, password and URL), global schedule presets
-for the four schedules and a ready experiment from configs/quickstart.yaml, starts a
-Celery worker thread (the embedded in-memory broker reaches only this process) and serves
+for the four schedules, a ready experiment from configs/quickstart.yaml and the two demo
+experiments (``DEMOS``: configs/demo-balanced.yaml at balance, configs/demo-longtail.yaml
+rollout-bound), each with its purpose in its description and a one-click comparison of the four
+schedules (the compare form's defaults), starts a Celery worker thread (the embedded in-memory broker reaches only this process) and serves
 HTTP + websockets with daphne.
 """
 
@@ -37,6 +39,20 @@ PRESETS = [
 ]
 
 
+# The demo experiments: (name, config file under configs/, what it shows). Their figures (steps,
+# batch, tool latency) are the files' own, read when the experiment is made, never written here.
+DEMOS = [
+    ("demo: at balance", "demo-balanced.yaml",
+     "At balance: the rollout's makespan R is about the learner's work L and the rewards arrive spread "
+     "through the rollout, the regime where streaming hides the learner's work under the rollout and should "
+     "reach async's step at zero staleness."),
+    ("demo: rollout-bound long tail", "demo-longtail.yaml",
+     "Rollout-bound long tail: a few tool calls take many times the median, so R is several times L; "
+     "streaming can save at most the learner's work, and the lever is speculation (drafting while the "
+     "engine idles in the tail)."),
+]
+
+
 def ensure_presets() -> list[Schedule]:
     presets = []
     for name, kind, knobs in PRESETS:
@@ -59,6 +75,36 @@ def ensure_demo_experiment(user) -> Experiment:
     experiment.full_clean()
     experiment.save()
     return experiment
+
+
+def demo_description(purpose: str, file: str, config: dict) -> str:
+    """The purpose, the run's shape as the config file gives it, and what to click."""
+    train, task = config.get("train") or {}, config.get("task") or {}
+    shape = (f"{train.get('steps')} steps of {train.get('prompts_per_step')} prompts x {train.get('group_size')} "
+             f"trajectories on {task.get('name')} (configs/{file}).")
+    return (f"{purpose} {shape} \"Launch comparison\" with its defaults runs sync, async, fully-async and streaming "
+            "side by side; a finished run's page shows what the simulator predicts for each schedule on its workload.")
+
+
+def ensure_file_experiment(user, name: str, file: str, purpose: str) -> Experiment:
+    """The experiment ``name`` of ``user`` from configs/``file`` as written (comments kept), made
+    or brought up to date with the file."""
+    path = settings.BASE_DIR / "configs" / file
+    try:
+        text = path.read_text()
+        config = yaml.safe_load(text) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise CommandError(f"cannot read the demo config {path}: {err}") from None
+    experiment = Experiment.objects.filter(owner=user, name=name).first() or Experiment(owner=user, name=name)
+    experiment.description = demo_description(purpose, file, config)
+    experiment.config, experiment.config_text = config, text
+    experiment.full_clean()
+    experiment.save()
+    return experiment
+
+
+def ensure_demos(user) -> list[Experiment]:
+    return [ensure_file_experiment(user, name, file, purpose) for name, file, purpose in DEMOS]
 
 
 def demo_config_text(quickstart: str) -> str:
@@ -104,9 +150,11 @@ class Command(BaseCommand):
         user.save()
         ensure_presets()
         experiment = ensure_demo_experiment(user)
+        demos = ensure_demos(user)
         url = f"http://{host}:{port}/"
+        listed = "".join(f"{e.name}: {url}experiments/{e.pk}/\n" for e in demos)
         self.stdout.write(f"login: {DEMO_USER}\npassword: {password}\nurl: {url}\n"
-                          f"demo experiment: {url}experiments/{experiment.pk}/\n{where_data_is()}")
+                          f"demo experiment: {url}experiments/{experiment.pk}/\n{listed}{where_data_is()}")
         if setup_only:
             return
         self.serve(host, port)
