@@ -1,8 +1,10 @@
 """Build the config a run trains with: experiment config + schedule preset + launch overrides."""
 
-from typing import Any
+from typing import Any, get_args
 
-from learner.config import ConfigError, apply_overrides, parse_config
+from pydantic import BaseModel
+
+from learner.config import ConfigError, RunConfig, apply_overrides, parse_config
 
 from .server_paths import check_server_paths
 
@@ -47,3 +49,15 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
+
+
+def config_has_field(dotted: str) -> bool:
+    """Whether ``dotted`` names a field of RunConfig (through optional sections too)."""
+    model: type[BaseModel] | None = RunConfig
+    for part in dotted.split("."):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        model = next((a for a in (annotation, *get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return True

@@ -1,17 +1,16 @@
 """Forms: the one validation path for pages and the JSON API (errors name field and reason)."""
 
 import re
-from typing import get_args
 
 import yaml
 from django import forms
-from pydantic import BaseModel
 from django.core.exceptions import ValidationError
 
-from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
+from learner.config import SCHEDULES, ConfigError, parse_config
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
 from .compare import MAX_LAUNCHED
+from .config_merge import config_has_field
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
 from .limits import MAX_JSON_DEPTH, nesting_depth, value_count
 from .models import Experiment, Schedule
@@ -168,18 +167,6 @@ class RunCreateForm(LaunchForm):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, user=user, **kwargs)
         self.fields["experiment"].queryset = Experiment.objects.filter(owner=user)
-
-
-def config_has_field(dotted: str) -> bool:
-    """Whether ``dotted`` names a field of RunConfig (through optional sections too)."""
-    model: type[BaseModel] | None = RunConfig
-    for part in dotted.split("."):
-        if model is None or part not in model.model_fields:
-            return False
-        annotation = model.model_fields[part].annotation
-        model = next((a for a in (annotation, *get_args(annotation))
-                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return True
 
 
 class ComparisonForm(forms.Form):

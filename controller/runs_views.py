@@ -6,14 +6,16 @@ import shutil
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 from django.shortcuts import get_object_or_404, redirect, render
 
 from learner.config import SCHEDULES
 
 from .forms import NoteForm
 from .models import Comparison, Run, join_tags
-from .run_table import COLUMNS, GROUPS, ListQuery, grouped, read_query, sorted_runs, with_table_figures
+from .run_table import (COLUMNS, GROUPS, OVERRIDES_COLUMN, ListQuery, config_column, config_path, grouped, read_query,
+                        shown, sorted_runs, with_columns, with_table_figures)
 from .runlog import run_dir
 from .views import owned_runs
 from .decorators import form_post
@@ -29,10 +31,20 @@ SORT_CHOICES = {"-created": "newest", "created": "oldest", "name": "name", "-ste
 def filtered_runs(user, query: ListQuery):
     """The user's runs that ``query``'s (checked) filters keep."""
     runs, chosen = owned_runs(user), query.chosen
-    if chosen["q"]:
+    if chosen["q"] and (match := field_match(chosen["q"])):
+        # "rollout.speculation.enabled=true": the runs whose merged config holds that value
+        path, wanted = match
+        kept = [pk for pk, config in runs.values_list("pk", "config")
+                if shown(config_path(config, path)).lower() == wanted]
+        runs = runs.filter(pk__in=kept)
+    elif chosen["q"]:
         q = chosen["q"]
+        # what a user wrote too: the launch overrides, the experiment's config as written, the
+        # preset's knobs ("speculation" finds the runs launched with it)
+        runs = runs.annotate(overrides_text=Cast("overrides", TextField()), knobs_text=Cast("schedule__knobs", TextField()))
         runs = runs.filter(Q(name__icontains=q) | Q(experiment__name__icontains=q) | Q(schedule__name__icontains=q)
-                           | Q(note__icontains=q) | Q(tags__icontains=q))
+                           | Q(note__icontains=q) | Q(tags__icontains=q) | Q(overrides_text__icontains=q)
+                           | Q(experiment__config_text__icontains=q) | Q(knobs_text__icontains=q))
     if chosen["schedule"]:
         runs = runs.filter(schedule__kind=chosen["schedule"])
     if chosen["status"]:
@@ -44,22 +56,39 @@ def filtered_runs(user, query: ListQuery):
     return runs.select_related("comparison")
 
 
-def header_links(params, sort: str) -> list[dict]:
-    """Each column's header: its link sorts by it (ascending first, reversed when already so)."""
+def field_match(q: str) -> tuple[str, str] | None:
+    """``train.lr=3e-4`` in the search box: (config field, the value as text, lower case), when
+    the left side names a config field."""
+    path, sep, value = q.partition("=")
+    path = path.strip()
+    if not sep or not config_column(path) or path == OVERRIDES_COLUMN:
+        return None
+    return path, value.strip().lower()
+
+
+def header_links(params, sort: str, columns: list[str] = ()) -> list[dict]:
+    """Each column's header: its link sorts by it (ascending first, reversed when already so);
+    the extra config columns (``col:<field>``) after the schedule."""
     base = params.copy()
     for name in ("sort", "page"):
         base.pop(name, None)
     headers = []
-    for key, (text, _) in COLUMNS.items():
+    listed = list(COLUMNS.items())
+    at = [k for k, _ in listed].index("schedule") + 1
+    listed[at:at] = [(f"col:{c}", (c, None)) for c in columns]
+    for key, (text, _) in listed:
         base["sort"] = f"-{key}" if sort == key else key
         state = "ascending" if sort == key else "descending" if sort == f"-{key}" else "none"
-        headers.append({"key": key, "text": text, "href": f"?{base.urlencode()}", "sort": state})
+        headers.append({"key": key, "text": text, "href": f"?{base.urlencode()}", "sort": state,
+                        "config": key.startswith("col:")})
     return headers
 
 
 def sort_label(sort: str) -> str:
     """The sort menu's text for a header's sort (``-step_s``: "median step, highest first")."""
-    return f"{COLUMNS[sort.lstrip('-')][0].lower()}, {'highest' if sort.startswith('-') else 'lowest'} first"
+    key = sort.lstrip("-")
+    text = key[4:] if key.startswith("col:") else COLUMNS[key][0].lower()
+    return f"{text}, {'highest' if sort.startswith('-') else 'lowest'} first"
 
 
 @login_required
@@ -71,12 +100,14 @@ def runs_list(request):
     shown = list(page.object_list)
     if shown and not hasattr(shown[0], "figures"):  # sorted by a database column: this page's figures only
         with_table_figures(shown)
+    with_columns(shown, query.columns)
     params = request.GET.copy()
     params.pop("page", None)
     context = {
         "page": page, "runs": shown, "chosen": {**query.chosen, "sort": query.sort, "group": query.group},
         "query": params.urlencode(), "groups": GROUPS,
-        "errors": query.errors, "headers": header_links(request.GET, query.sort),
+        "errors": query.errors, "headers": header_links(request.GET, query.sort, query.columns),
+        "columns": query.columns, "group_choices": [*GROUPS, *(f"col:{c}" for c in query.columns)],
         "schedules": SCHEDULES, "statuses": Run.Status.values, "experiments": experiments,
         "sorts": {**SORT_CHOICES, **({} if query.sort in SORT_CHOICES else {query.sort: sort_label(query.sort)})},
         "tags": sorted({t for tags in owned_runs(request.user).values_list("tags", flat=True) for t in tags.split(",") if t}),

@@ -72,8 +72,11 @@ def test_the_fastest_streaming_run_is_found_ticked_with_sync_and_compared(
     assert len(names(page)) == 4
     # grouped by experiment, fastest first inside each group
     page.goto(f"{live_url}/runs/?group=experiment&sort=step_s")
-    assert page.evaluate("[...document.querySelectorAll('#runs-list tr.group-row')].map((tr) => tr.textContent)") == [
-        "experiment: other", "experiment: quickstart"]
+    assert page.evaluate("[...document.querySelectorAll('#runs-list tr.group-row')].map((tr) => tr.dataset.group)") == [
+        "other", "quickstart"]
+    said = page.evaluate("[...document.querySelectorAll('#runs-list tr.group-row')].map((tr) => tr.textContent)")
+    assert said[0].startswith("experiment: other · 1 run · median step 0.515 s")
+    assert "experiment: quickstart · 3 runs · median step 1.615 s [" in said[1]  # with its interval
     assert names(page) == ["other experiment's", "streaming fast", "streaming slow", "sync run"]
 
     # from the list alone: the experiment's runs, fastest median step first
@@ -84,7 +87,7 @@ def test_the_fastest_streaming_run_is_found_ticked_with_sync_and_compared(
     page.wait_for_url(re.compile(r"sort=step_s"))
     assert names(page) == ["streaming fast", "streaming slow", "sync run"]
     assert page.get_attribute("th[data-column=step_s]", "aria-sort") == "ascending"
-    assert column(page, "speedup") == ["1.99×", "1.25×", "1.00×"]  # the sync run's median step over each one's
+    assert column(page, "speedup") == ["1.99×", "1.25×", "reference"]  # the sync run's median step over each one's
     assert column(page, "learner_idle") == ["10%", "10%", "50%"]
     page.click("th[data-column=step_s] a")  # again: the other way
     page.wait_for_url(re.compile(r"sort=-step_s"))
@@ -146,7 +149,8 @@ def test_every_column_sorts_both_ways_and_a_figureless_run_comes_last(alice, ana
     assert len(page.context["runs"]) == 5
     page = client.get("/runs/", {"group": "colour"})
     assert page.status_code == 400 and page.context["errors"] == [
-        "group: no grouping “colour” (one of experiment, schedule, tag)"]
+        "group: no grouping “colour” (one of experiment, schedule, tag, or col:<config field> such as "
+        "col:train.schedule)"]
     Run.objects.filter(name="sync run").update(tags=",baseline,")
     listed = [(r.group, str(r)) for r in client.get("/runs/", {"group": "tag", "sort": "name"}).context["runs"]]
     assert listed[0] == ("(no tag)", "no steps yet") and listed[-1] == ("baseline", "sync run")

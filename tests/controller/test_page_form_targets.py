@@ -74,6 +74,6 @@ def test_a_sweep_of_a_field_the_config_lacks_is_named_before_the_run_count(alice
     form = {"schedules": [p.pk for p in presets], "steps": 3, "sweep_field": "train.nope", "sweep_values": "1, 2"}
     page = alice_client.post(f"/experiments/{alice_experiment.pk}/compare/", form).content.decode()
     assert "train.nope: unknown field" in page and "pick at most" not in page
-    from controller.forms import config_has_field
+    from controller.config_merge import config_has_field
     assert config_has_field("train.lr") and config_has_field("seed") and config_has_field("model.lora.rank")
     assert not config_has_field("train.lr.x") and not config_has_field("nope")
