@@ -107,6 +107,10 @@ def validated_config(args):
     elif not args.config:
         raise ConfigError("--config: required (or --resume DIR)")
     cfg = load_config(source, overrides)
+    if cfg.cluster is not None:
+        raise ConfigError("cluster: thundersync train runs on this machine; for a Ray cluster, thundersync "
+                          "cluster-check --config FILE places the run's roles there and checks a data-parallel "
+                          "step (training on the cluster is not built yet)")
     preflight(cfg, dump_dir=args.dump_step, output_dir=cfg.train.output_dir, events=args.events)
     if args.dump_step and not 0 <= args.dump_at < max(cfg.train.steps, 1):
         raise ConfigError(f"--dump-at: step {args.dump_at} is not one of the run's {cfg.train.steps} steps")
@@ -273,6 +277,38 @@ def cmd_join_rank(args) -> int:
     return join_rank((host, int(port)), args.rank, args.node, key_bytes, args.timeout)
 
 
+def cmd_cluster_check(args) -> int:
+    """Place a run's roles on its Ray cluster, print where each landed, run one data-parallel
+    streaming step on its learner ranks against the single-process gradient, release everything."""
+    import json
+
+    cfg = load_config(args.config)
+    if cfg.cluster is None:
+        raise ConfigError("cluster: cluster-check needs the config's cluster section (cluster: {address: auto})")
+    from learner.cluster.check import streaming_step
+    from learner.cluster.launcher import ClusterError, ClusterRun
+
+    try:
+        with ClusterRun(cfg) as run:
+            joined = run.join_process_group()
+            result = run.call_learners(streaming_step, cfg.seed)[0]
+            roles = [{**info, "env": {k: v for k, v in info["env"].items() if v is not None}}
+                     for info in [*joined, *(run.infos[n] for n in run.infos if not n.startswith("learner/"))]]
+    except ClusterError as err:
+        print(f"thundersync: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"roles": roles, "step": result}))
+    else:
+        for info in roles:
+            print(f"{info['role']:12} node {info['node_ip']} ({info['node_id'][:8]})  GPUs {','.join(info['gpu_ids']) or '-'}"
+                  f"  CUDA_VISIBLE_DEVICES={info['cuda_visible_devices']}  "
+                  + " ".join(f"{k}={v}" for k, v in info["env"].items()))
+        print(f"streaming step on {result['world_size']} rank(s): rel_error {result['rel_error']:.2e} "
+              f"(tolerance {result['tol']:.0e}) {'passed' if result['passed'] else 'FAILED'}")
+    return 0 if result["passed"] else 1
+
+
 def cmd_audit(args) -> int:
     from learner.audit import audit_dump
 
@@ -328,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", required=True, help="this node's name (learner.nodes)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="longest wait for rank 0 [300]")
     p.set_defaults(func=cmd_join_rank)
+
+    p = sub.add_parser("cluster-check", help="place a run's roles on its Ray cluster (the cluster section) and "
+                                             "check one data-parallel step there")
+    p.add_argument("--config", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cluster_check)
 
     p = sub.add_parser("audit", help="recompute a --dump-step gradient independently and compare")
     p.add_argument("dir")

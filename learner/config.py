@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from learner.cluster.config import ClusterConfig
 from learner.placement import PlacementConfig, placement_problem
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
@@ -401,6 +402,14 @@ class RunConfig(Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     placement: PlacementConfig | None = Field(
         None, description="GPU of each learner rank, rollout worker and the teacher (docs/gpu.md); null: model.device")
+    cluster: ClusterConfig | None = Field(
+        None, description="place the run's roles on a Ray cluster (docs/distributed.md, \"Running on a cluster\"); "
+                          "null: this machine only, Ray is never imported")
+
+    def ranks_per_node(self) -> int:
+        """Learner ranks on each node: world_size / cluster.nodes (or / len(learner.nodes))."""
+        nodes = self.cluster.nodes if self.cluster is not None else len(self.learner.nodes or [None])
+        return self.learner.world_size // nodes
 
     def learner_path(self) -> str:
         """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
@@ -492,12 +501,26 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _cluster_fits(self) -> "RunConfig":
+        if self.cluster is None:
+            return self
+        if self.learner.nodes:
+            raise ValueError("learner.nodes: a run on a Ray cluster is placed by cluster.nodes (Ray picks the nodes); "
+                             "leave learner.nodes out")
+        if self.learner.world_size % self.cluster.nodes:
+            raise ValueError(f"cluster.nodes: {self.cluster.nodes} nodes for learner.world_size "
+                             f"{self.learner.world_size}; every node runs world_size / nodes ranks")
+        return self
+
+    @model_validator(mode="after")
     def _placement_fits(self) -> "RunConfig":
         if self.placement is not None:
             workers = self.rollout.replicas if self.rollout.engine == "vllm" else self.rollout.workers
-            problem = placement_problem(self.placement, self.learner.world_size // len(self.learner.nodes or [None]),
-                                        workers, self.model.device, self.algorithm.objective == "opd",
-                                        self.rollout.engine)
+            # on a cluster the placement is resources to reserve (Ray assigns the GPUs); model.device cpu
+            # there computes on the CPUs of the reserved bundles (a test cluster with GPUs as resources)
+            device = "cuda" if self.cluster is not None else self.model.device
+            problem = placement_problem(self.placement, self.ranks_per_node(), workers, device,
+                                        self.algorithm.objective == "opd", self.rollout.engine)
             if problem:
                 raise ValueError(problem)
         return self
