@@ -49,6 +49,7 @@ PRIOR_OPEN_RATIO = 2.0
 # Before a grouped micro-batch ran (learner/grad/grouped.py): its seconds over a known micro-batch's
 # of the same token slots, as measured on the bench's policy (docs/learner.md, "The grouped backward").
 GROUPED_PRIOR_RATIO = 1.3
+CHUNKS = 4  # cost-aware: known rows run early once they are a CHUNKS-th of the batch (``chunk_slots``)
 DECAY = 0.9  # weight of the older observations at each new one (the machine's speed drifts)
 
 
@@ -274,7 +275,22 @@ class DrainPolicy:
         end of the rollout when a full micro-batch forms only there."""
         if self.name != "cost-aware":
             return self.eager or budget.refuse("policy")
-        return (slots >= self.min_partial_slots and budget.keeps_count(slots, parts)) or budget.refuse("count")
+        if slots >= self.min_partial_slots and budget.keeps_count(slots, parts):
+            return True
+        if slots >= self.chunk_slots(budget) and budget.within(parts * self.costs.fixed_s):
+            budget.spend(parts * self.costs.fixed_s)  # one more backward's fixed cost than sync's plan
+            return True
+        return budget.refuse("count")
+
+    def chunk_slots(self, budget: EarlyWorkBudget) -> float:
+        """The least known rows (token slots) worth a micro-batch of their own before the last arrival:
+        a ``CHUNKS``-th of the batch's predicted slots (at most a full micro-batch), so that a batch's
+        closed groups are learnt in a few fuller micro-batches as they close rather than all after the
+        last arrival (groups close in waves), at one backward's fixed cost each."""
+        expected = budget.expected_slots()
+        if expected <= 0:
+            return float(self.micro_batch_tokens)
+        return min(float(self.micro_batch_tokens), max(expected / CHUNKS, float(self.micro_batch_tokens) / 16))
 
     def open_pays(self, budget: EarlyWorkBudget, rows: int, waiting_slots: int, now: float | None = None) -> bool:
         """An open group's bucket of ``rows`` rows, at ``open_ratio`` known rows' seconds each. Only if
@@ -314,18 +330,15 @@ class DrainPolicy:
         saves, and it ends before the predicted last arrival."""
         if self.name != "cost-aware":
             return self.eager or budget.refuse("policy")
+        if not self.costs.known:
+            return budget.refuse("unmeasured")
+        if not open_rows:  # known rows only: a full micro-batch, or an unfilled one as ``partial_pays`` judges
+            return full or self.partial_pays(budget, slots)
         ratio = self.costs.grouped_ratio
-        premium = max(ratio - 1.0, 0.0) * self.costs.known_s(slots) if open_rows else 0.0
         if ratio > 2.0:
             return budget.refuse("cost")
-        if not budget.within(premium):
-            return False
-        if full or self.partial_pays(budget, slots):
-            return True
-        extra = premium + self.costs.fixed_s
-        if not budget.pays(extra, self.costs.known_s(waiting_slots), now):
-            return False
-        return ratio * self.costs.known_row_s * rows <= budget.remaining_rollout_s(now) or budget.refuse("overrun")
+        waiting_s = ratio * self.costs.known_s(waiting_slots)
+        return budget.remaining_rollout_s(now) <= waiting_s or budget.refuse("not_near_end")
 
     def early_cost_ratio(self, grouped: bool) -> float:
         """What the model holds now for an early row's seconds over a known row's: the grouped

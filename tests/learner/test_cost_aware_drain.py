@@ -102,13 +102,28 @@ def test_unfilled_known_rows_run_early_only_in_place_of_syncs_own_unfilled_micro
     budget = policy.begin(expected_rows=256)
     budget.arrivals(128, 128 * 30, now=0.0)  # 256 rows of 30 tokens: sync's plan is 4096 + 3584 slots
     assert budget.sync_micro_batches() == 2
-    assert not policy.partial_pays(budget, 2048)  # 2048 + 5632 left: three micro-batches
+    assert policy.chunk_slots(budget) == pytest.approx(7680 / 4)
+    assert not policy.partial_pays(budget, 1500)  # 1500 + 6180 left: three micro-batches, and under a chunk
     assert policy.partial_pays(budget, 3584)  # it takes the place of sync's unfilled one
+    assert budget.spent_s == 0.0  # at no cost beyond sync's plan
     budget.ran(4096)  # a full one ran
-    assert not policy.partial_pays(budget, 2048)  # 4096 + 2048 + 1536: three again
+    assert not policy.partial_pays(budget, 1500)  # 4096 + 1500 + 2084: three again
     assert policy.partial_pays(budget, 3584)
     assert not DrainPolicy("closed-groups", 0.05).partial_pays(budget, 3584)
     assert DrainPolicy("finished-groups-first", 0.05).partial_pays(budget, 100)
+
+
+def test_a_chunk_of_known_rows_runs_early_for_one_backwards_fixed_cost_out_of_the_allowance():
+    policy = DrainPolicy("cost-aware", 0.05, micro_batch_tokens=4096)
+    policy.costs = fitted(0.01, 1e-4)
+    budget = policy.begin(expected_rows=256)
+    budget.arrivals(128, 128 * 30, now=0.0)  # sync's plan: 7680 slots, a chunk a quarter of it
+    assert not budget.keeps_count(2048)  # a third micro-batch ...
+    assert policy.partial_pays(budget, 2048)  # ... whose fixed cost (0.01 s) fits 5% of 0.78 s
+    assert budget.spent_s == pytest.approx(0.01)
+    budget.spend(0.025)
+    assert not policy.partial_pays(budget, 2048)  # the allowance is spent: it waits
+    assert budget.reason == "count"
 
 
 def test_an_unfilled_micro_batch_under_half_the_budget_waits_even_where_the_count_allows():

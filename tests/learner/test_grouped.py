@@ -129,20 +129,26 @@ def test_a_forward_that_refuses_falls_back_to_the_per_bucket_path(monkeypatch):
     assert relative_error(got, reference_gradient(model, trajs, algo, ref)) < 1e-12
 
 
-def test_cost_aware_runs_a_full_grouped_micro_batch_whose_premium_fits_and_holds_an_unfilled_one_far_from_the_end():
+def test_cost_aware_runs_open_rows_in_a_grouped_micro_batch_only_where_what_waits_outlasts_the_rollout():
     policy = DrainPolicy("cost-aware", 0.05)
-    for slots in (500, 1000, 4000):
-        policy.costs.observe(slots, slots // 30, 0.001 + 1e-5 * slots, open_group=False)
     budget = EarlyWorkBudget(policy.costs, expected_rows=256, share=0.05)
     budget.arrivals(20, 600, now=0.0)
-    budget.arrivals(20, 600, now=1.0)  # 216 more rows take ~5 s
-    # at the prior 1.3 a full micro-batch's premium (0.3 of its 0.042 s) is past 5% of the batch's work
+    budget.arrivals(20, 600, now=1.0)  # 216 more rows take 5.4 s
     assert not policy.grouped_pays(budget, 4096, 130, open_rows=100, full=True, waiting_slots=5000, now=1.0)
-    policy.costs.grouped_s, policy.costs.grouped_known_s = 1.02, 1.0  # measured 1.02x: it fits
+    assert budget.reason == "unmeasured"  # nothing measured yet: the micro-batched way
+    for slots in (500, 1000, 4000):
+        policy.costs.observe(slots, slots // 30, 0.001 + 1e-3 * slots, open_group=False)
+    # known rows only: a full micro-batch runs as sync's would
+    assert policy.grouped_pays(budget, 4096, 130, open_rows=0, full=True, waiting_slots=5000, now=1.0)
+    # open rows at the prior 1.3: 2000 waiting slots are 2.6 s of work, the rollout has 5.4 s left: they wait
+    # (their groups may close before the end and be learnt as known rows, at no premium)
+    assert not policy.grouped_pays(budget, 2000, 60, open_rows=40, full=False, waiting_slots=2000, now=1.0)
+    assert budget.reason == "not_near_end"
+    # 5000 waiting slots are 6.5 s: more than the rollout has left, so what runs now comes off the tail
     assert policy.grouped_pays(budget, 4096, 130, open_rows=100, full=True, waiting_slots=5000, now=1.0)
-    assert not policy.grouped_pays(budget, 900, 30, open_rows=20, full=False, waiting_slots=900, now=1.0)
     policy.costs.grouped_s, policy.costs.grouped_known_s = 2.5, 1.0  # measured 2.5x: never
     assert not policy.grouped_pays(budget, 4096, 130, open_rows=100, full=True, waiting_slots=5000, now=1.0)
+    assert budget.reason == "cost"
     assert DrainPolicy("finished-groups-first", 0.05).grouped_pays(budget, 10, 1, 1, False, 10)
     assert not DrainPolicy("closed-groups", 0.05).grouped_pays(budget, 4096, 99, 1, True, 10)
     assert BackwardCosts().grouped_ratio > 1.0  # the prior until measured
