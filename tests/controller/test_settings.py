@@ -110,6 +110,10 @@ def test_docker_compose_config_is_valid():
         # seccomp and AppArmor profiles refuse (docs/controller.md, "Production")
         assert set(worker["security_opt"]) == {"seccomp:unconfined", "apparmor:unconfined"}
     assert "security_opt" not in services["web"]  # the web server runs no tool call
+    # the optional Ray profile (docs/distributed.md, "Running on a cluster"): a head and a node joining it
+    assert services["ray-head"]["profiles"] == services["ray-worker"]["profiles"] == ["ray"]
+    assert services["ray-head"]["command"].startswith("ray start --head --port 6379 ")
+    assert "--address ray-head:6379" in services["ray-worker"]["command"]
     # a killed worker, web server or data store comes back by itself (docs/controller.md)
     assert {name: service.get("restart") for name, service in services.items()} == dict.fromkeys(
         services, "unless-stopped")
