@@ -172,6 +172,8 @@ def run_resume(request, run_id: int):
         request_resume(run)
     except ResumeRefused as err:
         raise ApiError(409, {"status": str(err)})
+    except QuotaExceeded as err:  # the queued-runs quota (429), a node no worker serves (400, learner.nodes)
+        raise ApiError(err.status, {err.field: err.message}) from None
     return JsonResponse(run_json(run), status=202)
 
 

@@ -58,6 +58,20 @@ def start_rank(run_id: int, rank: int, node: str, control: str, key: str, queue:
     current_app.send_task(RUN_RANK, args=[run_id, rank, node, control, key], queue=queue)
 
 
+def forget_queue(queue: str) -> None:
+    """Delete ``queue`` with its messages and its binding (controller/nodes.py: a node's queue
+    that no worker serves). On Redis: the binding set of its exchange (a queue Celery creates on
+    send has an exchange of its own name) and its list per priority; elsewhere kombu's delete."""
+    with current_app.connection_for_write() as conn:
+        channel = conn.default_channel
+        if not hasattr(channel, "_q_for_pri"):
+            channel.queue_delete(queue)
+            return
+        # DEL is one of the commands kombu's client prefixes with global_keyprefix itself
+        channel.client.delete(channel.keyprefix_queue % queue, channel.keyprefix_binding_permanent % queue,
+                              *{channel._q_for_pri(queue, pri) for pri in channel.priority_steps})
+
+
 def backlog() -> int | None:
     """Messages waiting in the runs queue (not those being worked on); None if the broker
     cannot be looked into (only Redis can) or is down."""

@@ -17,9 +17,10 @@ from typing import NamedTuple
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import live, trajectories
+from . import live, nodes, trajectories
 from .assignments import Assignments
 from .models import Checkpoint, Run, StepMetric, SystemSample
+from .outages import OUTAGE_ERRORS, first_line
 from .frames import (assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, system_frame,
                      trajectories_frame)
 from .serializers import SPAN_FIELDS
@@ -257,4 +258,9 @@ def finish_run(run_id: int, status: str, error: str = "", summary: dict | None =
     )
     run = Run.objects.get(pk=run_id)
     live.publish(run_id, status_frame(run))
+    if run.status in Run.FINISHED:
+        try:  # a queue of a node no worker serves, which the run's messages created, goes with it
+            nodes.release_queues(run_id, run.config)
+        except OUTAGE_ERRORS as err:
+            log.warning("run %s: could not delete its nodes' queues (%s)", run_id, first_line(err))
     return run

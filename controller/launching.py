@@ -15,7 +15,7 @@ from .models import Comparison, Experiment, Run, Schedule
 from .outages import OUTAGE_ERRORS
 from .overrides import format_override
 from .disk_quota import check_disk
-from .nodes import placement
+from .nodes import check_nodes, placement
 from .sandbox_hosts import launch_refusal
 from .quotas import QuotaExceeded, check_config, check_queue, quota_for
 from .frames import status_frame
@@ -30,7 +30,8 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     set for this launch (controller/overrides.py). Raises learner.config.ConfigError when the
     schedule's values do not fit the experiment's config (config_merge.LaunchOverrideError when
     the overrides do not; sandbox_hosts.SandboxRefused when its task calls the python-sandbox tool
-    and no worker can confine it), and quotas.QuotaExceeded when the run is over the owner's quota.
+    and no worker can confine it), and quotas.QuotaExceeded when the run is over the owner's quota (or
+    nodes.UnknownNode when its learner.nodes names a node no worker serves).
     """
     if steps is None:
         steps = experiment.run_config().train.steps
@@ -39,6 +40,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     if refused := launch_refusal(config, placement(config)[0]):  # no worker can run its tool confined
         raise refused
     check_config(experiment.owner, config)
+    check_nodes(config)  # a node no worker serves: refused before any queue is created
     check_disk(experiment.owner, config)
     task_id = str(uuid.uuid4())
     with transaction.atomic():

@@ -342,6 +342,23 @@ class RunNode(models.Model):
         return f"{self.run} rank {self.rank} on {self.node}"
 
 
+class WorkerNode(models.Model):
+    """A node that a live Celery worker serves (controller/nodes.py, the node registry): each
+    worker stamps its own node (THUNDERSYNC_NODE) and every ``runs.<node>`` queue it consumes at
+    start and on every reaper pass. A launch whose ``learner.nodes`` names a node not stamped
+    within THUNDERSYNC_NODE_TTL_S is refused before anything is sent."""
+
+    name = models.CharField(max_length=32, unique=True)
+    seen = models.DateTimeField()
+    worker = models.CharField(max_length=200, blank=True)  # "host:pid:start" of the worker that stamped last
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"node {self.name}"
+
+
 class TrajectoryRecord(models.Model):
     """One trajectory as the learner recorded it after its step (learner/driver/trajectory_records.py):
     its reward, advantage and decoded text (bounded; cuts marked in the text)."""

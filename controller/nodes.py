@@ -10,12 +10,21 @@ connects to rank 0, receives the rendezvous and the config), stamps its ``RunNod
 and stops its rank when the run ends. Rank 0's supervisor fails the run when a node's task
 failed or stopped stamping (THUNDERSYNC_STALE_S); the driver fails it when a rank's
 connection drops or a collective times out (``learner.timeout_s``).
+
+The node registry (``WorkerNode``): every worker stamps the nodes it serves (its own
+THUNDERSYNC_NODE and each ``runs.<node>`` queue it consumes) at start and on every reaper pass.
+A launch or resume whose ``learner.nodes`` names a node no worker stamped within
+THUNDERSYNC_NODE_TTL_S is refused (400 naming ``learner.nodes`` and the node) before anything is
+sent, so a made-up name never creates a queue. When a run ends, the ``runs.<node>`` queue of each
+of its nodes that no live worker serves (and no other unfinished run is placed on) is deleted
+with its binding: a message left there would wait forever.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -23,16 +32,19 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
-from learner.config import ConfigError, parse_config
+from learner.config import NODE_NAME, ConfigError, parse_config
 from learner.distributed.ranks import free_port
 from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV
 
 from . import runlog
-from .broker import start_rank
-from .models import Run, RunNode
+from .broker import forget_queue, start_rank
+from .models import Run, RunNode, WorkerNode
+from .outages import OUTAGE_ERRORS, first_line, what_is_down
 from .processes import die_with_parent, me, signal_group
+from .quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +64,79 @@ def placement(config: dict) -> tuple[str | None, dict[int, str]]:
 
 def queue_of(node: str) -> str:
     return f"runs.{node}"
+
+
+class UnknownNode(QuotaExceeded):
+    """A launch naming a node no live worker serves (a 400 on ``learner.nodes``, as a quota's)."""
+
+    def __init__(self, message: str):
+        super().__init__("learner.nodes", message, status=400)
+
+
+def served_nodes(queues) -> list[str]:
+    """The nodes a worker consuming ``queues`` serves: its own and each ``runs.<node>`` one."""
+    names = {settings.THUNDERSYNC_NODE} | {q.removeprefix("runs.") for q in queues if q.startswith("runs.")}
+    return sorted(n for n in names if re.match(NODE_NAME, n))
+
+
+def stamp(queues) -> list[str]:
+    """Register (or refresh) the nodes this worker serves in the node registry."""
+    now, names = timezone.now(), served_nodes(queues)
+    for name in names:
+        WorkerNode.objects.update_or_create(name=name, defaults={"seen": now, "worker": me()})
+    return names
+
+
+def stamp_quietly(queues) -> None:
+    """``stamp`` from a worker's start or reaper pass: an outage is logged, not raised."""
+    try:
+        stamp(queues)
+    except OUTAGE_ERRORS as err:
+        log.warning("could not stamp this worker's nodes: the %s is unreachable (%s)", what_is_down(err),
+                    first_line(err))
+    finally:
+        connection.close()  # this thread's own; a broken one is not reused
+
+
+def live_nodes() -> set[str]:
+    """Nodes some worker stamped within THUNDERSYNC_NODE_TTL_S."""
+    since = timezone.now() - timedelta(seconds=settings.THUNDERSYNC_NODE_TTL_S)
+    return set(WorkerNode.objects.filter(seen__gte=since).values_list("name", flat=True))
+
+
+def check_nodes(config: dict) -> None:
+    """Raise UnknownNode when the config's ``learner.nodes`` names a node no live worker serves."""
+    try:
+        wanted = parse_config(config).learner.nodes or []
+    except ConfigError:
+        return  # the config's own error is reported where it is validated
+    if not wanted:
+        return
+    live = live_nodes()
+    unknown = [n for n in wanted if n not in live]
+    if unknown:
+        served = ", ".join(sorted(live)) or "none"
+        raise UnknownNode(
+            f"learner.nodes: no worker serves node {unknown[0]!r} (none reported within "
+            f"{settings.THUNDERSYNC_NODE_TTL_S:g}s; nodes served now: {served}): start a worker with "
+            f"THUNDERSYNC_NODE={unknown[0]} consuming {queue_of(unknown[0])}, or name a served node")
+
+
+def release_queues(run_id: int, config: dict) -> list[str]:
+    """After the run ended: delete the ``runs.<node>`` queue and binding of each of its nodes that
+    no live worker serves and no other unfinished run is placed on (its messages would wait
+    forever, and the queue outlive every run). Returns the queues deleted."""
+    first, remote = placement(config)
+    if first is None:
+        return []
+    idle = {first, *remote.values()} - live_nodes()
+    for nodes in Run.objects.exclude(status__in=Run.FINISHED).exclude(pk=run_id).values_list(
+            "config__learner__nodes", flat=True):
+        idle -= set(nodes or [])
+    for node in sorted(idle):
+        forget_queue(queue_of(node))
+        log.info("run %s ended: deleted queue %s (no worker serves node %s)", run_id, queue_of(node), node)
+    return [queue_of(n) for n in sorted(idle)]
 
 
 def start_remote_ranks(run: Run, remote: dict[int, str]) -> dict[str, str]:

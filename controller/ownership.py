@@ -168,13 +168,16 @@ def reap() -> tuple[int, int]:
     return reap_active(now), requeue_lost(now)
 
 
-def start_reaper(interval_s: float | None = None) -> threading.Event:
-    """Reap now and then every ``interval_s`` in a daemon thread; set the event to stop it."""
+def start_reaper(interval_s: float | None = None, each_pass=None) -> threading.Event:
+    """Reap now and then every ``interval_s`` in a daemon thread; set the event to stop it.
+    ``each_pass``: called before each pass (a worker stamps its nodes, controller/nodes.py)."""
     stop = threading.Event()
     interval_s = interval_s or settings.THUNDERSYNC_REAP_INTERVAL_S
 
     def loop() -> None:
         while True:
+            if each_pass is not None:
+                each_pass()
             try:
                 reap()
             except OUTAGE_ERRORS as err:  # the database or the broker is down: try again on the next pass

@@ -25,6 +25,7 @@ from learner.checkpoint_integrity import damage
 from . import live
 from .broker import enqueue_or_leave_to_reaper
 from .models import Run, Span
+from .nodes import check_nodes
 from .quotas import check_queue
 from .frames import status_frame
 
@@ -66,6 +67,7 @@ def request_resume(run: Run) -> Run:
         raise ResumeRefused(f"the run is {run.status}: only a failed or cancelled run can be resumed")
     if not run.checkpoints.exists():
         raise ResumeRefused("the run wrote no checkpoint to resume from (train.checkpoint_every)")
+    check_nodes(run.config)  # its nodes' workers may be gone since (nodes.UnknownNode, a 400)
     if not requeue_attempt(run.pk, only_if={"status__in": Run.RESUMABLE}, owner=run.experiment.owner):
         raise ResumeRefused("the run changed meanwhile: reload it")
     run.refresh_from_db()

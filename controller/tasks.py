@@ -1,6 +1,7 @@
 """The Celery task that owns a run from launch to its final state (queue "runs")."""
 
 import logging
+from functools import partial
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
@@ -97,10 +98,12 @@ _reaper = {}
 
 
 @worker_ready.connect
-def start_reaping(**_):
-    """Every ``celery worker`` reaps at start (runs a killed worker left) and then
-    periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
-    _reaper["stop"] = ownership.start_reaper()
+def start_reaping(sender=None, **_):
+    """Every ``celery worker`` stamps its nodes and reaps at start (runs a killed worker left)
+    and then periodically (the embedded default starts its own reaper: ``manage.py demo``)."""
+    queues = sorted(sender.app.amqp.queues.consume_from) if sender is not None else []
+    nodes.stamp_quietly(queues)  # before the worker says it is ready: a launch may name its nodes from then on
+    _reaper["stop"] = ownership.start_reaper(each_pass=partial(nodes.stamp_quietly, queues))
     sandbox_hosts.report()  # can this host confine the python-sandbox tool (launches read it)
     warm.start()  # runs fork from it (controller/warm.py)
     _reaper["restore_priority"] = priority.lower_session()  # runs lead sessions of their own: they come first

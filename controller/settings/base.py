@@ -137,6 +137,9 @@ THUNDERSYNC_STALE_S = 20.0
 # runs.<node>) and the address other nodes reach it at (rank 0's rendezvous and control port).
 THUNDERSYNC_NODE = os.environ.get("THUNDERSYNC_NODE", "local")
 THUNDERSYNC_NODE_ADDR = os.environ.get("THUNDERSYNC_NODE_ADDR", "127.0.0.1")
+# The node registry (controller/nodes.py): a launch may name in learner.nodes only a node some
+# worker stamped (at its start, then every REAP_INTERVAL_S) within this many seconds.
+THUNDERSYNC_NODE_TTL_S = float(os.environ.get("THUNDERSYNC_NODE_TTL_S", "60"))
 if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to (a container's own)
     import socket
 

@@ -88,10 +88,13 @@ def test_a_celery_worker_lowers_its_session_when_ready_and_restores_it_at_shutdo
     from controller import ownership, priority, tasks, warm
 
     calls = []
-    monkeypatch.setattr(ownership, "start_reaper", lambda: threading.Event())
+    from controller import nodes
+
+    monkeypatch.setattr(ownership, "start_reaper", lambda each_pass=None: threading.Event())
+    monkeypatch.setattr(nodes, "stamp_quietly", lambda queues: calls.append("stamped"))
     monkeypatch.setattr(warm, "start", lambda: calls.append("warm"))
     monkeypatch.setattr(warm, "stop", lambda: calls.append("warm stopped"))
     monkeypatch.setattr(priority, "lower_session", lambda: (calls.append("lowered"), lambda: calls.append("restored"))[1])
     tasks.start_reaping()
     tasks.stop_reaping()
-    assert calls == ["warm", "lowered", "warm stopped", "restored"]
+    assert calls == ["stamped", "warm", "lowered", "warm stopped", "restored"]

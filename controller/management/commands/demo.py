@@ -10,6 +10,7 @@ HTTP + websockets with daphne.
 
 import re
 import secrets
+from functools import partial
 
 import yaml
 from django.conf import settings
@@ -167,6 +168,7 @@ class Command(BaseCommand):
         from controller.celery import app
         from controller.embedded_worker import EmbeddedWorker
 
+        from controller.nodes import stamp_quietly
         from controller.ownership import start_reaper
 
         from controller.priority import lower_session
@@ -174,7 +176,8 @@ class Command(BaseCommand):
         worker = EmbeddedWorker(app, queues=["runs"]).start()
         restore_priority = lower_session()  # the runs (sessions of their own) come first (controller/priority.py)
         requeued = recover_runs()
-        stop_reaper = start_reaper()  # no run without an owner, here too (controller/ownership.py)
+        # no run without an owner, here too (controller/ownership.py); the worker's node in the registry
+        stop_reaper = start_reaper(each_pass=partial(stamp_quietly, ["runs"]))
         self.stdout.write(f"embedded Celery worker started (queue 'runs', {requeued} run(s) re-queued); "
                           "serving, Ctrl-C to stop")
         try:
