@@ -26,6 +26,15 @@ class UsageError(Exception):
     pass
 
 
+def bar_to_step(bar, step: int) -> None:
+    """Step ``step`` is done: the bar at step + 1 of train.steps. A resumed run's first step is the
+    checkpoint's next one, not 0: the bar starts there (its rate counts this attempt's steps only)
+    and ends at 100%."""
+    if bar.n == 0 and step > 0:
+        bar.n = bar.last_print_n = bar.initial = step
+    bar.update(step + 1 - bar.n)
+
+
 def _summary_line(m: dict) -> str:
     return (f"step {m['step']:>3}  reward {m[Metric.REWARD_MEAN]:.3f}  step {m[Metric.STEP_S]:.2f}s  "
             f"learner idle {100 * m[Metric.TRAINER_IDLE]:.1f}% (waiting {100 * m[Metric.TRAINER_WAIT]:.1f}%)  "
@@ -210,7 +219,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
     bar = tqdm(total=cfg.train.steps, desc=f"{cfg.train.schedule}", file=sys.stderr, disable=args.quiet)
 
     def on_step(m: dict) -> None:
-        bar.update(1)
+        bar_to_step(bar, m["step"])
         bar.write(_summary_line(m), file=sys.stderr)
 
     from learner.rollout.fleet import RolloutError

@@ -150,6 +150,10 @@ class Trainer:
             self.schedule.dispatch(self)
             for step in range(self.first_step, self.cfg.train.steps):
                 self.rec = StepRecord(step, self.t_step_end)
+                # a step boundary is a safe point too: a stop requested during the last step takes
+                # effect here, not only where the learner next waits for the fleet (with messages
+                # always queued, a streaming run might not wait for many steps)
+                stopping.check()
                 self.recorder.begin_step(step)
                 self.parts.fleet.begin_step(step)  # rollout.max_worker_restarts counts per step
                 held = self.schedule.collect(self)

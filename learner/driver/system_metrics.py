@@ -4,7 +4,7 @@ rollout workers; on a GPU also the driver's GPU memory and utilisation. Read fro
 psutil, a few reads per process: nothing on the learner's hot path. Two cadences: at each step's
 end (into the step's metrics), and every ``tracking.system_every_s`` seconds of wall clock by
 ``SystemSampler`` (``system`` events: a step of minutes on a GPU node still gets a curve, as W&B
-and Ray sample every few seconds)."""
+and Ray sample every few seconds; a run of seconds gets one too: the interval starts at 0.2 s)."""
 
 from __future__ import annotations
 
@@ -107,11 +107,27 @@ def node_name() -> str:
     return os.environ.get("THUNDERSYNC_NODE") or socket.gethostname()
 
 
+# The adaptive interval: a run's length is unknown while it runs, so the sampler starts fast and
+# slows down to ``every_s``: the interval at time t after the start is t / SAMPLES_PER_RUN, within
+# [SAMPLE_FLOOR_S, every_s]. Over a run of T seconds its last half then holds at least
+# SAMPLES_PER_RUN / 2 samples wherever T >= SAMPLES_PER_RUN x SAMPLE_FLOOR_S (4 s), and a longer
+# run at least T / every_s: at least 10 points over any run of 4 s or more.
+SAMPLES_PER_RUN = 20
+SAMPLE_FLOOR_S = 0.2
+
+
+def sample_interval(elapsed_s: float, every_s: float) -> float:
+    """Seconds to the next sample, ``elapsed_s`` after the sampler started (``every_s`` the most)."""
+    return min(every_s, max(SAMPLE_FLOOR_S, elapsed_s / SAMPLES_PER_RUN))
+
+
 class SystemSampler:
-    """A daemon thread that, every ``every_s`` seconds, samples the run's processes (its own
-    ``ProcessSampler``: CPU % over its own interval) and hands ``emit`` one ``system`` event
-    ``{"type": "system", "t": run clock, "node": ..., "values": {system/<process>/<quantity>: x}}``
-    (docs/spans.md). ``pids`` and ``extra`` are called on this thread: they must only read."""
+    """A daemon thread that samples the run's processes (its own ``ProcessSampler``: CPU % over
+    its own interval) at an interval growing from SAMPLE_FLOOR_S to ``every_s`` seconds
+    (``sample_interval``; ``every_s`` below the floor is kept as is) and hands ``emit`` one
+    ``system`` event ``{"type": "system", "t": run clock, "node": ..., "values":
+    {system/<process>/<quantity>: x}}`` (docs/spans.md). ``pids`` and ``extra`` are called on this
+    thread: they must only read."""
 
     def __init__(self, every_s: float, now: Callable[[], float], pids: Callable[[], dict[str, int]],
                  emit: Callable[[dict], None], extra: Callable[[], dict[str, float]] = dict):
@@ -128,7 +144,8 @@ class SystemSampler:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        started = time.monotonic()
+        while not self._stop.wait(sample_interval(time.monotonic() - started, self.every_s)):
             try:
                 values = {**self._sampler.sample(self.pids()), **self.extra()}
             except Exception:  # a process table read racing a worker's restart: skip this sample

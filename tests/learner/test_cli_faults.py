@@ -122,6 +122,28 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig, code):
 
 @pytest.mark.slow
 @pytest.mark.slow
+def test_a_stop_takes_effect_at_the_next_step_boundary(tmp_path):
+    """SIGTERM during step k: no step after k + 1 starts (the step boundary is a safe point, not
+    only a wait for the rollout fleet, which a streaming run with rollouts queued may not reach)."""
+    proc, events = start_run(tmp_path, steps=200)
+    try:
+        wait_for_metrics(proc, events)
+        done = [json.loads(line)["step"] for line in events.read_text().splitlines() if '"type":"metrics"' in line]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        lines = [json.loads(line) for line in events.read_text().splitlines()]
+        after = [e["step"] for e in lines if e.get("type") == "metrics"]
+        # at the signal the learner was in step max(done) + 1 at the latest (or just past its end)
+        assert max(after) <= max(done) + 2, (done, after)
+        started = {e["step"] for e in lines if e.get("type") == "span" and e.get("step", -1) >= 0}
+        assert max(started) <= max(done) + 2, (done, sorted(started)[-5:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
 def test_a_group_kill_leaves_no_semaphore_behind(tmp_path):
     """kill -9 of the whole process group: nobody inside can clean up, the run's janitor
     (its own session, learner/stopping.py) removes the semaphores once the group is gone."""

@@ -4,7 +4,7 @@ import os
 import threading
 import time
 
-from learner.driver.system_metrics import SystemSampler
+from learner.driver.system_metrics import SAMPLE_FLOOR_S, SystemSampler, sample_interval
 
 
 def test_it_emits_a_system_event_per_interval_with_each_processs_cpu_and_memory_and_stops():
@@ -47,3 +47,26 @@ def test_a_process_gone_between_samples_is_left_out_not_a_failure():
     assert done.wait(30)
     sampler.stop()
     assert all(not k.startswith("system/rollout_0/") for k in events[0]["values"])
+
+
+def test_the_interval_starts_at_the_floor_and_grows_to_every_s_so_any_run_gets_ten_points():
+    assert sample_interval(0.0, 2.0) == SAMPLE_FLOOR_S == 0.2
+    assert sample_interval(10.0, 2.0) == 0.5 and sample_interval(1000.0, 2.0) == 2.0
+    for run_s in (4.0, 5.0, 10.0, 30.0, 120.0, 3600.0):  # the samples a run of run_s seconds gets
+        t, samples = 0.0, 0
+        while (t := t + sample_interval(t, 2.0)) <= run_s:
+            samples += 1
+        assert samples >= 10, (run_s, samples)
+
+
+def test_a_short_run_is_sampled_at_the_floor_not_every_two_seconds():
+    events = []
+    clock = iter(range(1000))
+    sampler = SystemSampler(2.0, lambda: float(next(clock)), lambda: {"driver": os.getpid()}, events.append).start()
+    deadline = time.monotonic() + 30
+    while len(events) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sampler.stop()
+    took = time.monotonic() - (deadline - 30)
+    assert len(events) >= 5, f"{len(events)} samples in {took:.1f} s with every_s 2"
+    assert took < 8.0  # five samples at 2 s would take 10 s
