@@ -18,7 +18,8 @@ def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str |
     if isinstance(err, SandboxRefused):  # the experiment's task, on these workers
         return "experiment", 400, str(err)
     if isinstance(err, LaunchOverrideError):
-        return ("sweep_values" if swept and str(err).startswith(f"{swept}:") else "overrides"), 400, str(err)
+        about_sweep = swept and str(err).startswith((f"{swept}:", f"{swept}[", f"{swept}."))  # or inside it
+        return ("sweep_values" if about_sweep else "overrides"), 400, str(err)
     if isinstance(err, ConfigError):
         return schedule_field, 400, f"does not fit the experiment's config: {err}"
     if swept in err.inputs:

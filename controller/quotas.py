@@ -99,12 +99,16 @@ def check_config(user, config: dict) -> None:
 
 def check_cost(quota: Quota, config: dict) -> None:
     """What the run costs beyond counts (controller/run_cost.py): its processes, the tokens of
-    a step, the sizes its task generator is asked for."""
+    a step, its evaluations' samples per step, the sizes its task generator is asked for."""
     for cost, bound, what in ((run_cost.processes(config), quota.processes, "processes per run"),
                               (run_cost.tokens_per_step(config), quota.tokens_per_step, "tokens per step")):
         if cost.value > bound:
             raise QuotaExceeded(cost.inputs[0], f"{cost.formula}, over your quota of {bound} {what}",
                                 inputs=cost.inputs)
+    evaluation = run_cost.eval_samples_per_step(config)  # the same sample quota as a training step's
+    if evaluation.value > quota.trajectories_per_step:
+        raise QuotaExceeded(evaluation.inputs[0], f"{evaluation.formula}, over your quota of "
+                            f"{quota.trajectories_per_step} trajectories per step", inputs=evaluation.inputs)
     for path, value in run_cost.dataset_sizes(config):
         if value > quota.task_size:
             raise QuotaExceeded(path, f"{path} = {value} is over your quota of {quota.task_size} (task_size)")

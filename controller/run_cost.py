@@ -53,6 +53,20 @@ def tokens_per_step(config: dict) -> Cost:
                 f"{rollout['max_new_tokens']} × {task['max_turns']}) = {value} tokens per step")
 
 
+def eval_samples_per_step(config: dict) -> Cost:
+    """Evaluation's sampled trajectories, amortised over the steps between evaluations: every
+    ``train.eval_every`` steps, ``train.eval_prompts`` held-out prompts, each sampled
+    ``train.eval_k`` times under pass@k (once, greedy). 0 when the run never evaluates."""
+    train = config["train"]
+    every, prompts = train.get("eval_every", 0), train.get("eval_prompts", 0)
+    per_prompt = train.get("eval_k", 1) if train.get("eval_mode") == "pass@k" else 1
+    value = -(-prompts * per_prompt // every) if every else 0  # rounded up
+    k = "train.eval_k" if train.get("eval_mode") == "pass@k" else "1 (greedy)"
+    return Cost(value, ("train.eval_prompts", "train.eval_k", "train.eval_every", "train.eval_mode"),
+                f"train.eval_prompts × {k} / train.eval_every = {prompts} × {per_prompt} / {every} = {value} "
+                "evaluation samples per step")
+
+
 def generator_settings(config: dict) -> Iterator[tuple[str, float]]:
     """(config path, value) of every number in a reasoning-gym dataset's options: the terms,
     digits, lengths, sizes of what it generates, which a step's generation and scoring time

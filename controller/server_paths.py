@@ -13,6 +13,11 @@ from a model root) or ``"run"`` (written under the run directory), or are named 
 ``FIELD_KINDS``; an unmarked plain string field whose name looks like a path (``*_dir``,
 ``*_path``, ``*_file``, ``output*``, ``dump*``) is treated as ``"run"``, so a new path knob
 is confined until someone decides otherwise.
+
+A reasoning-gym generator's options (``task.datasets[i].config``) are checked by
+``learner.rollout.gym_options``: an option that opens a file may name only reasoning_gym's own
+data files or a file under the data roots, every other text option must be one known to name
+no file, and unknown options are refused (``GENERATOR_FIELDS``).
 """
 
 import os
@@ -25,6 +30,7 @@ from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig, parse_config
 from learner.preflight import builtin_problem, check_vllm_speculation
+from learner.rollout.gym_options import task_problem
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")
@@ -32,8 +38,9 @@ FIELD_KINDS = {"task.path": "data", "task.reward": "code", "tracking.tensorboard
 # Plain-text fields that name no file: every other string field of RunConfig has a kind above
 # or by its marker/name (tests/controller/test_config_paths.py fails on a new unclassified one).
 NOT_PATHS = ("name", "task.name", "task.prompt_field", "task.answer_field", "task.system_prompt",
-             "task.prompt_preamble", "task.reward_pattern", "task.datasets.name", "model.lora.target_modules", "learner.nodes",
-             "task.datasets.config")  # a reasoning-gym generator's parameters (sizes, seeds, ranges)
+             "task.prompt_preamble", "task.reward_pattern", "task.datasets.name", "model.lora.target_modules", "learner.nodes")
+# Generator options: checked option by option against the server's data roots (check_generators).
+GENERATOR_FIELDS = ("task.datasets.config",)
 BUILTIN_REWARDS = ("exact-match", "regex", "math-verify")
 
 
@@ -122,6 +129,16 @@ def run_dir_escape(config: dict, run_dir: Path) -> str | None:
     return None
 
 
+def check_generators(config: RunConfig) -> None:
+    """Every reasoning-gym generator option against the server's own data roots (the trainer's
+    config validation checked them against its environment's: the same setting in production)."""
+    if config.task.datasets:
+        problem = task_problem([d.model_dump() for d in config.task.datasets],
+                               [str(r) for r in roots("THUNDERSYNC_DATA_ROOTS")])
+        if problem:
+            raise ConfigError(problem)
+
+
 CHECKS = {"model": check_model_dir, "data": check_data_path, "code": check_reward, "run": check_run_relative}
 
 
@@ -132,4 +149,5 @@ def check_server_paths(config: RunConfig) -> None:
         if not isinstance(value, str):
             raise ConfigError(f"{field}: expected a path string")
         CHECKS[kind](field, value)
+    check_generators(config)
     check_vllm_speculation(config)

@@ -7,8 +7,9 @@ group is killed when the run ends, so no worker outlives its run.
 
 While it runs the supervisor stamps the run's heartbeat (``controller/ownership.py``), and
 it outlives infrastructure faults: database errors are retried with backoff while the
-learner keeps training, a learner that stops reporting for THUNDERSYNC_PROGRESS_TIMEOUT_S
-is stopped with that reason, and a stderr log that cannot be written (a full disk) fails
+learner keeps training, a learner that makes no progress (no span, trajectory, step metrics or
+checkpoint; its system samples only say it is alive) for THUNDERSYNC_PROGRESS_TIMEOUT_S is
+stopped with that reason, and a stderr log that cannot be written (a full disk) fails
 the run with the reason instead of silently blocking the learner on a full pipe.
 """
 
@@ -34,7 +35,7 @@ from . import liveness, nodes, ownership, runlog, warm
 from .child_env import run_environment
 from .disk_quota import DiskWatch
 from .processes import die_with_parent, me
-from .ingestion import RunIngestor, finish_run
+from .ingestion import Parsed, RunIngestor, finish_run
 from .priority import yield_to_runs
 from .runlog import LOG_NAME, count_lines
 from .models import Run
@@ -44,6 +45,15 @@ from .server_paths import run_dir_escape
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ORPHAN_GRACE_S = 2.0  # how long group members may outlive the learner before SIGKILL
+LIVENESS_ONLY = ("system",)  # events that say the learner is alive, not that it got anything done
+
+
+def is_progress(parsed) -> bool:
+    """Whether a line is work done (a span, a trajectory, a step's metrics, a checkpoint, the run's
+    start or end), which the progress watchdog counts; a system sample or a bad line is not."""
+    if not isinstance(parsed, Parsed) or parsed.span is not None:
+        return True
+    return parsed.event is not None and parsed.event.get("type") not in LIVENESS_ONLY
 
 
 class LearnerProcess:
@@ -265,7 +275,7 @@ class RunWatch:
         self.leader_gone_at: float | None = None
         now = time.monotonic()
         self.next_poll = self.next_stamp = self.next_alive = now
-        self.last_event = now
+        self.last_progress = now
 
     def pump(self) -> None:
         """Feed events until the learner exits."""
@@ -275,7 +285,8 @@ class RunWatch:
             now = time.monotonic()
             if line:
                 self.ingestor.take(line)
-                self.last_event = now
+                if is_progress(line):  # a system sample says the learner is alive, not that it gets work done
+                    self.last_progress = now
             if now >= self.next_alive:  # liveness through the run directory, whatever the database does
                 self.next_alive = now + settings.THUNDERSYNC_HEARTBEAT_S
                 liveness.mark_alive(self.run_id, self.me)
@@ -313,9 +324,10 @@ class RunWatch:
     def watchdogs(self, now: float) -> None:
         if self.child.reader_error:
             self.stop("failed", self.child.reader_error)
-        silent = now - self.last_event
-        if silent > settings.THUNDERSYNC_PROGRESS_TIMEOUT_S and self.child.proc.poll() is None:
-            self.stop("failed", f"no event from the learner for {silent:.0f}s (it hangs; "
+        idle = now - self.last_progress
+        if idle > settings.THUNDERSYNC_PROGRESS_TIMEOUT_S and self.child.proc.poll() is None:
+            self.stop("failed", f"no progress from the learner for {idle:.0f}s: no span, trajectory or step finished, "
+                                f"only system samples (it hangs or a step costs too much; "
                                 f"THUNDERSYNC_PROGRESS_TIMEOUT_S={settings.THUNDERSYNC_PROGRESS_TIMEOUT_S:g})")
 
     def stop(self, why: str, reason: str) -> None:

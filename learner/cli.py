@@ -187,6 +187,10 @@ def cmd_train(args) -> int:
             booted.close()
         report_failure(args.events, f"invalid config: {err}")
         raise
+    except BaseException:
+        if booted:  # the workers must not outlive a failed start (the interpreter's exit would wait for them)
+            booted.close()
+        raise
     if cfg.train.steps == 0:
         print(f"config ok: {args.config} ({cfg.train.schedule}, {cfg.algorithm.objective})", file=sys.stderr)
         return 0

@@ -147,6 +147,16 @@ class TaskConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _gym_options_allowed(self) -> "TaskConfig":
+        # a generator's options may open files and cost exponential work: learner/rollout/gym_options.py
+        if self.datasets:
+            from learner.rollout.gym_options import task_problem
+
+            if problem := task_problem([d.model_dump() for d in self.datasets]):
+                raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _preamble_is_arith_tool(self) -> "TaskConfig":
         if self.prompt_preamble is not None and self.name != "arith-tool":
             raise ValueError(f"task.prompt_preamble: arith-tool only; task {self.name} has task.system_prompt")

@@ -121,3 +121,7 @@ def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | Non
         check_writable_dir("--output", output_dir)
     if events:
         check_writable_file("--events", events)
+    if cfg.task.name == "reasoning-gym":  # a few items of each generator, under a time and memory limit
+        from learner.rollout.gym_probe import probe_generators
+
+        probe_generators(cfg.task, cfg.seed)

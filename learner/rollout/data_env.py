@@ -162,12 +162,21 @@ class ReasoningGymEnv(TagTurns):
             specs = [DatasetSpec(name=d.name, weight=d.weight, config=dict(d.config)) for d in self.config.datasets]
             try:
                 self._built[seed] = CompositeDataset(CompositeConfig(size=self.config.size, seed=seed, datasets=specs))
-            except (TypeError, ValueError, AssertionError) as err:
-                raise ValueError(f"task.datasets: reasoning-gym rejected the datasets' config: {err}") from None
+            except Exception as err:  # a generator's own failure on its options: one line, no traceback
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                raise ValueError(f"task.datasets: reasoning-gym rejected the datasets' config: "
+                                 f"{type(err).__name__}{': ' + reason if reason else ''}") from None
         return self._built[seed]
 
     def check(self, seed: int, groups_needed: int) -> None:
-        self.dataset(seed)[0]
+        try:
+            self.dataset(seed)[0]
+        except ValueError:
+            raise
+        except Exception as err:  # the first item: a generator that fails on its options fails here, in one line
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ValueError(f"task.datasets: generating the first item failed: "
+                             f"{type(err).__name__}{': ' + reason if reason else ''}") from None
 
     @cached_property
     def _system(self) -> str:

@@ -99,3 +99,36 @@ def test_log_lines_go_live_numbered_as_in_the_file_and_the_error_says_it_once(
             logged.update({frame["first"] + i: line for i, line in enumerate(frame["lines"])})
     file_lines = (tmp_path / f"run-{run.pk}" / "learner.stderr.log").read_text().splitlines()
     assert [logged[i] for i in sorted(logged)] == file_lines and sorted(logged) == list(range(3))
+
+
+SYSTEM = json.dumps({"type": "system", "t": 0.0, "node": "local", "values": {"system/learner/rss_mb": 100.0}})
+
+
+def span(seq: int) -> str:
+    return json.dumps({"type": "span", "seq": seq, "step": 0, "kind": "generate", "t0": 0.0, "t1": 0.1,
+                       "lane": "worker-0"})
+
+
+def test_the_watchdog_counts_progress_not_system_samples(shell_learner, settings, alice_experiment, sync_preset):
+    # A learner stuck generating its task (a costly generator) still sends a system sample every 0.1 s:
+    # they say it is alive, not that it gets anything done, so the watchdog stops it.
+    settings.THUNDERSYNC_PROGRESS_TIMEOUT_S = 2.0
+    settings.THUNDERSYNC_CANCEL_GRACE_S = 1.0
+    shell_learner(f"echo '{STARTED}'; while true; do echo '{SYSTEM}'; sleep 0.1; done")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    started = time.monotonic()
+    finished = supervise(run)
+    assert finished.status == "failed"
+    assert finished.error.startswith("no progress from the learner for 2s: no span, trajectory or step finished, "
+                                     "only system samples"), finished.error
+    assert 2.0 <= time.monotonic() - started < 30
+    assert group_is_gone(finished.pids[0])
+
+
+def test_a_learner_that_keeps_finishing_work_is_not_stopped(shell_learner, settings, alice_experiment, sync_preset):
+    # spans arrive every 0.5 s for 4 s, longer than the 2 s timeout in all: progress, not a hang
+    settings.THUNDERSYNC_PROGRESS_TIMEOUT_S = 2.0
+    work = "".join(f"echo '{span(seq)}'; echo '{SYSTEM}'; sleep 0.5; " for seq in range(8))
+    shell_learner(f"echo '{STARTED}'; {work}echo '{FINISHED}'")
+    run = make_run(alice_experiment, sync_preset, status=Run.Status.STARTING)
+    assert supervise(run).status == "succeeded"

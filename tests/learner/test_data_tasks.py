@@ -258,8 +258,14 @@ def test_reasoning_gym_scores_with_its_own_verifiers():
 
 
 def test_reasoning_gym_names_an_unknown_dataset():
-    with pytest.raises(ValueError) as err:
-        ReasoningGymEnv(TaskConfig(name="reasoning-gym", datasets=[{"name": "nope"}]))
+    from learner.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as err:  # when the config is read (learner/rollout/gym_options.py)
+        parse_config({"task": {"name": "reasoning-gym", "datasets": [{"name": "nope"}]}})
+    assert str(err.value) == "task.datasets[0].name: unknown reasoning-gym dataset 'nope'"
+    with pytest.raises(ValueError) as err:  # and by the environment, for a config built without validation
+        ReasoningGymEnv(TaskConfig.model_construct(name="reasoning-gym", datasets=[
+            type("Spec", (), {"name": "nope", "weight": 1.0, "config": {}})()]))
     assert str(err.value) == "task.datasets[0].name: unknown reasoning-gym dataset 'nope'"
 
 
