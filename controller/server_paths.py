@@ -38,7 +38,8 @@ FIELD_KINDS = {"task.path": "data", "task.reward": "code", "tracking.tensorboard
 # Plain-text fields that name no file: every other string field of RunConfig has a kind above
 # or by its marker/name (tests/controller/test_config_paths.py fails on a new unclassified one).
 NOT_PATHS = ("name", "task.name", "task.prompt_field", "task.answer_field", "task.system_prompt",
-             "task.prompt_preamble", "task.reward_pattern", "task.datasets.name", "model.lora.target_modules", "learner.nodes")
+             "task.prompt_preamble", "task.reward_pattern", "task.datasets.name", "model.lora.target_modules", "learner.nodes",
+             "cluster.address")  # a Ray address (auto, env, host:port, ray://host:port), not a file
 # Generator options: checked option by option against the server's data roots (check_generators).
 GENERATOR_FIELDS = ("task.datasets.config",)
 BUILTIN_REWARDS = ("exact-match", "regex", "math-verify")
