@@ -19,8 +19,8 @@ own validation, so the command line refuses what the web app refuses):
 - settings whose cost grows exponentially are capped (``COST_CAPS``);
 - the generator's own ``validate()`` accepts the options.
 
-Keys named like a path are refused before reasoning_gym is imported, so such a config is
-refused in milliseconds. What an item costs to generate is measured by ``gym_probe``.
+Keys named like a path, and capped settings, are checked before reasoning_gym is imported
+(which takes seconds), so such a config is refused in milliseconds. What an item costs to generate is measured by ``gym_probe``.
 """
 
 from __future__ import annotations
@@ -101,10 +101,20 @@ def file_problem(field: str, value: Any, kind: str, data_roots: list[str]) -> st
     return None if inside(base / value, [base]) else refused
 
 
+def cap_problem(field: str, name: str, key: Any, value: Any) -> str | None:
+    cap = COST_CAPS.get((name, key))
+    if cap is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value > cap:
+        return (f"{field}: {value} is over {name}'s limit of {cap} (the work to generate an item grows "
+                f"exponentially with it)")
+    return None
+
+
 def named_like_paths(datasets: list, data_roots: list[str]) -> str | None:
-    """The first problem of a path-named option, checked on the text alone (no import)."""
+    """The first problem of a path-named or capped option, checked on the text alone (no import)."""
     for i, spec in enumerate(datasets):
         for key, value in (spec.get("config") or {}).items():
+            if problem := cap_problem(f"task.datasets[{i}].config.{key}", spec.get("name"), key, value):
+                return problem
             kind = FILE_OPTIONS.get((spec.get("name"), key))
             if kind is None and isinstance(key, str) and PATH_LIKE.search(key) and isinstance(value, str):
                 kind = "data"
@@ -168,11 +178,7 @@ def option_problem(i: int, name: str, key: Any, value: Any, known: dict[str, Any
         return f"{field}: a text option of {name} that is not known to name no file; leave it at its default"
     if problem := value_problem(field, known[key], value):
         return problem
-    cap = COST_CAPS.get((name, key))
-    if cap is not None and isinstance(value, (int, float)) and value > cap:
-        return (f"{field}: {value} is over {name}'s limit of {cap} (the work to generate an item grows "
-                f"exponentially with it)")
-    return None
+    return cap_problem(field, name, key, value)
 
 
 def generator_problem(i: int, name: str, config: dict) -> str | None:

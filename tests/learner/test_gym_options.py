@@ -125,7 +125,7 @@ def test_tower_of_hanoi_disks_are_capped(disks):
         load_config_dict(gym_config("tower_of_hanoi", {"min_disks": 3, "max_disks": disks}))
     assert str(err.value) == (f"task.datasets[0].config.max_disks: {disks} is over tower_of_hanoi's limit of 15 "
                               "(the work to generate an item grows exponentially with it)")
-    assert time.perf_counter() - started < 5.0  # reasoning_gym's import at most; no item is generated
+    assert time.perf_counter() - started < 1.0  # checked before reasoning_gym is imported; nothing is generated
 
 
 def probe_task(name: str, options: dict) -> TaskConfig:
