@@ -4,6 +4,7 @@ A user reaches only their own experiments and runs (others' ids answer 404) and 
 global schedule presets plus their own.
 """
 
+from django.db import transaction
 from django.db.models import Max
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
@@ -20,11 +21,12 @@ from .forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
 from .launch_input import launch_error, sweep_of
 from .launching import launch_comparison, launch_run, request_cancel
 from .limits import INT32_MAX
-from .models import Comparison, Experiment, Run, Schedule, Span
+from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric
 from .resuming import ResumeRefused, request_resume
 from .openapi import schema
-from .quotas import QuotaExceeded
-from .serializers import comparison_json, experiment_json, metrics_json, run_json, schedule_json, spans_json
+from .pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, paged
+from .quotas import QuotaExceeded, check_stored
+from .serializers import comparison_json, experiment_json, run_json, runs_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
 EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}
@@ -39,6 +41,14 @@ def owned_run(user, run_id: int) -> Run:
     return get_object_or_404(Run.objects.select_related("experiment", "schedule"), pk=run_id, experiment__owner=user)
 
 
+def room_for(user, kind: str) -> None:
+    """quotas.check_stored as the API's 409 naming the limit."""
+    try:
+        check_stored(user, kind)
+    except QuotaExceeded as err:
+        raise ApiError(err.status, {err.field: err.message}) from None
+
+
 def validated(form):
     if not form.is_valid():
         raise ApiError(400, form_errors(form))
@@ -48,22 +58,30 @@ def validated(form):
 @api_view("GET", "POST")
 def experiments(request):
     if request.method == "GET":
-        return JsonResponse({"experiments": [experiment_json(e) for e in Experiment.objects.filter(owner=request.user)]})
-    form = ExperimentForm(read_json(request, EXPERIMENT_FIELDS), instance=Experiment(owner=request.user))
-    return JsonResponse(experiment_json(validated(form).save()), status=201)
+        owned = Experiment.objects.filter(owner=request.user)
+        return JsonResponse(paged(request, owned, "experiments", lambda page: [experiment_json(e) for e in page]))
+    body = read_json(request, EXPERIMENT_FIELDS)
+    with transaction.atomic():  # the count and the insert under the user's row lock
+        room_for(request.user, "experiments")
+        form = ExperimentForm(body, instance=Experiment(owner=request.user))
+        return JsonResponse(experiment_json(validated(form).save()), status=201)
 
 
 @api_view("GET")
 def experiment_detail(request, experiment_id: int):
+    """The experiment with its newest DEFAULT_PAGE runs; ``runs_count`` counts them all and
+    ``runs_url`` pages through them (/api/runs/?experiment=<id>)."""
     experiment = get_object_or_404(Experiment, pk=experiment_id, owner=request.user)
-    runs = [run_json(r) for r in experiment.runs.select_related("experiment", "schedule")]
-    return JsonResponse({**experiment_json(experiment), "runs": runs})
+    owned = experiment.runs.select_related("experiment", "schedule")
+    return JsonResponse({**experiment_json(experiment), "runs": runs_json(owned[:DEFAULT_PAGE]),
+                         "runs_count": owned.count(), "runs_url": f"/api/runs/?experiment={experiment.pk}"})
 
 
 @api_view("GET", "POST")
 def schedules(request):
     if request.method == "GET":
-        return JsonResponse({"schedules": [schedule_json(s) for s in Schedule.objects.visible_to(request.user)]})
+        visible = Schedule.objects.visible_to(request.user)
+        return JsonResponse(paged(request, visible, "schedules", lambda page: [schedule_json(s) for s in page]))
     form = ScheduleForm(read_json(request, SCHEDULE_FIELDS), user=request.user)
     return JsonResponse(schedule_json(validated(form).save()), status=201)
 
@@ -75,7 +93,7 @@ def runs(request):
         experiment_id = int_param(request, "experiment", None, 1, INT32_MAX)
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
-        return JsonResponse({"runs": [run_json(r) for r in owned]})
+        return JsonResponse(paged(request, owned, "runs", runs_json))
     form = RunCreateForm(read_json(request, RUN_FIELDS), user=request.user)
     unknown = {f: f"no such {f}" for f in ("experiment", "schedule") if form.has_error(f, "invalid_choice")}
     if unknown:  # an id that is not yours is a missing object, as on every other path
@@ -115,7 +133,7 @@ def comparisons(request):
         experiment_id = int_param(request, "experiment", None, 1, INT32_MAX)
         if experiment_id is not None:
             owned = owned.filter(experiment_id=experiment_id)
-        return JsonResponse({"comparisons": [comparison_json(c) for c in owned]})
+        return JsonResponse(paged(request, owned, "comparisons", lambda page: [comparison_json(c) for c in page]))
     body = comparison_input(request)
     if "experiment" not in body:
         raise ApiError(400, {"experiment": "required: one of your experiments' ids"})
@@ -179,7 +197,9 @@ def run_resume(request, run_id: int):
 
 @api_view("GET")
 def run_metrics(request, run_id: int):
-    return JsonResponse({"metrics": metrics_json(owned_run(request.user, run_id).pk)})
+    """The run's per-step metrics in step order, a page at a time (``limit`` up to MAX_METRICS_PAGE)."""
+    metrics = StepMetric.objects.filter(run=owned_run(request.user, run_id)).order_by("step").values("step", "values")
+    return JsonResponse(paged(request, metrics, "metrics", list, MAX_METRICS_PAGE, MAX_METRICS_PAGE))
 
 
 def step_range(request) -> dict:
@@ -215,7 +235,13 @@ def run_spans(request, run_id: int):
     after = int_param(request, "after", -1, -1, INT32_MAX)
     limit = int_param(request, "limit", 2000, 1, MAX_SPANS_PAGE)
     spans = spans_json(Span.objects.filter(run=run, seq__gt=after, **step_range(request)), limit)
-    return JsonResponse({"spans": spans, "last_seq": spans[-1]["seq"] if spans else after})
+    last = spans[-1]["seq"] if spans else after
+    following = None
+    if len(spans) == limit:  # a full page: there may be more (a page past the end is empty)
+        params = request.GET.copy()
+        params["after"] = str(last)
+        following = f"{request.path}?{params.urlencode()}"
+    return JsonResponse({"spans": spans, "last_seq": last, "next": following})
 
 
 @api_view("GET")

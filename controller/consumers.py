@@ -13,6 +13,7 @@ it publishes.
 import asyncio
 import json
 import logging
+import weakref
 from collections import deque
 from urllib.parse import parse_qs
 
@@ -43,8 +44,21 @@ CLOSE_TOO_SLOW = 4408  # the viewer fell THUNDERSYNC_WS_BACKLOG_BYTES behind: re
 # An infrastructure outage (database, channel layer): "try again later". Not the standard 1013:
 # daphne's websocket library sends only 1000 and 3000-4999 (a 1013 reached the client as 1011).
 CLOSE_TRY_AGAIN_LATER = 4503
+# The user has THUNDERSYNC_WS_PER_USER sockets open in this server process already: final (the page
+# does not reconnect; it asks to close other views and reload).
+CLOSE_TOO_MANY = 4429
 MAX_CLIENT_FRAME_CHARS = 200  # {"type": "ack", "frames": n} is ~40 characters
 log = logging.getLogger(__name__)
+
+
+# Open sockets per user, per event loop (daphne has one per process; each test its own): the
+# consumers' ids, a user's entry removed with their last socket.
+_open: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, set[int]]]" = weakref.WeakKeyDictionary()
+
+
+def open_sockets() -> dict[int, set[int]]:
+    """This process's open sockets by user id (the cap's count; tests and the load bench read it)."""
+    return _open.setdefault(asyncio.get_running_loop(), {})
 
 
 @database_sync_to_async
@@ -116,6 +130,16 @@ class RunConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
+        mine = open_sockets().setdefault(user.pk, set())
+        if len(mine) >= settings.THUNDERSYNC_WS_PER_USER:
+            if not mine:
+                del open_sockets()[user.pk]
+            await self.accept()
+            await self.close(code=CLOSE_TOO_MANY, reason=(
+                f"{len(mine)} live views open, the limit is {settings.THUNDERSYNC_WS_PER_USER} per user"))
+            return
+        mine.add(id(self))
+        self.user_id = user.pk
         after = after_param(self.scope.get("query_string", b""))
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST)
@@ -170,6 +194,12 @@ class RunConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self.closing = True
+        user_id = getattr(self, "user_id", None)
+        if user_id is not None:  # counted against the user's cap until now
+            mine = open_sockets().get(user_id, set())
+            mine.discard(id(self))
+            if not mine:
+                open_sockets().pop(user_id, None)
         if self.feed is not None:
             await fanout.unsubscribe(self, self.feed)
 

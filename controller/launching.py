@@ -17,7 +17,7 @@ from .overrides import format_override
 from .disk_quota import check_disk
 from .nodes import check_nodes, placement
 from .sandbox_hosts import launch_refusal
-from .quotas import QuotaExceeded, check_config, check_queue, quota_for
+from .quotas import QuotaExceeded, check_config, check_queue, check_stored, quota_for
 from .frames import status_frame
 
 
@@ -45,6 +45,7 @@ def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = N
     task_id = str(uuid.uuid4())
     with transaction.atomic():
         check_queue(experiment.owner)
+        check_stored(experiment.owner, "runs")
         run = Run.objects.create(
             experiment=experiment, schedule=schedule, name=name, steps=steps, config=config, celery_task_id=task_id,
             comparison=comparison, overrides=overrides,

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from .forms import ExperimentForm, ScheduleForm
 from .models import Experiment, Run, Schedule, Span
+from .quotas import QuotaExceeded, check_stored
 from .runlog import run_dir
 from .decorators import form_post
 
@@ -41,9 +42,15 @@ def experiment_edit(request, experiment_id: int):
 @form_post
 def experiment_clone(request, experiment_id: int):
     found = owned_experiment(request, experiment_id)
-    copy = Experiment.objects.create(owner=request.user, name=f"{found.name} (copy)"[:200],
-                                     description=found.description, config=found.config,
-                                     config_text=found.config_text)
+    try:
+        with transaction.atomic():
+            check_stored(request.user, "experiments")
+            copy = Experiment.objects.create(owner=request.user, name=f"{found.name} (copy)"[:200],
+                                             description=found.description, config=found.config,
+                                             config_text=found.config_text)
+    except QuotaExceeded as err:
+        messages.warning(request, f"{found} cannot be cloned: {err.message}")
+        return redirect("experiment", found.pk)
     messages.info(request, f"Cloned {found} (no runs copied).")
     return redirect("experiment-edit", copy.pk)
 

@@ -8,10 +8,11 @@ import copy
 
 from .compare import MAX_COMPARED, MAX_LAUNCHED, MIN_COMPARED
 from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
-from .forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_REPEATS, MAX_STEPS
+from .forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_CONFIG_VALUES, MAX_REPEATS, MAX_STEPS
 from .limits import INT32_MAX
 from .models import Run, Schedule
 from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES
+from .pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, MAX_PAGE
 from .quotas import RESOURCE_LIMITS, quota_for
 
 # Text fields: Django refuses NUL characters everywhere and, for required names, text that
@@ -83,8 +84,8 @@ SCHEMAS = {
             "description": text(10_000),
             "config": {
                 "description": (f"learner.config.RunConfig as a JSON object, or YAML text (<= {MAX_CONFIG_CHARS} "
-                                "chars, no anchors or aliases), validated by learner.config (field types, ranges, "
-                                "rules across fields), then against the model roots and your quota "
+                                f"chars, no anchors or aliases); at most {MAX_CONFIG_VALUES} values; validated by "
+                                "learner.config (field types, ranges, rules across fields), then against the model roots and your quota "
                                 "(docs/controller.md, Security and fair use)"),
                 "oneOf": [{"type": "object"}, {"type": "string", "maxLength": MAX_CONFIG_CHARS}],
             },
@@ -371,6 +372,24 @@ def list_of(key: str, item: str) -> dict:
     return {"type": "object", "properties": {key: {"type": "array", "items": ref(item)}}}
 
 
+def page_of(key: str, item: str) -> dict:
+    """A page of a list (controller/pagination.py): the items, the total and the neighbours' links."""
+    link = {"type": ["string", "null"], "description": "path and query of that page; null at the end"}
+    return {"type": "object", "required": [key, "count", "limit", "offset", "next", "previous"], "properties": {
+        key: {"type": "array", "items": ref(item)},
+        "count": {"type": "integer", "minimum": 0, "description": "items the filters keep, on every page"},
+        "limit": {"type": "integer", "minimum": 1}, "offset": {"type": "integer", "minimum": 0},
+        "next": link, "previous": link}}
+
+
+def page_params(default: int = DEFAULT_PAGE, maximum: int = MAX_PAGE) -> list[dict]:
+    return [int_query("limit", f"page size (default {default}, at most {maximum})", minimum=1, maximum=maximum),
+            int_query("offset", "items skipped before the page (default 0)", minimum=0)]
+
+
+STORED_FULL = {"409": json_body(ref("Errors"), "you keep as many as the per-user limit allows (the message names it)")}
+
+
 RUN_ID = int_path("run_id")
 REWARD_LEVEL = {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
                 "description": "smoothed reward/mean level for time_to_reward_s (default: levels from the runs' own curves, "
@@ -381,36 +400,43 @@ SMOOTHING = {"name": "smoothing", "in": "query", "required": False,
 PATHS = {
     "/api/openapi.json": {"get": operation("This schema", json_body({"type": "object"}, "OpenAPI 3.1 document"))},
     "/api/experiments/": {
-        "get": operation("Your experiments", json_body(list_of("experiments", "Experiment"), "experiments")),
+        "get": operation("Your experiments, newest first, a page at a time",
+                         json_body(page_of("experiments", "Experiment"), "experiments"), page_params()),
         "post": operation("Create an experiment (config validated by learner.config)",
-                          json_body(ref("Experiment"), "created"), body=ref("ExperimentInput"), ok_status="201"),
+                          json_body(ref("Experiment"), "created"), body=ref("ExperimentInput"), ok_status="201",
+                          more_responses=STORED_FULL),
     },
     "/api/experiments/{experiment_id}/": {
-        "get": operation("One experiment with its runs",
-                         json_body({"allOf": [ref("Experiment"), list_of("runs", "Run")]}, "experiment"),
+        "get": operation(f"One experiment with its newest {DEFAULT_PAGE} runs (all of them: runs_url)",
+                         json_body({"allOf": [ref("Experiment"), list_of("runs", "Run"), {"type": "object", "properties": {
+                             "runs_count": {"type": "integer", "minimum": 0, "description": "all its runs"},
+                             "runs_url": {"type": "string", "description": "/api/runs/?experiment=<id>, paged"}}}]},
+                                   "experiment"),
                          [int_path("experiment_id")]),
     },
     "/api/schedules/": {
-        "get": operation("Global presets and yours", json_body(list_of("schedules", "Schedule"), "schedules")),
+        "get": operation("Global presets and yours, by name, a page at a time",
+                         json_body(page_of("schedules", "Schedule"), "schedules"), page_params()),
         "post": operation("Create a schedule preset", json_body(ref("Schedule"), "created"),
                           body=ref("ScheduleInput"), ok_status="201"),
     },
     "/api/runs/": {
-        "get": operation("Your runs", json_body(list_of("runs", "Run"), "runs"),
-                         [int_query("experiment", "only this experiment's runs", minimum=1)]),
+        "get": operation("Your runs, newest first, a page at a time", json_body(page_of("runs", "Run"), "runs"),
+                         [int_query("experiment", "only this experiment's runs", minimum=1), *page_params()]),
         "post": operation("Create a run and launch it on the runs queue", json_body(ref("Run"), "queued"),
                           body=ref("RunInput"), ok_status="201", more_responses={
-                              "429": json_body(ref("Errors"), "your queued-runs quota is full")}),
+                              "429": json_body(ref("Errors"), "your queued-runs quota is full"), **STORED_FULL}),
     },
     "/api/comparisons/": {
-        "get": operation("Your comparisons and sweeps, newest first", json_body(list_of("comparisons", "Comparison"),
-                                                                              "comparisons"),
-                         [int_query("experiment", "only this experiment's comparisons", minimum=1)]),
+        "get": operation("Your comparisons and sweeps, newest first, a page at a time",
+                         json_body(page_of("comparisons", "Comparison"), "comparisons"),
+                         [int_query("experiment", "only this experiment's comparisons", minimum=1), *page_params()]),
         "post": operation(f"Launch a comparison (schedules x repeats) or a small sweep (one field x values x schedules x "
                           f"repeats), at most {MAX_LAUNCHED} runs, as one comparison: every run queued, or none "
                           "(config or quota refusal)",
                           json_body(ref("Comparison"), "queued"), body=ref("ComparisonInput"), ok_status="201",
-                          more_responses={"429": json_body(ref("Errors"), "your queued-runs quota cannot take them all")}),
+                          more_responses={"429": json_body(ref("Errors"), "your queued-runs quota cannot take them all"),
+                                          **STORED_FULL}),
     },
     "/api/comparisons/{comparison_id}/": {
         "get": operation("One comparison with every run it launched and their compare summary, repeats pooled per "
@@ -431,7 +457,9 @@ PATHS = {
                           more_responses={"409": json_body(ref("Errors"), "not failed/cancelled, or no checkpoint")}),
     },
     "/api/runs/{run_id}/metrics/": {
-        "get": operation("Per-step metrics", json_body(list_of("metrics", "Metric"), "metrics"), [RUN_ID]),
+        "get": operation("Per-step metrics in step order, a page at a time",
+                         json_body(page_of("metrics", "Metric"), "metrics"),
+                         [RUN_ID, *page_params(MAX_METRICS_PAGE, MAX_METRICS_PAGE)]),
     },
     "/api/runs/{run_id}/advice/": {
         "get": operation("The schedule advisor (the simulator on a finished run's own spans: each schedule's step, "
@@ -442,7 +470,10 @@ PATHS = {
         "get": operation(
             "Spans in seq order; last_seq is the cursor for the next page",
             json_body({"type": "object", "properties": {"spans": {"type": "array", "items": ref("Span")},
-                                                        "last_seq": {"type": "integer"}}}, "spans"),
+                                                        "last_seq": {"type": "integer"},
+                                                        "next": {"type": ["string", "null"], "description": (
+                                                            "the next page (after=last_seq) when this one is full, "
+                                                            "else null")}}}, "spans"),
             [RUN_ID, int_query("after", "only spans with seq > after (default -1)"), *STEP_RANGE,
              int_query("limit", "page size (default 2000)", minimum=1, maximum=10_000)],
         ),

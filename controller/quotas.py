@@ -130,3 +130,24 @@ def check_queue(user) -> None:
         raise QuotaExceeded("quota", (
             f"you already have {waiting} queued runs, your quota is {quota.queued_runs}: "
             "wait for one to start or cancel one"), status=429)
+
+
+# Objects a user may keep stored (settings THUNDERSYNC_MAX_EXPERIMENTS_PER_USER and
+# THUNDERSYNC_MAX_RUNS_PER_USER): every list, page and export of theirs stays bounded.
+STORED_LIMITS = {"experiments": "THUNDERSYNC_MAX_EXPERIMENTS_PER_USER", "runs": "THUNDERSYNC_MAX_RUNS_PER_USER"}
+
+
+def check_stored(user, kind: str) -> None:
+    """Room for one more of ``kind`` ("experiments" or "runs") among the user's stored objects,
+    else QuotaExceeded (409) naming the limit. Call it in the transaction that inserts: it locks
+    the user's row, so parallel creations are counted one after the other."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("check_stored must run in the transaction that stores the object")
+    get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
+    setting = STORED_LIMITS[kind]
+    limit = getattr(settings, setting)
+    stored = (Run.objects.filter(experiment__owner=user) if kind == "runs" else user.experiments).count()
+    if stored >= limit:
+        raise QuotaExceeded("quota", (
+            f"you have {stored} {kind} stored, the limit is {limit} per user ({setting}): "
+            f"delete some to make room"), status=409)

@@ -2,7 +2,7 @@
 
 from django.db.models import Max
 
-from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric, SystemSample
+from .models import Checkpoint, Comparison, Experiment, Run, Schedule, Span, StepMetric, SystemSample
 
 # Same keys as the learner's JSONL span event, minus "type".
 SPAN_FIELDS = ("seq", "step", "kind", "t0", "t1", "lane", "traj", "group", "turn", "policy_version", "tokens")
@@ -38,7 +38,8 @@ def last_seq(run_id: int) -> int:
     return -1 if found is None else found
 
 
-def run_json(run: Run) -> dict:
+def run_json(run: Run, seq: int | None = None, checkpoints: list[int] | None = None) -> dict:
+    """One run; ``seq`` and ``checkpoints`` when already read for many runs (``runs_json``)."""
     return {
         "id": run.pk,
         "name": str(run),
@@ -52,12 +53,23 @@ def run_json(run: Run) -> dict:
         "error": run.error,
         "summary": run.summary,
         "cancel_requested": run.cancel_requested,
-        "last_seq": last_seq(run.pk),
+        "last_seq": last_seq(run.pk) if seq is None else seq,
         "attempt": run.attempt,
-        "checkpoints": list(run.checkpoints.values_list("step", flat=True)),
+        "checkpoints": list(run.checkpoints.values_list("step", flat=True)) if checkpoints is None else checkpoints,
         "overrides": run.overrides,
         "comparison": run.comparison_id,
     }
+
+
+def runs_json(runs) -> list[dict]:
+    """``run_json`` of each run, their last seqs and checkpoints read in two queries (not two a run)."""
+    runs = list(runs)
+    ids = [r.pk for r in runs]
+    seqs = dict(Span.objects.filter(run_id__in=ids).order_by().values("run_id").annotate(m=Max("seq")).values_list("run_id", "m"))
+    steps: dict[int, list[int]] = {}
+    for run_id, step in Checkpoint.objects.filter(run_id__in=ids).order_by("run_id", "step").values_list("run_id", "step"):
+        steps.setdefault(run_id, []).append(step)
+    return [run_json(r, seqs.get(r.pk, -1), steps.get(r.pk, [])) for r in runs]
 
 
 def comparison_json(comparison: Comparison) -> dict:
@@ -67,7 +79,7 @@ def comparison_json(comparison: Comparison) -> dict:
             "steps": comparison.steps, "repeats": comparison.repeats, "sweep": sweep,
             "url": f"/comparisons/{comparison.pk}/",
             "note": comparison.note, "tags": comparison.tag_list(), "created": iso(comparison.created),
-            "runs": [run_json(r) for r in runs]}
+            "runs": runs_json(runs)}
 
 
 def spans_json(queryset, limit: int | None = None) -> list[dict]:

@@ -7,6 +7,9 @@ import yaml
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Count
 from django.http import FileResponse, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -21,7 +24,7 @@ from .launch_input import launch_error, sweep_of
 from .launching import launch_comparison, launch_run, request_cancel
 from .resuming import ResumeRefused, request_resume
 from .models import Comparison, Experiment, Run, Schedule
-from .quotas import QuotaExceeded
+from .quotas import QuotaExceeded, check_stored
 from .runlog import log_path, readable_log
 from .decorators import form_post
 
@@ -36,16 +39,30 @@ def starter_config() -> str:
     return path.read_text() if path.exists() else ""
 
 
+EXPERIMENTS_PER_PAGE = 50
+EXPERIMENT_RUNS_SHOWN = 50  # the experiment page's newest runs; the runs list pages through all
+
+
 @login_required
 def experiments(request):
+    status = 200
     if request.method == "POST":
         form = ExperimentForm(request.POST, instance=Experiment(owner=request.user))
-        if form.is_valid():
-            return redirect("experiment", form.save().pk)
+        status = 400
+        with transaction.atomic():  # the count and the insert under the user's row lock
+            if form.is_valid():
+                try:
+                    check_stored(request.user, "experiments")
+                    return redirect("experiment", form.save().pk)
+                except QuotaExceeded as err:
+                    form.add_error(None, err.message)
+                    status = err.status
     else:
         form = ExperimentForm(initial={"config": starter_config()})
-    context = {"experiments": Experiment.objects.filter(owner=request.user), "form": form}
-    return render(request, "experiments.html", context, status=400 if form.errors else 200)
+    owned = Experiment.objects.filter(owner=request.user).annotate(run_count=Count("runs")).order_by("-created", "-id")
+    page = Paginator(owned, EXPERIMENTS_PER_PAGE).get_page(request.GET.get("page"))
+    context = {"experiments": list(page.object_list), "page": page, "form": form}
+    return render(request, "experiments.html", context, status=status)
 
 
 def with_figures(runs: list[Run]) -> list[Run]:
@@ -60,11 +77,12 @@ def with_figures(runs: list[Run]) -> list[Run]:
 
 
 def experiment_page(request, experiment: Experiment, launch_form: LaunchForm, comparison_form: ComparisonForm | None = None):
-    runs = with_figures(list(experiment.runs.select_related("schedule")))
+    runs = with_figures(list(experiment.runs.select_related("schedule")[:EXPERIMENT_RUNS_SHOWN]))
     latest, why_not = comparable_latest(runs, {r.pk: r.figures["steps_done"] for r in runs})
     context = {
         "experiment": experiment,
         "runs": runs,
+        "runs_count": experiment.runs.count(),
         "compare_latest": ",".join(str(r.pk) for r in latest),
         "compare_latest_why_not": why_not,
         "schedules": Schedule.objects.visible_to(request.user),

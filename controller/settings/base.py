@@ -126,6 +126,8 @@ THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES"
 # Live frames wait in a socket's own inbox while it sends the previous ones (controller/fanout.py);
 # one holding this many is too slow for its run's frames: closed 4408, it resumes from the database.
 THUNDERSYNC_WS_INBOX_FRAMES = 2000
+# Websockets one user may hold open in one server process; the next is accepted and closed 4429.
+THUNDERSYNC_WS_PER_USER = int(os.environ.get("THUNDERSYNC_WS_PER_USER", "32"))
 # No run without an owner (docs/controller.md): the supervisor stamps its run every
 # HEARTBEAT_S; a run whose stamp is older than STALE_S (and whose supervising process is
 # gone, where this host can tell) is ended or resumed by the reaper, which every worker runs
@@ -177,6 +179,10 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "keep_checkpoints": 10,
     "disk_mb": 50_000,  # what a user's run directories hold (controller/disk_quota.py)
 }
+# Objects a user may keep stored (controller/quotas.py check_stored): past either, creating
+# another is refused (409) naming the limit.
+THUNDERSYNC_MAX_EXPERIMENTS_PER_USER = int(os.environ.get("THUNDERSYNC_MAX_EXPERIMENTS_PER_USER", "500"))
+THUNDERSYNC_MAX_RUNS_PER_USER = int(os.environ.get("THUNDERSYNC_MAX_RUNS_PER_USER", "5000"))
 THUNDERSYNC_DISK_CHECK_S = 30.0  # how often a run's supervisor measures its owner's disk use
 
 # Login throttling (controller/login_throttle.py): failures counted per (account, address)

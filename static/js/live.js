@@ -21,6 +21,7 @@ const FINAL_CLOSES = {
   4401: "Your session has expired: log in again to follow this run.",
   4404: "This run no longer exists or is not yours.",
   4400: "The page asked for a malformed replay cursor: reload the page.",
+  4429: "Too many live views of your runs are open: close some tabs or windows, then reload this page.",
 };
 
 const root = document.getElementById("run-app");

@@ -29,7 +29,7 @@ def test_it_pages_spans_by_seq(alice_client, alice_run):
     rest = alice_client.get(url(alice_run, "spans/"), {"after": first["last_seq"], "limit": 100}).json()
     assert [s["seq"] for s in rest["spans"]] == list(range(10, 25)) and rest["last_seq"] == 24
     empty = alice_client.get(url(alice_run, "spans/"), {"after": 24}).json()
-    assert empty == {"spans": [], "last_seq": 24}
+    assert empty == {"spans": [], "last_seq": 24, "next": None}
 
 
 def test_spans_carry_every_contract_field(alice_client, alice_run):
