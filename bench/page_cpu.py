@@ -10,7 +10,11 @@ browser Debian's chromium with tests/harness/web_harness.py's flags, a fresh con
 (no caches, as the viewer bench). CPU seconds count work, not wall time, so they hold on a loaded
 machine too; ``--profile`` adds a V8 sampling profile's top functions per phase.
 
-    .venv/bin/python -m bench.page_cpu [--visits 2] [--profile] [--json FILE]
+    .venv/bin/python -m bench.page_cpu [--visits 2] [--steps 8] [--profile] [--json FILE]
+
+Each live visit also reports how far the Gantt was behind the tiles (``lag``: the step gap, span
+frames received but not yet drawn, and their age in seconds, p50/p95/max over 100 ms samples, and
+the share of samples with the "catching up" marker shown).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from bench.app_vs_cli import production_app
 from bench.load_report import finish
+from tests.harness.web_harness import DEBUG_FLAG
 from bench.viewer_overhead import PAGE_TIMEOUT_MS, SCHEDULE, cpu_seconds, small_config, wait_run
 
 # Counts the page's plotly draws: window.Plotly is wrapped as plotly.min.js assigns it.
@@ -43,6 +48,49 @@ window.__plotlyCalls = {react: 0, newPlot: 0, extendTraces: 0, relayout: 0};
   }});
 })();
 """
+# How far the Gantt is behind the tiles, sampled on the page every 100 ms while a run is live:
+# the step the progress tile says is training minus the Gantt's newest drawn step (#run-app's
+# data-last-step), and the span frames received but not yet in a Gantt redraw (count, and the
+# age of the oldest: the debug hook's frame log). Only the existing debug hooks are read, so the
+# same sampler measures an older page too.
+LAG_SAMPLER = """
+window.__lag = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const root = document.getElementById("run-app");
+  if (!root) return;
+  setInterval(() => {
+    const hook = window.__thundersync;
+    if (!hook || !hook.state().replayDone || ["succeeded", "failed", "cancelled"].includes(root.dataset.status)) return;
+    const text = document.getElementById("progress").textContent;
+    const m = /(\\d+) \\/ \\d+ steps/.exec(text) || /all (\\d+) steps done/.exec(text);
+    const now = performance.timeOrigin + performance.now();
+    const waiting = hook.frames().filter((f) => f.drawnMs === null);
+    const marker = document.getElementById("gantt-behind");
+    window.__lag.push({
+      gap: m && root.dataset.lastStep ? Number(m[1]) - Number(root.dataset.lastStep) : null,
+      frames: waiting.length, seconds: waiting.length ? (now - Math.min(...waiting.map((f) => f.recvMs))) / 1000 : 0,
+      marker: Boolean(marker && !marker.hidden),
+    });
+  }, 100);
+});
+"""
+
+
+def lag_summary(samples: list[dict]) -> dict:
+    """Max and p95 of the step gap, frames behind and seconds behind over the live samples."""
+    def stats(values):
+        if not values:
+            return None
+        values = sorted(values)
+        return {"p50": values[len(values) // 2], "p95": values[min(len(values) - 1, int(0.95 * len(values)))],
+                "max": values[-1]}
+    gaps = [s["gap"] for s in samples if s["gap"] is not None]
+    return {"samples": len(samples), "step_gap": stats(gaps),
+            "frames_behind": stats([s["frames"] for s in samples]),
+            "seconds_behind": stats([round(s["seconds"], 2) for s in samples]),
+            "marker_shown": round(sum(s["marker"] for s in samples) / max(1, len(samples)), 2)}
+
+
 MAIN_THREAD = ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")
 
 
@@ -55,6 +103,8 @@ class Visit:
         self.context.add_cookies([{"name": "sessionid", "value": app.http.cookies["sessionid"], "url": app.base}])
         self.page = self.context.new_page()
         self.page.add_init_script(COUNT_DRAWS)
+        self.page.add_init_script(DEBUG_FLAG)  # the frame log the lag sampler reads
+        self.page.add_init_script(LAG_SAMPLER)
         if trace:
             browser.start_tracing(page=self.page, path=trace, categories=[
                 "devtools.timeline", "toplevel", "v8", "blink", "cc", "gpu", "disabled-by-default-devtools.timeline"])
@@ -128,6 +178,7 @@ def visit_live(browser, app, schedule: int, profile: bool, trace=None) -> dict:
                                      timeout=PAGE_TIMEOUT_MS)
         visit.page.wait_for_timeout(1500)  # the last throttled redraws after the run's end
         live = visit.phase()
+        live["lag"] = lag_summary(visit.page.evaluate("window.__lag"))
         if visit.errors:
             raise SystemExit(f"run page errors: {visit.errors[:3]}")
         return {"run": run["id"], "opening": opening, "live": live}
@@ -157,9 +208,10 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="V8 sampling profile's top functions per phase")
     parser.add_argument("--trace", help="write chromium traces (one per visit) under this folder")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--steps", type=int, default=8, help="train.steps of the live runs")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    out = {"config": "configs/bench.yaml + tool_latency.scale 0.3, prompts_per_step 8, steps 8; streaming; "
+    out = {"config": f"configs/bench.yaml + tool_latency.scale 0.3, prompts_per_step 8, steps {args.steps}; streaming; "
                      "production shape", "cpus": os.cpu_count(), "load_start": os.getloadavg()[0],
            "live": [], "finished": []}
     from playwright.sync_api import sync_playwright
@@ -168,7 +220,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         app = production_app(stack, Path(tmp))
-        app.experiment = app.call("POST", "/api/experiments/", name="page cpu", config=small_config())["id"]
+        config = small_config()
+        config["train"]["steps"] = args.steps
+        app.experiment = app.call("POST", "/api/experiments/", name="page cpu", config=config)["id"]
         schedule = app.call("POST", "/api/schedules/", name=f"page-cpu {SCHEDULE}", kind=SCHEDULE)["id"]
         playwright = stack.enter_context(sync_playwright())
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

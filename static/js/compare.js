@@ -74,6 +74,25 @@ function drawMetricCharts() {
 }
 
 /**
+ * The figure's legend under its plot (below the x axis title), the figure taller by the rows its
+ * ``names`` take at the chart's width (~6.5 px a character and 40 px of swatch a name), so that
+ * however many runs it names it covers none of the plot.
+ */
+function belowLegend(figure, chart, names) {
+  const width = Math.max(300, chart.clientWidth || 800);
+  let rows = 1, used = 0;
+  for (const name of names) {
+    const px = 40 + 6.5 * name.length;
+    if (used && used + px > width) { rows++; used = 0; }
+    used += px;
+  }
+  const legendPx = rows * 20 + 8;
+  figure.layout.legend = { ...figure.layout.legend, orientation: "h", yref: "container", y: 0, yanchor: "bottom", x: 0 };
+  figure.layout.margin = { ...figure.layout.margin, b: 44 + legendPx };
+  figure.layout.height = (figure.layout.height ?? 260) + legendPx;
+}
+
+/**
  * Reward against wall time: each step's reward when the step ended, from the run's first step
  * start, so no run carries its boot time (the summary's origin): raw (faint) and smoothed as the
  * summary reads it (solid); ``levels``, the summary's reward levels, as dotted lines.
@@ -84,6 +103,10 @@ function drawReward(levels, smoothing) {
     { name: `${label(r)} EMA ${smoothing}`, colour: r.colour, ...metricPoints(r.metrics, METRIC.REWARD_MEAN, { axis: "wall", smoothing }) },
   ]);
   const figure = seriesFigure(reward, { xTitle: "seconds since the first step started", yTitle: METRIC.REWARD_MEAN });
+  // one legend entry per run (its raw line shares the entry: a click hides both), below the plot
+  // with room for its rows: 16 entries above the plot once covered all but ~80 px of it
+  figure.data.forEach((trace, i) => { trace.legendgroup = `run-${i >> 1}`; if (i % 2 === 0) trace.showlegend = false; });
+  belowLegend(figure, $("chart-reward"), charted.map((r) => `${label(r)} EMA ${smoothing}`));
   figure.layout.shapes = levels.map((level) => (
     { type: "line", xref: "paper", x0: 0, x1: 1, y0: level, y1: level, line: { color: "#5f6b7c", dash: "dot", width: 1 } }));
   return drawFigure($("chart-reward"), figure);

@@ -64,7 +64,8 @@ export function mergeBars(spans, resolution) {
 export class WindowedBars {
   constructor() { this._cacheKey = null; this._cached = []; }
 
-  build(store, xlo, plotWidthPx) {
+  /** ``coarse``: merge inside the window at pixel resolution too (a page catching up draws less). */
+  build(store, xlo, plotWidthPx, { coarse = false } = {}) {
     const inside = [], outside = [];
     for (const s of store.spans()) (s.t1 >= xlo ? inside : outside).push(s);
     const key = `${xlo}|${outside.length}`;
@@ -72,7 +73,7 @@ export class WindowedBars {
       this._cached = mergeBars(outside, (xlo - store.tMin) / plotWidthPx);
       this._cacheKey = key;
     }
-    const insideRes = inside.length > MAX_DETAILED_BARS ? (store.tMax - xlo) / plotWidthPx : 0;
+    const insideRes = coarse || inside.length > MAX_DETAILED_BARS ? (store.tMax - xlo) / plotWidthPx : 0;
     return this._cached.concat(mergeBars(inside, insideRes));
   }
 }
@@ -91,6 +92,35 @@ export function storeBarriers(store) {
   return [...store.steps.entries()]
     .filter(([, info]) => info.optimizerStart !== null)
     .map(([step, info]) => ({ step, t: info.optimizerStart }));
+}
+
+// A barrier label ("step 12") is ~6 px a character at 10 px; labels closer than this overlap.
+const LABEL_GAP_PX = 8;
+const labelPx = (step) => 6 * `step ${step}`.length + LABEL_GAP_PX;
+
+/** The time extent the chart autoranges over: the bars' and the barriers' ([lo, hi]). */
+function barsExtent(bars, barriers, shift) {
+  let lo = Infinity, hi = -Infinity;
+  for (const b of bars) { lo = Math.min(lo, b.t0 - shift); hi = Math.max(hi, b.t1 - shift); }
+  for (const b of barriers) { lo = Math.min(lo, b.t); hi = Math.max(hi, b.t); }
+  return hi > lo ? [lo, hi] : [0, 1];
+}
+
+/**
+ * The barriers whose "step N" label fits: every dashed line stays, but labels are thinned to the
+ * pixels available on the x axis (``range`` over ``widthPx``), the newest step always labelled and
+ * older ones kept while they do not touch the label to their right.
+ */
+export function barrierLabels(barriers, range, widthPx) {
+  const [lo, hi] = range, scale = widthPx / Math.max(hi - lo, 1e-9);
+  const inView = barriers.filter((b) => b.t >= lo && b.t <= hi).sort((a, b) => b.t - a.t);
+  const kept = [];
+  let leftEdge = Infinity; // of the last kept label, in px
+  for (const b of inView) {
+    const x = (b.t - lo) * scale, half = labelPx(b.step) / 2;
+    if (x + half <= leftEdge) { kept.push(b); leftEdge = x - half; }
+  }
+  return kept.reverse();
 }
 
 /** Legend entries and lane axis as plotly traces; the bars themselves are not plotly data. */
@@ -117,15 +147,16 @@ function axisTraces(bars, lanes, kinds, shift, showLegend, lanePx) {
  * bars: [{lane, kind, t0, t1, n, span}], lanes: ordered lane names, barriers: [{step, t}],
  * xRange: [lo, hi] or null for autorange, shift: seconds subtracted from every time (compare page).
  */
-export function ganttFigure({ bars, lanes, barriers, xRange = null, yRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900 }) {
+export function ganttFigure({ bars, lanes, barriers, xRange = null, yRange = null, shift = 0, title = "", showLegend = true, uirevision = "gantt", maxHeight = 900, plotWidthPx = 800 }) {
+  barriers = barriers.map((b) => ({ ...b, t: b.t - shift })); // on the figure's axis from here on
   const lanePx = Math.max(MIN_LANE_PX, Math.min(LANE_PX, (maxHeight - 120) / Math.max(lanes.length, 1)));
   const kinds = new Set(bars.map((b) => b.kind));
   const shapes = barriers.map((b) => ({
-    type: "line", xref: "x", yref: "paper", x0: b.t - shift, x1: b.t - shift, y0: 0, y1: 1,
+    type: "line", xref: "x", yref: "paper", x0: b.t, x1: b.t, y0: 0, y1: 1,
     line: { color: "#5f6b7c", width: 1, dash: "dash" },
   }));
-  const annotations = barriers.map((b) => ({
-    xref: "x", yref: "paper", x: b.t - shift, y: 1, yanchor: "bottom", showarrow: false,
+  const annotations = barrierLabels(barriers, xRange ?? barsExtent(bars, barriers, shift), plotWidthPx).map((b) => ({
+    xref: "x", yref: "paper", x: b.t, y: 1, yanchor: "bottom", showarrow: false,
     text: `step ${b.step}`, font: { size: 10, color: "#5f6b7c" },
   }));
   const layout = {
@@ -199,7 +230,10 @@ export class GanttChart {
   }
 
   async draw({ bars, ...options }) {
-    const figure = ganttFigure({ bars, ...options });
+    // the x axis' pixels, for thinning the barrier labels: the plot area once drawn, else the
+    // div less the widest lane margin
+    const plotWidthPx = this.div._fullLayout?.xaxis?._length ?? Math.max(300, this.div.clientWidth - 300);
+    const figure = ganttFigure({ bars, plotWidthPx, ...options });
     this.shift = options.shift ?? 0;
     this.setBars(bars);
     this.painted = false;

@@ -137,7 +137,7 @@ function ganttView() {
   const [lo, hi] = windowRange(store, Number(el.windowSteps.value));
   const plotPx = Math.max(300, el.gantt.clientWidth - 140);
   trajTable.show([]);
-  const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx);
+  const lanes = orderLanes(store.lanes), built = bars.build(store, lo, plotPx, { coarse: catchingUp });
   const view = foldLanes(built, lanes, { fold: el.foldLanes.checked, window: laneWindow?.lanes ?? null });
   el.foldLanes.parentElement.hidden = !view.bands && el.foldLanes.checked && !laneWindow;
   lanesShown = view;
@@ -148,9 +148,66 @@ function ganttView() {
 // unfolded bands}); the pinned lanes are shown above them either way (static/js/lanefold.js)
 let lanesShown = null, laneWindow = null, laneWindows = 0;
 
+// ---- Keeping up under load ------------------------------------------------------------------
+// The tiles (progress, idle, step time, reward) read the metrics at once; the Gantt redraws within
+// the draw budget, which on a loaded machine can be seconds apart. So that the two never tell
+// different stories, the tiles show the steps up to the Gantt's newest drawn step (at most one
+// step ahead of it: "8 / 20 steps done, training step 8" beside a Gantt drawn to step 7 or 8),
+// and while the Gantt is behind (spans of a newer step undrawn, or frames waiting over
+// BEHIND_MS) the page shows "catching up", draws the Gantt coarse (bars merged at pixel
+// resolution inside the window too) and holds the metric charts, which share its budget, until
+// it has caught up, giving the Gantt their share of the budget (CATCHUP_SHARE of a core in all
+// instead of DRAW_SHARE): cheaper, complete redraws instead of detailed ones that fall behind.
+const BEHIND_MS = 1000;
+const CATCHUP_SHARE = 0.3;
+let drawnStep = null; // the newest step of the last Gantt draw (null: none yet)
+let catchingUp = false;
+const undrawn = { frames: 0, sinceMs: null }; // span frames received since the last redraw began
+const newestStep = () => { const steps = store.sortedSteps(); return steps.length ? steps[steps.length - 1] : null; };
+
+/** The steps the tiles may show: every metric step, or while the Gantt is behind (live, with spans
+ * drawn), those up to its newest drawn step. */
+function shownMetricSteps() {
+  const steps = [...metrics.keys()];
+  if (!replayDone || drawnStep === null || !store.size) return steps;
+  const newest = newestStep();
+  if (newest === null || newest <= drawnStep) return steps;
+  return steps.filter((s) => s <= drawnStep);
+}
+
+/** Frames and seconds the Gantt is behind what the page holds; the "catching up" marker. */
+function behindState() {
+  const newest = newestStep();
+  return {
+    frames: undrawn.frames, seconds: undrawn.sinceMs === null ? 0 : (epochMs() - undrawn.sinceMs) / 1000,
+    steps: newest === null || drawnStep === null ? 0 : Math.max(0, newest - drawnStep),
+  };
+}
+
+function checkBehind() {
+  const b = behindState(), marker = $("gantt-behind");
+  const behind = replayDone && drawnStep !== null && (b.steps >= 2 || b.seconds * 1000 >= BEHIND_MS);
+  if (behind !== catchingUp) {
+    catchingUp = behind;
+    // the charts' draws wait, so the Gantt may spend their share of the budget
+    drawBudget.setShare(behind ? CATCHUP_SHARE : DRAW_SHARE);
+    if (behind) requestGantt({ now: true }); // one coarse redraw at once, booked on the budget
+    else requestChartsIfHeld();
+  }
+  marker.hidden = !behind;
+  if (behind) {
+    marker.textContent = `catching up: drawn to step ${drawnStep}, step ${drawnStep + b.steps} received` +
+      ` (${b.frames} frame${b.frames === 1 ? "" : "s"}, ${b.seconds.toFixed(1)} s behind); detail reduced`;
+  }
+  root.dataset.behind = behind ? "1" : "0";
+}
+setInterval(checkBehind, 250);
+
 async function drawGantt() {
   if (!store.size) return;
   const drawnVersion = store.version, drawnSize = store.size, started = epochMs();
+  const newest = newestStep(), framesIn = undrawn.frames;
+  undrawn.frames = 0; undrawn.sinceMs = null; // frames from here on wait for the next redraw
   const { bars: allBars, lanes, barriers, lo, hi, key } = ganttView();
   const follow = el.follow.checked;
   const builtMs = epochMs();
@@ -163,17 +220,29 @@ async function drawGantt() {
   barsDrawn = allBars.length;
   el.spansDrawn.textContent = `spans drawn: ${spansDrawn}`;
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
-  el.barsHint.textContent = `${plural(barsDrawn, "bar")} on ${plural(lanes.length, "lane")}`;
+  // what is shown: a folded chart's bands hold many rollout lanes each
+  const bands = lanesShown?.bands;
+  el.barsHint.textContent = bands
+    ? `${plural(barsDrawn, "bar")}: ${plural(bands.reduce((n, b) => n + b.members.length, 0), "rollout lane")} folded into ${plural(bands.length, "band")}` +
+      `, ${plural(lanes.length - bands.length, "lane")} unfolded`
+    : `${plural(barsDrawn, "bar")} on ${plural(lanes.length, "lane")}`;
   const drawnMs = epochMs();
   if (DEBUG) {
     drawLog.push({ startMs: started, builtMs, endMs: drawnMs, bars: barsDrawn });
     for (const f of frameLog) if (f.drawnMs === null && f.recvMs <= started) f.drawnMs = drawnMs;
   }
   el.gantt.dataset.drawnSpans = String(spansDrawn);
-  const steps = store.sortedSteps();
-  root.dataset.lastStep = steps.length ? String(steps[steps.length - 1]) : ""; // the trace range's bound
+  // the newest step this draw holds (not one that arrived while plotly drew): the trace range's
+  // bound, and what the tiles keep within one step of
+  drawnStep = newest;
+  root.dataset.lastStep = newest === null ? "" : String(newest);
+  el.gantt.dataset.coarse = catchingUp ? "1" : "0";
+  if (DEBUG) drawLog[drawLog.length - 1].frames = framesIn;
   drawStats();
+  drawProgress();
+  checkBehind();
   if (store.version !== drawnVersion || store.size !== drawnSize) requestGantt();
+  else if (!catchingUp) requestChartsIfHeld();
 }
 // During a replay the frames arrive back to back: draw only to show progress on a replay that
 // takes long, then at once on replay_done, then live at most four times a second, and within
@@ -228,7 +297,7 @@ function watchUserZoom() {
 
 // ---- Metrics -----------------------------------------------------------------------------
 function latest(key) {
-  const steps = [...metrics.keys()].sort((a, b) => b - a);
+  const steps = shownMetricSteps().sort((a, b) => b - a);
   for (const s of steps) if (metrics.get(s)[key] !== undefined) return metrics.get(s)[key];
   return undefined;
 }
@@ -291,9 +360,17 @@ const drawCharts = throttledRedraw(async () => {
   chartsDrawnMs = epochMs();
   await metricPanel.update(panelRuns());
 }, 400, { budget: drawBudget });
-/** New metrics: the panel's list of names at once, the charts when the draw budget allows. */
+/** New metrics: the panel's list of names at once, the charts when the draw budget allows (held
+ * while the Gantt catches up: it goes first). */
+let chartsHeld = false;
 function requestMetrics() {
   metricPanel.list(panelRuns());
+  if (catchingUp) chartsHeld = true;
+  else drawCharts();
+}
+function requestChartsIfHeld() {
+  if (!chartsHeld) return;
+  chartsHeld = false;
   drawCharts();
 }
 
@@ -317,7 +394,8 @@ const renderedDone = Number(root.dataset.stepsDone || 0);
 
 /** Steps done (metrics received), elapsed and ETA (mean of the last 3 step times x steps left). */
 function progressText() {
-  const done = replayDone ? metrics.size : Math.max(metrics.size, renderedDone), total = totalSteps;
+  const shown = shownMetricSteps();
+  const done = replayDone ? shown.length : Math.max(metrics.size, renderedDone), total = totalSteps;
   const elapsed = startedMs === null ? null : (finishedMs ?? epochMs()) - startedMs;
   const took = elapsed === null ? "" : ` in ${clock(elapsed)}`;
   // Steps are numbered from 0 everywhere (tiles, charts, the Gantt): "3 / 20 steps done" are
@@ -335,7 +413,7 @@ function progressText() {
   // every step trained, the run not ended yet: the learner saves the final policy and stops its
   // workers (there is no step N to train)
   if (done >= total) return `all ${total} steps done${range}, finishing: saving the final policy${since}`;
-  const recent = [...metrics.keys()].sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)[METRIC.STEP_S]);
+  const recent = shown.sort((a, b) => b - a).slice(0, 3).map((k) => metrics.get(k)[METRIC.STEP_S]);
   const perStep = recent.length ? recent.reduce((a, b) => a + (b ?? 0), 0) / recent.length : 0;
   const eta = done < total && perStep > 0 ? ` · ETA ${clock((total - done) * perStep * 1000)}` : "";
   return `${done} / ${total} steps done, training step ${done}${since}${eta}`;
@@ -383,7 +461,13 @@ function handleFrame(frame) {
       if (DEBUG && spans.length) {
         frameLog.push({ n: spans.length, firstSeq: spans[0].seq, lastSeq: spans[spans.length - 1].seq, recvMs: epochMs(), drawnMs: null });
       }
-      if (store.add(spans) && (replayDone || epochMs() - connectedMs > REPLAY_PROGRESS_MS)) requestGantt();
+      const added = store.add(spans);
+      if (added && replayDone) {
+        undrawn.frames++;
+        undrawn.sinceMs ??= epochMs();
+        checkBehind();
+      }
+      if (added && (replayDone || epochMs() - connectedMs > REPLAY_PROGRESS_MS)) requestGantt();
       if (!replayDone) el.spansDrawn.textContent = `receiving: ${store.size}`;
       break;
     }
@@ -484,7 +568,7 @@ if (DEBUG) window.__thundersync = {
   state: () => ({
     spansReceived: store.size, spansDrawn, barsDrawn, draws, lastSeq: store.maxSeq, drawMs: drawBudget.spentMs,
     watermark: store.watermark, duplicates: store.duplicates, connects, status, replayDone, chartsDrawnMs,
-    logLines: logLines.size, stepsDone: metrics.size, closeCodes,
+    logLines: logLines.size, stepsDone: metrics.size, closeCodes, drawnStep, catchingUp, behind: behindState(),
     open: !!ws && ws.readyState === WebSocket.OPEN,
   }),
   seqs: () => [...store.bySeq.keys()].sort((a, b) => a - b),

@@ -20,12 +20,11 @@ export function firstStepStart(metrics) {
 }
 
 /**
- * Points of ``key`` in step order: x = step, or seconds from the first step's start to the
- * step's end (``axis`` "wall"); y smoothed by an exponential moving average of weight
+ * Points of ``key`` in step order: x = step, or seconds from ``origin`` (default the first step's
+ * start) to the step's end (``axis`` "wall"); y smoothed by an exponential moving average of weight
  * ``smoothing`` (0 = the stored values).
  */
-export function metricPoints(metrics, key, { axis = "step", smoothing = 0 } = {}) {
-  const origin = firstStepStart(metrics);
+export function metricPoints(metrics, key, { axis = "step", smoothing = 0, origin = firstStepStart(metrics) } = {}) {
   const x = [], y = [];
   let avg = null;
   for (const m of [...metrics].sort((a, b) => a.step - b.step)) {

@@ -34,6 +34,14 @@ export class DrawBudget {
     this.spentMs = 0; // every draw's time, for the debug hooks
   }
 
+  /** A new share from now on: the wait left after the last draw is rescaled to it. */
+  setShare(share) {
+    if (!(share > 0 && share <= 1)) throw new Error(`DrawBudget: share must be in (0, 1], got ${share}`);
+    const now = performance.now(), left = this.readyAt - now;
+    if (left > 0 && this.share < 1) this.readyAt = now + left * (1 / share - 1) / (1 / this.share - 1);
+    this.share = share;
+  }
+
   /** Books a draw of ``took`` ms that ended now. */
   spent(took) {
     this.spentMs += took;

@@ -1,10 +1,10 @@
 // The run's processes overlaid on one wall-clock chart: one line per process of the learner's
 // process curves (``system/<process>/<quantity>``, learner/driver/system_metrics.py), named by
-// its role (static/js/sysnames.js) and, on a run that spans nodes, its node; x = seconds from the
-// first step's start. The samples taken every ``tracking.system_every_s`` seconds (``system``
+// its role (static/js/sysnames.js) and, on a run that spans nodes, its node; x = seconds since the
+// run started: the run clock of the spans, so the Gantt's time axis. The samples taken every ``tracking.system_every_s`` seconds (``system``
 // frames) where the run has them, else the values recorded at each step's end.
 import { METRIC } from "./conventions.js";
-import { firstStepStart, metricPoints } from "./metricpanel.js";
+import { metricPoints } from "./metricpanel.js";
 import { seriesFigure } from "./plots.js";
 import { processRole } from "./sysnames.js";
 
@@ -20,7 +20,7 @@ export function processSeries(metrics, quantity) {
     }
   }
   return [...processes].sort().map((process) => ({
-    process, name: processRole(process), ...metricPoints(metrics, `${METRIC.SYSTEM}${process}/${quantity}`, { axis: "wall" }),
+    process, name: processRole(process), ...metricPoints(metrics, `${METRIC.SYSTEM}${process}/${quantity}`, { axis: "wall", origin: 0 }),
   }));
 }
 
@@ -48,9 +48,9 @@ export function sampledSeries(samples, quantity, origin = 0) {
 /** The figure of ``quantity`` for every process: from ``samples`` where they hold it, else from
  * the step-end values of ``metrics`` ([{step, values}]). */
 export function processFigure(metrics, quantity, samples = []) {
-  const sampled = sampledSeries(samples, quantity, firstStepStart(metrics));
+  const sampled = sampledSeries(samples, quantity, 0);
   const figure = seriesFigure(sampled.length ? sampled : processSeries(metrics, quantity), {
-    xTitle: "seconds since the first step started", yTitle: PROCESS_QUANTITIES[quantity] ?? quantity, height: 280,
+    xTitle: "seconds since run start", // the Gantt's axis: both on the run clock yTitle: PROCESS_QUANTITIES[quantity] ?? quantity, height: 280,
   });
   figure.layout.uirevision = `processes-${quantity}`;
   return figure;
