@@ -201,6 +201,10 @@ class RolloutConfig(Strict):
         False, description="torch engine with continuous_batching false: a static KV cache and, on CUDA, the decode "
         "step captured once per generate call as a CUDA graph (one launch per token); the same tokens as eager "
         "(docs/gpu.md)")
+    dtype: Literal["float32", "float64", "bfloat16"] | None = Field(
+        None, description="the rollout engine's weights (torch engine, vLLM: float32 or bfloat16); null: model.dtype. "
+                          "bfloat16 beside a float32 learner samples at bf16 precision: the same-version log-prob "
+                          "check then reports the mismatch without failing the run (docs/gpu.md)")
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     on_every_node: bool = Field(
         True, description="with learner.nodes: every node runs these workers (replicas), each group sampled on "
@@ -358,6 +362,10 @@ class LearnerConfig(Strict):
     offload_optimizer: bool = Field(False, description="DeepSpeed: optimizer state in host memory (zero_stage 1 or 2)")
     timeout_s: float = Field(120.0, gt=0.0, le=86_400.0,
                              description="longest wait of a rank for its peers (rendezvous, barrier, reduction)")
+    digest_every: int = Field(
+        50, ge=1, le=1_000_000,
+        description="data-parallel ranks compare a SHA-256 of their weights after the first step and every "
+                    "this many steps, an on-device checksum after the others (docs/gpu.md)")
     nodes: list[Annotated[str, StringConstraints(pattern=NODE_NAME)]] | None = Field(
         None, min_length=1, max_length=16,
         description="nodes the ranks run on, world_size / len(nodes) each, in rank order; the first runs rank 0, "

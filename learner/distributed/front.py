@@ -11,6 +11,7 @@ in a run that spans nodes, whose other nodes' ranks ``RankPeers`` reaches throug
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -19,7 +20,7 @@ from learner.config import RunConfig
 from learner.distributed.peers import RankPeers, RankPhase
 from learner.distributed.ranks import init_rank
 from learner.placement import learner_device, local_rank
-from learner.distributed.worker import broadcast_from_rank0, param_digest
+from learner.distributed.worker import broadcast_from_rank0, weights_fingerprint
 from learner.grad.learner_common import LearnerOptions, PhaseCallback
 from learner.grad.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
@@ -38,6 +39,7 @@ class DataParallelLearner:
 
         self.cfg, self.world = cfg, cfg.learner.world_size
         self._reduced = False  # this batch's gradient summed over the ranks already (``reduce``)
+        self._batches = 0  # barriers passed: the ranks number their log-prob reports alike
         self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
             local, local_world = local_rank(cfg, 0)
@@ -75,8 +77,10 @@ class DataParallelLearner:
         return self.local.learner.ref_model
 
     @property
-    def logprobs(self):
-        return self.local.learner.logprobs
+    def logprobs(self) -> "RanksLedger":
+        """Every rank's log-probs of its own trajectories (rank 0's ledger and what the others sent
+        after the barrier): the mismatch metric forwards no other rank's trajectory on rank 0."""
+        return RanksLedger(self)
 
     @property
     def owners(self) -> dict[int, int]:
@@ -117,6 +121,7 @@ class DataParallelLearner:
             stats = self.local.finish_batch(on_phase)
         self.peers.stats = {0: stats}
         self._reduced = False
+        self._batches += 1
         return stats
 
     # -- the reduction and the step ----------------------------------------------------------
@@ -142,7 +147,8 @@ class DataParallelLearner:
         self.reduce()
         with self.peers.naming_failed_peers():
             norm = self.engine.step()
-        self.peers.stats[0]["param_digest"] = param_digest(self.local.learner.model)
+        self.peers.stats[0]["param_digest"] = weights_fingerprint(self.local.learner.model, self._batches,
+                                                                  self.cfg.learner.digest_every)
         self.peers.wait_for_steps()
         digests = {r: s.get("param_digest") for r, s in self.rank_stats.items()}
         if len(set(digests.values())) != 1:  # the invariant data parallelism rests on
@@ -156,6 +162,27 @@ class DataParallelLearner:
         self.peers.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class RanksLedger:
+    """``LogprobLedger.take`` over all ranks: rank 0's own, plus each other rank's report of the
+    batch (``RankLearner.own_logprobs``), awaited within ``learner.timeout_s``."""
+
+    def __init__(self, front: DataParallelLearner):
+        self.front = front
+
+    def take(self) -> dict[int, torch.Tensor | None]:
+        front = self.front
+        merged = front.local.learner.logprobs.take()
+        peers, batch = front.peers, front._batches
+        late = lambda: [r for r in range(1, front.world) if peers.ledgers.get(r, (None,))[0] != batch]  # noqa: E731
+        deadline = time.monotonic() + peers.timeout_s
+        with peers.naming_failed_peers():
+            while late():  # each other rank's report of this batch (its barrier passed)
+                peers._next_up(deadline, lambda: f"learner ranks {late()} (their log-probs)")
+        for _, report in (peers.ledgers.pop(r) for r in range(1, front.world)):
+            merged.update({i: None if lp is None else torch.from_numpy(lp) for i, lp in report.items()})
+        return merged
 
 
 def uses_ranks(cfg: RunConfig) -> bool:

@@ -35,6 +35,7 @@ class RankPeers:
         self.cfg, self.world, self.timeout_s = cfg, lrn.world_size, lrn.timeout_s
         self.on_rank_phase = on_rank_phase
         self.stats: dict[int, dict] = {}
+        self.ledgers: dict[int, tuple[int, dict]] = {}  # rank: (batch, its trajectories' log-probs)
         here = lrn.node_of(0)
         remote = {r: lrn.node_of(r) for r in range(1, self.world) if lrn.node_of(r) != here}
         addr = os.environ.get(ADDR_ENV, "127.0.0.1") if remote else "127.0.0.1"
@@ -100,12 +101,11 @@ class RankPeers:
         while len(self.stats) < self.world:
             self._next_up(deadline)
 
-    def _next_up(self, deadline: float) -> None:
+    def _next_up(self, deadline: float, what=None) -> None:  # what(): who is late, at the deadline
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"learner ranks {sorted(set(range(self.world)) - set(self.stats))} did "
-                                   f"not finish their step within learner.timeout_s = {self.timeout_s:g} s")
+            if (remaining := deadline - time.monotonic()) <= 0:
+                late = what() if what else f"learner ranks {sorted(set(range(self.world)) - set(self.stats))}"
+                raise TimeoutError(f"{late} did not finish their step within learner.timeout_s = {self.timeout_s:g} s")
             try:
                 msg = self.up_q.get(timeout=min(remaining, 0.5))
             except queue.Empty:
@@ -119,6 +119,8 @@ class RankPeers:
             self.on_rank_phase(*msg[1:])
         elif msg[0] == "stepped":
             self.stats[msg[1]] = msg[2]
+        elif msg[0] == "logprobs":  # ("logprobs", rank, batch, {traj: array | None})
+            self.ledgers[msg[1]] = (msg[2], msg[3])
         elif msg[0] == "error":
             raise RuntimeError(f"learner rank {msg[1]} failed: {msg[2]}")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from learner.distributed.assignment import assign_owners
@@ -31,12 +32,13 @@ class RankLearner:
         self.mine: dict[int, int] = {}
         self._arrived: Counter = Counter()
         self._tokens = 0
+        self._trajs: list[Trajectory] = []  # this batch's trajectories, as they arrived
         self.error: str | None = None
 
     def begin_batch(self, group_sizes: Mapping[int, int]) -> None:
         self.owners = assign_owners(group_sizes, self.world_size)
         self.mine = {g: s for g, s in group_sizes.items() if self.owners[g] == self.rank}
-        self._arrived, self._tokens, self.error = Counter(), 0, None
+        self._arrived, self._tokens, self.error, self._trajs = Counter(), 0, None, []
         if self.mine:
             self.learner.begin_batch(self.mine)
 
@@ -59,6 +61,7 @@ class RankLearner:
             if isinstance(item, Trajectory):
                 self._arrived[item.group] += 1
                 self._tokens += len(item.input_ids)
+                self._trajs.append(item)
         return stats
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
@@ -94,3 +97,19 @@ class RankLearner:
                      "backward_s": 0.0, "learner": self.learner.path}
         return {**stats, "rank": self.rank, "rank_groups": len(self.mine), "rank_trajectories": local.trajectories,
                 "rank_scored_tokens": local.scored_tokens, "rank_tokens": local.tokens, "tokens": total.tokens}
+
+    def own_logprobs(self) -> dict[int, "np.ndarray | None"]:
+        """This rank's log-probs of its own trajectories for the barrier's mismatch metric, after
+        ``finish_batch`` and before the step (pre-step weights): the learner's own ledger, and a
+        chunked recompute (``learner.grad.mismatch.learner_logprobs``) of any trajectory the
+        ledger lacks whole; None for one the learner skipped (A = 0). Float64 arrays by
+        trajectory id, small (T values each): rank 0 never forwards another rank's trajectory."""
+        from learner.grad.mismatch import learner_logprobs
+
+        known = self.learner.logprobs.take()
+        missing = [t for t in self._trajs
+                   if not (t.id in known and (known[t.id] is None or len(known[t.id]) == len(t.input_ids)))]
+        if missing:
+            known.update(zip((t.id for t in missing), learner_logprobs(self.learner.model, missing)))
+        self._trajs = []
+        return {i: None if lp is None else lp.double().cpu().numpy() for i, lp in known.items()}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from learner.audit import write_dump
 from learner.config import RunConfig
 from learner.driver import rules
@@ -13,6 +15,7 @@ from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts
 from learner.grad.mismatch import check_sampled_versions, step_mismatch
+from learner.rollout.engine_factory import engine_dtype
 from learner.timeline import Kind
 
 
@@ -44,6 +47,7 @@ class Barrier:
 
     def __init__(self, parts: RunParts, recorder: Recorder, rollouts: Rollouts, audit: AuditDump | None):
         self.parts, self.recorder, self.rollouts, self.audit = parts, recorder, rollouts, audit
+        self.engine_dtype = getattr(torch, engine_dtype(rollouts.cfg))  # rollout.dtype, else model.dtype
 
     def __call__(self, rec: StepRecord, version: int, wait_for_replicas: bool) -> int:
         """Step ``rec`` (trained at ``version``) through the barrier; returns the new version.
@@ -53,7 +57,8 @@ class Barrier:
         t0 = recorder.now()  # the barrier's checks are learner work: inside the optimizer span
         # before the weights move: sampled versions as expected, engine vs learner log-probs
         check_sampled_versions(rec.trajs, self.rollouts.dispatch_versions)
-        rec.mismatch = step_mismatch(parts.model, rec.trajs, version, known=parts.learner.logprobs.take())
+        rec.mismatch = step_mismatch(parts.model, rec.trajs, version, known=parts.learner.logprobs.take(),
+                                     engine_dtype=self.engine_dtype)
         if self.audit is not None and rec.step == self.audit.step:
             self.audit.write(parts, rec)
             t0 = recorder.now()  # the audit dump is not training work

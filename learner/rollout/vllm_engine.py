@@ -99,8 +99,8 @@ class VllmEngine:
             raise ValueError(f"rollout.speculation: the vllm engine verifies drafts from full-vocabulary prompt "
                              f"log-probs, for vocabularies up to {MAX_VERIFY_VOCAB} tokens; this model has "
                              f"{hf.vocab_size} (use engine: torch, or turn speculation off)")
-        # vLLM has no float64; bf16 learners get a bf16 engine, everything else float32.
-        dtype = "bfloat16" if cfg.model.dtype == "bfloat16" else "float32"
+        # vLLM has no float64: a bf16 engine when asked (rollout.dtype, else model.dtype), else float32
+        dtype = "bfloat16" if (cfg.rollout.dtype or cfg.model.dtype) == "bfloat16" else "float32"
         max_seqs = max(8, cfg.train.prompts_per_step * cfg.train.group_size)
         # K and V of every layer for a full batch of full-length sequences, 16 MiB at least
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads

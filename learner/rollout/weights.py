@@ -22,10 +22,12 @@ class WeightStore:
         """``counters``: the (version, writing) ``multiprocessing.Value`` pair, when readers were
         spawned before the store existed (``learner.rollout.boot``); made here otherwise."""
         ctx = ctx or mp.get_context("spawn")
-        # fp32 wire format in host memory: engines cast on load, so bf16 learners suit fp32 engines;
+        # fp32 wire format in host memory (fp64 for a float64 learner, whose engine is float64 too):
+        # engines cast on load, so a bf16 engine loads an fp32 learner's weights and the reverse;
         # a GPU learner's publish is then its device-to-host copy (share_memory_ of a CUDA tensor
         # would be a no-op, leaving the "shared" copy on the learner's GPU)
-        tensors = {n: t.detach().to("cpu", torch.float32, copy=True).share_memory_() for n, t in named_params.items()}
+        wire = {n: torch.float64 if t.dtype == torch.float64 else torch.float32 for n, t in named_params.items()}
+        tensors = {n: t.detach().to("cpu", wire[n], copy=True).share_memory_() for n, t in named_params.items()}
         # writing == version while stable, version+1 during a write
         self._init(tensors, *(counters or (ctx.Value("q", 0), ctx.Value("q", 0))))
         if any(t.is_cuda for t in named_params.values()):

@@ -68,6 +68,9 @@ def test_two_ranks_learn_a_step_that_audit_recomputes_and_equals_the_single_proc
     assert r1.returncode == 0, r1.stderr[-3000:]
     values1 = next(e for e in events(tmp_path / "w1.jsonl") if e["type"] == "metrics")["values"]
     assert values1["reward/mean"] == values["reward/mean"]  # the same batch was sampled
+    # the mismatch metric from every rank's own log-probs (rank 0 forwards none of rank 1's)
+    assert values["mismatch/tokens"] == values1["mismatch/tokens"] > 0
+    assert values["mismatch/max_abs"] == pytest.approx(values1["mismatch/max_abs"], abs=1e-12)
     # the reduced gradient is the single-process gradient up to float64 summation order ...
     g1, g2 = torch.load(tmp_path / "dump1" / "grad.pt"), torch.load(tmp_path / "dump" / "grad.pt")
     assert all(g1[n].dtype == torch.float64 for n in g1)
