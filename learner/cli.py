@@ -227,6 +227,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
         bar.write(_summary_line(m), file=sys.stderr)
 
     from learner.rollout.fleet import RolloutError
+    from learner.rollout.weights import SharedMemoryTooSmall
 
     if cfg.train.output_dir:
         write_run_config(cfg.train.output_dir, cfg.model_dump(mode="json"))
@@ -240,7 +241,7 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
         return stop.exit_code
     except EventsUnwritable:
         raise
-    except CheckpointWriteError as exc:  # a full disk: which checkpoint and why, not a traceback
+    except (CheckpointWriteError, SharedMemoryTooSmall) as exc:  # a full disk or /dev/shm: which and why, not a traceback
         sink.emit({"type": "run", "status": "failed", "error": str(exc)})
         print(f"thundersync: run failed: {exc}", file=sys.stderr)
         return 1

@@ -4,8 +4,9 @@ When ``reduce()`` is called every rank's ``p.grad`` holds its own share of the b
 already multiplied by the batch normaliser of the *whole* batch (the barrier's counts), so the
 batch gradient is the plain sum over ranks: no 1/W anywhere.
 
-``TorchEngine`` (``learner.engine: torch``): one all-reduce (sum) of the flattened gradient over
-torch.distributed, in the model's dtype (float64 too), then ``clip_grad_norm_`` and the optimizer.
+``TorchEngine`` (``learner.engine: torch``): all-reduces (sum) of the gradients in place, in
+buckets of at most ``REDUCE_BUCKET_BYTES``, over torch.distributed, in the model's dtype (float64
+too), then ``clip_grad_norm_`` and the optimizer.
 
 ``DeepSpeedEngine`` (``learner.engine: deepspeed``, ZeRO stage 0/1/2, optional optimizer offload):
 streaming stays outside DeepSpeed. Its ZeRO-1/2 reduction hooks fire only on its own backward, and
@@ -35,21 +36,58 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+REDUCE_BUCKET_BYTES = 64 * 2**20  # the torch engine's reduction: most extra memory it holds at once
+
+
+def buckets(grads: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive gradients in groups of at most ``bucket_bytes`` (a larger one alone, reduced
+    in place without a copy), each group of one dtype and device."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        last = out[-1] if out else None
+        if last and size + nbytes <= bucket_bytes and (g.dtype, g.device) == (last[0].dtype, last[0].device):
+            last.append(g)
+            size += nbytes
+        else:
+            out.append([g])
+            size = nbytes
+    return out
+
+
 class TorchEngine:
     name = "torch"
     zero_stage = None
 
-    def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float):
+    def __init__(self, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float,
+                 bucket_bytes: int = REDUCE_BUCKET_BYTES):
         self.params, self.optimizer, self.grad_clip = params, optimizer, grad_clip
+        self.bucket_bytes = bucket_bytes
 
     def reduce(self) -> None:
-        """Sum every rank's p.grad in one all-reduce of one flat buffer."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if _world() > 1:
-            flat = torch.cat([g.reshape(-1) for g in grads])
+        """Sum every rank's p.grad in place, bucket by bucket: a gradient of at least a bucket is
+        all-reduced as it is; smaller ones are packed into one flat buffer of at most
+        ``bucket_bytes``, all-reduced, and copied back. Extra memory: one bucket (the sums are
+        element-wise, so bucketing changes no value on two ranks)."""
+        for p in self.params:
+            if p.grad is None:  # a parameter no loss touched on this rank: its share is 0
+                p.grad = torch.zeros_like(p)
+            elif not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+        if _world() <= 1:
+            return
+        for group in buckets([p.grad for p in self.params], self.bucket_bytes):
+            if len(group) == 1:
+                dist.all_reduce(group[0], op=dist.ReduceOp.SUM)
+                continue
+            flat = torch.cat([g.reshape(-1) for g in group])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            for p, part in zip(self.params, torch.split(flat, [g.numel() for g in grads])):
-                p.grad = part.view_as(p).clone()
+            at = 0
+            for g in group:
+                g.copy_(flat[at:at + g.numel()].view_as(g))
+                at += g.numel()
+            del flat
 
     def reduced_grads(self) -> list[torch.Tensor]:
         return [p.grad.detach().clone() for p in self.params]

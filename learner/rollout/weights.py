@@ -17,6 +17,38 @@ from typing import Mapping
 import torch
 
 
+SHM_MOUNT = "/dev/shm"  # where torch's shared tensors live (shm_open), 64 MB in a default container
+SHM_HEADROOM_BYTES = 32 * 2**20  # beside the store: tensors passed through queues, other segments
+
+
+class SharedMemoryTooSmall(RuntimeError):
+    """The shared-memory mount cannot hold the weight store."""
+
+
+def shm_free_bytes(mount: str = SHM_MOUNT) -> int | None:
+    """Bytes free on ``mount`` (None: no such mount, e.g. not Linux)."""
+    import os
+
+    try:
+        st = os.statvfs(mount)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def check_shared_memory(nbytes: int, mount: str = SHM_MOUNT, free: int | None = None) -> None:
+    """Raise ``SharedMemoryTooSmall`` naming ``mount`` and the size needed when the weight store
+    (``nbytes``) and its headroom do not fit in what is free there; ``free``: measured when None."""
+    free = shm_free_bytes(mount) if free is None else free
+    need = nbytes + SHM_HEADROOM_BYTES
+    if free is not None and free < need:
+        mib = 2**20
+        raise SharedMemoryTooSmall(
+            f"shared memory: the weight store needs {nbytes / mib:,.0f} MiB (+{SHM_HEADROOM_BYTES // mib} MiB headroom) "
+            f"in {mount}, which has {free / mib:,.0f} MiB free; give the container more (docker run --shm-size="
+            f"{-(-need // 2**30)}g, compose shm_size) or free space there")
+
+
 class WeightStore:
     def __init__(self, named_params: Mapping[str, torch.Tensor], ctx=None, counters=None):
         """``counters``: the (version, writing) ``multiprocessing.Value`` pair, when readers were
@@ -27,6 +59,7 @@ class WeightStore:
         # a GPU learner's publish is then its device-to-host copy (share_memory_ of a CUDA tensor
         # would be a no-op, leaving the "shared" copy on the learner's GPU)
         wire = {n: torch.float64 if t.dtype == torch.float64 else torch.float32 for n, t in named_params.items()}
+        check_shared_memory(sum(t.numel() * wire[n].itemsize for n, t in named_params.items()))
         tensors = {n: t.detach().to("cpu", wire[n], copy=True).share_memory_() for n, t in named_params.items()}
         # writing == version while stable, version+1 during a write
         self._init(tensors, *(counters or (ctx.Value("q", 0), ctx.Value("q", 0))))

@@ -57,3 +57,20 @@ def test_a_bf16_engine_beside_a_float32_learner_reports_the_mismatch_and_trains(
         assert m["mismatch/tokens"] > 0
         # bf16 weights against float32: far beyond the same-dtype check's 1e-3, reported, not fatal
         assert 1e-3 < m["mismatch/max_abs"] < 5.0 and m["mismatch/kl"] > 0
+
+
+def test_a_weight_store_larger_than_the_free_shared_memory_is_refused_naming_the_mount_and_size(monkeypatch):
+    from learner.rollout import weights
+
+    params = {"w": torch.zeros(1_000_000), "v": torch.zeros(10, dtype=torch.float64)}  # 4 MB + 80 B on the wire
+    with pytest.raises(weights.SharedMemoryTooSmall) as err:
+        weights.check_shared_memory(4_000_080, mount="/dev/shm", free=16 * 2**20)  # 16 MiB free: under 4 MB + headroom
+    assert "/dev/shm" in str(err.value) and "needs 4 MiB" in str(err.value) and "16 MiB free" in str(err.value)
+    assert "--shm-size=1g" in str(err.value)
+    weights.check_shared_memory(4_000_080, free=64 * 2**20)  # fits
+    monkeypatch.setattr(weights, "shm_free_bytes", lambda mount=weights.SHM_MOUNT: 8 * 2**20)
+    with pytest.raises(weights.SharedMemoryTooSmall, match=r"in /dev/shm, which has 8 MiB free"):
+        weights.WeightStore(params)  # checked before any shared tensor is made
+    monkeypatch.undo()
+    assert weights.shm_free_bytes() is None or weights.shm_free_bytes() > 0
+    weights.WeightStore(params)  # this machine's /dev/shm holds it
