@@ -13,6 +13,7 @@ names them. The collective's timeout is the process group's (``ranks.init_rank``
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,52 @@ class BatchCounts:
         return cls(*(int(x) for x in t.tolist()))
 
 
+class CollectiveTimeout(RuntimeError):
+    """A collective that did not complete within the process group's timeout (``learner.timeout_s``)."""
+
+
+# NCCL's default on a timeout is its watchdog thread aborting the whole process (no Python
+# error, no rank named). Blocking wait makes the collective's own call raise in the calling
+# thread after the process group's timeout instead, as gloo's do; both env vars are read when
+# the process group is made, so ranks call ``collectives_raise_on_timeout`` before joining it.
+NCCL_RAISE_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+
+
+def collectives_raise_on_timeout() -> None:
+    """Make a stuck NCCL collective raise within the process group's timeout instead of aborting
+    the process (a value already set in the environment wins)."""
+    import os
+
+    for key, value in NCCL_RAISE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+@contextmanager
+def named_collective(what: str):
+    """Raise ``CollectiveTimeout`` naming this rank, the collective and ``learner.timeout_s`` when
+    ``what`` fails inside: a peer that died, hung or never came (gloo raises on its own; NCCL
+    does under ``collectives_raise_on_timeout``)."""
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as exc:
+        if isinstance(exc, (DistributedBatchError, CollectiveTimeout)) or not dist.is_initialized():
+            raise
+        rank = dist.get_rank()
+        timeout = _group_timeout_s()
+        raise CollectiveTimeout(
+            f"rank {rank}: {what} did not complete (learner.timeout_s = {timeout:g} s): a peer rank died, hung or "
+            f"never joined; {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+def _group_timeout_s() -> float:
+    try:  # the CPU backend's (gloo) is the one every group has; NCCL's is set from the same timeout
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        return _get_default_group()._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # private API: the timeout is only named in the message
+        return float("nan")
+
+
 def failing_ranks(mask: int) -> list[int]:
     return [r for r in range(MAX_RANKS) if mask >> r & 1]
 
@@ -53,7 +100,8 @@ def exchange_counts(local: BatchCounts, rank: int, local_error: str | None = Non
         raise ValueError(f"learner.world_size: at most {MAX_RANKS} ranks")
     t = local.as_tensor()
     if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with named_collective("the barrier's count all-reduce"):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     total = BatchCounts.from_tensor(t)
     if total.open_groups or total.error_ranks:
         parts = []

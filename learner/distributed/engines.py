@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from learner.config import LEARNER_ENGINES
+from learner.distributed.barrier import named_collective
 from learner.grad.learner_common import clip_and_step
 
 ZERO_STAGES = (0, 1, 2)
@@ -77,6 +78,10 @@ class TorchEngine:
                 p.grad = p.grad.contiguous()
         if _world() <= 1:
             return
+        with named_collective("the gradient all-reduce"):
+            self._reduce_buckets()
+
+    def _reduce_buckets(self) -> None:
         for group in buckets([p.grad for p in self.params], self.bucket_bytes):
             if len(group) == 1:
                 dist.all_reduce(group[0], op=dist.ReduceOp.SUM)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from learner.config import RunConfig
+from learner.distributed.barrier import collectives_raise_on_timeout
 from learner.distributed.peers import RankPeers, RankPhase
 from learner.distributed.ranks import init_rank
 from learner.placement import learner_device, local_rank
@@ -42,6 +43,7 @@ class DataParallelLearner:
         self._batches = 0  # barriers passed: the ranks number their log-prob reports alike
         self.peers = RankPeers(cfg, policy_dir, on_rank_phase)
         try:
+            collectives_raise_on_timeout()  # NCCL: a stuck collective raises, naming the rank (not an abort)
             local, local_world = local_rank(cfg, 0)
             init_rank(0, self.world, self.peers.init_method, cfg.learner.timeout_s, local_rank=local,
                       device=learner_device(cfg, 0), local_world_size=local_world)

@@ -52,9 +52,12 @@ def broadcast_from_rank0(model) -> None:
     """Every rank starts from rank 0's weights (they load the same files; this makes it a fact)."""
     import torch.distributed as dist
 
+    from learner.distributed.barrier import named_collective
+
     if dist.is_initialized() and dist.get_world_size() > 1:
-        for p in model.parameters():
-            dist.broadcast(p.data, src=0)
+        with named_collective("the weight broadcast from rank 0"):
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
 
 
 def param_digest(model) -> str:
@@ -134,6 +137,9 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
         from learner.placement import learner_device, local_rank
 
+        from learner.distributed.barrier import collectives_raise_on_timeout
+
+        collectives_raise_on_timeout()  # NCCL: a stuck collective raises, naming this rank
         local, local_world = local_rank(cfg, rank)  # torchrun's LOCAL_RANK: the index among its node's ranks
         init_rank(rank, world, init_method, cfg.learner.timeout_s, local_rank=local, device=learner_device(cfg, rank),
                   local_world_size=local_world)
