@@ -35,6 +35,14 @@ PR_SET_PDEATHSIG = 1
 START_METHOD = "spawn"
 
 
+def worker_start_method(cfg) -> str:
+    """How this run's workers start: ``START_METHOD``, except a run on a GPU always spawns them.
+    CUDA cannot be used in a child forked after its parent initialised the CUDA driver, and a
+    CUDA run's driver has by boot (``torch.cuda.is_available`` in the pre-flight checks); its
+    workers import torch afresh (docs/gpu.md, "CUDA and fork")."""
+    return "spawn" if cfg.model.device == "cuda" else START_METHOD
+
+
 def die_with_parent() -> None:
     """Ctrl-C reaches the whole foreground group: the driver decides when workers stop
     (learner/stopping.py), so a worker ignores SIGINT; and a driver killed with SIGKILL
@@ -103,16 +111,18 @@ def workers_per_node(cfg) -> int:
 def boot_fleet(cfg, first_wid: int = 0) -> BootedWorkers:
     """The workers of run config ``cfg`` on this node, on the cores ``core_plan`` gives them;
     ``first_wid``: the id of this node's first worker (docs/distributed.md, "Rollouts on every node")."""
-    return boot_workers(core_plan(workers_per_node(cfg), cfg.rollout.pin_cores)[1], first_wid)
+    return boot_workers(core_plan(workers_per_node(cfg), cfg.rollout.pin_cores)[1], first_wid,
+                        worker_start_method(cfg))
 
 
-def boot_workers(cores: list[int | None], first_wid: int = 0) -> BootedWorkers:
-    """Spawn one worker process per entry of ``cores`` (its core, or None)."""
+def boot_workers(cores: list[int | None], first_wid: int = 0, method: str | None = None) -> BootedWorkers:
+    """Start one worker process per entry of ``cores`` (its core, or None), by ``method``
+    (None: ``START_METHOD``)."""
     ctx = mp.get_context("spawn")
     booted = BootedWorkers(conns=[], cmd_qs=[], counters=(ctx.Value("q", 0), ctx.Value("q", 0)), cores=list(cores),
                            first_wid=first_wid)
     for w, core in enumerate(cores):
-        proc, cmd_q, conn = spawn_worker(first_wid + w, core, booted.counters, START_METHOD)
+        proc, cmd_q, conn = spawn_worker(first_wid + w, core, booted.counters, method or START_METHOD)
         booted.procs.append(proc)
         booted.cmd_qs.append(cmd_q)
         booted.conns.append(conn)
