@@ -135,9 +135,8 @@ def rank_main(cfg_dict: dict, policy_dir: str, rank: int, world: int, init_metho
         import os
 
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not rank 0's pinned core, which it inherited
-        from learner.placement import learner_device, local_rank
-
         from learner.distributed.barrier import collectives_raise_on_timeout
+        from learner.placement import learner_device, local_rank
 
         collectives_raise_on_timeout()  # NCCL: a stuck collective raises, naming this rank
         local, local_world = local_rank(cfg, rank)  # torchrun's LOCAL_RANK: the index among its node's ranks
