@@ -19,6 +19,48 @@ from learner.config import load_config  # noqa: E402
 LOCAL = "127.0.0.1"
 
 
+def patient_get_node(get_node, wait_s: float = 150.0):
+    """Ray gives a starting node a fixed 30 s (a local variable of ``Node.__init__``) to register
+    with the GCS, asking ``services.get_node`` in a loop; on this shared 2-core machine under heavy
+    load (load average 30 seen) registration can take longer. This ``get_node`` keeps asking for
+    up to ``wait_s`` itself."""
+    def ask(*args, **kwargs):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)  # polling the GCS for a registration, bounded by wait_s
+    return ask
+
+
+def agent_ports() -> dict:
+    """A node's agents' ports chosen here: with port 0 each agent picks one and writes it to a
+    file the raylet waits for, and under heavy load that wait timed out and the raylet aborted
+    ("Timed out waiting for file .../metrics_agent_port_...")."""
+    from learner.distributed.ranks import free_port
+
+    return {"metrics_agent_port": free_port(LOCAL), "runtime_env_agent_port": free_port(LOCAL),
+            "dashboard_agent_listen_port": free_port(LOCAL)}
+
+
+def start_cluster(Cluster, node: dict, system_config: dict, tries: int = 2):
+    """The two-node cluster; a start that fails anyway is shut down and tried again."""
+    for attempt in range(tries):
+        c = Cluster()
+        try:
+            c.add_node(**node, **agent_ports(), include_dashboard=False, _system_config=system_config)
+            c.add_node(**node, **agent_ports())
+            c.wait_for_nodes()
+            return c
+        except Exception:
+            c.shutdown()
+            if attempt == tries - 1:
+                raise
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
@@ -36,16 +78,22 @@ def cluster():
     # no idle workers started ahead (the machine is small); slow registrations are waited for
     quiet = {"enable_worker_prestart": False, "prestart_worker_first_driver": False,
              "enable_metrics_collection": False, "worker_register_timeout_seconds": 120}
-    c = Cluster(initialize_head=True, head_node_args=dict(node, include_dashboard=False, _system_config=quiet))
+    os.environ["RAY_raylet_start_wait_time_s"] = "150"  # the GCS's side of the same wait
+    from ray._private import services
+
+    get_node = services.get_node
+    services.get_node = patient_get_node(get_node)
+    c = None
     try:
-        c.add_node(**node)
-        c.wait_for_nodes()
+        c = start_cluster(Cluster, node, quiet)
         ray.init(address=c.address, _node_ip_address=LOCAL, include_dashboard=False, log_to_driver=False)
         yield c
     finally:
         ray.shutdown()
-        c.shutdown()
+        if c is not None:
+            c.shutdown()
         ray_constants.ENABLE_RAY_CLUSTER = was
+        services.get_node = get_node
         if saved is None:
             os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
@@ -165,6 +213,10 @@ def test_an_actor_that_dies_ends_the_run_naming_its_role_and_node(clean):
     started = time.monotonic()
     with pytest.raises(ClusterError) as err:
         with ClusterRun(cfg) as run:
+            # an exception in a role's call names the role, its node and the error
+            with pytest.raises(ClusterError, match=rf"^learner/0 on node {LOCAL} \(\w+\) failed: ValueError: "
+                                                   "invalid literal for int"):
+                run.gather({"learner/0": run.actors["learner/0"].call.remote(int, "x")})
             run.gather({"learner/1": run.actors["learner/1"].call.remote(os._exit, 1)})
     assert str(err.value).startswith(f"learner/1 on node {LOCAL} (") and " died" in str(err.value)
     assert time.monotonic() - started < 30 + 30
