@@ -110,10 +110,11 @@ def test_tiles_stay_within_one_step_of_a_slow_gantt_and_the_marker_shows(
     assert len(pairs) > 20, seen[-5:]
     worst = max(pairs, key=lambda p: abs(p[0] - p[1]))
     assert abs(worst[0] - worst[1]) <= 1, f"tile at step {worst[0]} beside a Gantt drawn to step {worst[1]}"
-    # it was behind (spans of two or more steps newer than the drawn ones), and said so
-    behind = [s for s in seen if s["drawn"] != "" and s["received"] - int(s["drawn"]) >= 2]
-    assert behind, "the slowed Gantt never fell two steps behind: the test does not test anything"
-    assert any(s["marker"] for s in behind), "no 'catching up' marker while the Gantt was behind"
+    # the slowed Gantt fell behind (frames waiting over 1 s, or spans two steps past the drawn
+    # ones) and said so; two steps behind never went without the marker
+    assert any(s["marker"] for s in seen), "no 'catching up' marker: the slowed Gantt never fell behind"
+    two_behind = [s for s in seen if s["drawn"] != "" and s["received"] - int(s["drawn"]) >= 2]
+    assert all(s["marker"] for s in two_behind), [s for s in two_behind if not s["marker"]][:3]
     # the tiles moved on while the Gantt was slowed (they were not frozen until the end)
     assert len({tile for tile, _ in pairs}) >= 3, sorted({tile for tile, _ in pairs})
     assert errors == []
