@@ -5,7 +5,7 @@ open, after they close, over several bursts; and how many of N the per-user cap 
 
 Phase 1 raises THUNDERSYNC_WS_PER_USER past N (every socket accepted: what N open sockets cost);
 phase 2 runs daphne at the default cap (what a user opening N sockets gets). Each socket opens
-/ws/runs/<id>/, reads up to replay_done (a finished run with 2,000 stored spans), and stays open
+/ws/runs/<id>/ (20 handshakes at a time), reads up to replay_done (a finished run with 2,000 stored spans), and stays open
 until all N are open; then all close. RSS is VmRSS of the daphne process from /proc.
 """
 
@@ -30,16 +30,23 @@ def rss_mb(pid: int) -> float:
 
 
 async def burst(url: str, headers: dict, count: int, pid: int) -> dict:
-    """Open ``count`` sockets at once (each read to replay_done or its close), sample, close them all."""
+    """Open ``count`` sockets, 20 handshakes at a time, each read to replay_done (or its close) and
+    kept open; sample the RSS with all open, close them all, sample again 3 s later."""
     import websockets
 
     opened, codes = [], {}
+    opening = asyncio.Semaphore(20)  # handshakes at once: 200 together time out daphne's on 2 loaded cores
 
     async def one():
+        async with opening:
+            await opened_one()
+
+    async def opened_one():
         try:
             socket = await websockets.connect(url, additional_headers=headers, open_timeout=60, max_size=2**24)
         except (OSError, asyncio.TimeoutError, websockets.WebSocketException) as err:
-            codes[type(err).__name__] = codes.get(type(err).__name__, 0) + 1
+            key = f"{type(err).__name__}: {str(err)[:80]}"
+            codes[key] = codes.get(key, 0) + 1
             return
         received = 0
         try:
