@@ -289,28 +289,35 @@ class StreamingLearner(InProcessLearner):
         normaliser = batch_normaliser(self.algo.loss_agg_mode, n_tokens, n_traj, self.algo.loss_scale_constant)
         self.acc.finalize(normaliser)
         self._batch = None
-        open_cost = state.open_row_cost()
-        return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser,
-                **memory_stats(self.acc, state.peak_buffers), "skipped_trajectories": state.skipped,
-                "speculative_trajectories": state.speculative, "micro_batches": state.micro_batches,
-                "rows": state.rows, "backward_s": state.backward_s, "learner": self.path, **padding_stats(state),
-                **state.tally.stats(normaliser),
+        return {"n_tokens": n_tokens, "n_traj": n_traj, "normaliser": normaliser, "learner": self.path,
+                **memory_stats(self.acc, state.peak_buffers), **batch_stats(state, normaliser),
                 **(self.backward.prompts.stats() if self.backward.prompts is not None else {}),
-                "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
-                "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
-                "early_rows": state.early_rows, "grouped_micro_batches": state.grouped_micro_batches,
-                **({} if open_cost is None else {"open_row_cost": open_cost}), **self._deferral_stats(state)}
+                **deferral_stats(self, state)}
 
-    def _deferral_stats(self, state: _Batch) -> dict:
-        """Why the streaming learner learnt early or not (adaptive GRPO): the share of its rows learnt
-        before the batch's last arrival, the cost model's early/known row ratio, and the idle moments
-        that learnt nothing by reason (docs/learner.md, "When early work pays")."""
-        if self.path != "adaptive" or self.algo.objective != "grpo":
-            return {}
-        early = state.early_rows + state.open_rows
-        return {"early_row_share": early / state.rows if state.rows else 0.0,
-                "early_cost_ratio": self.policy.early_cost_ratio(self.backward.pool.enabled),
-                **{f"deferred_{r}": float(state.budget.deferred.get(r, 0)) for r in DEFER_REASONS}}
+
+def batch_stats(state: _Batch, normaliser: float) -> dict:
+    """What a finished batch did: rows, micro-batches (open, early, grouped), skipped and
+    speculative trajectories, padding, seconds, the open rows' measured cost."""
+    open_cost = state.open_row_cost()
+    return {"skipped_trajectories": state.skipped, "speculative_trajectories": state.speculative,
+            "micro_batches": state.micro_batches, "rows": state.rows, "backward_s": state.backward_s,
+            **padding_stats(state), **state.tally.stats(normaliser),
+            "token_slots": state.token_slots, "cpu_s": state.cpu_s, "open_rows": state.open_rows,
+            "open_micro_batches": state.open_micro_batches, "early_micro_batches": state.early_micro_batches,
+            "early_rows": state.early_rows, "grouped_micro_batches": state.grouped_micro_batches,
+            **({} if open_cost is None else {"open_row_cost": open_cost})}
+
+
+def deferral_stats(learner: StreamingLearner, state: _Batch) -> dict:
+    """Why the streaming learner learnt early or not (adaptive GRPO): the share of its rows learnt
+    before the batch's last arrival, the cost model's early/known row ratio, and the idle moments
+    that learnt nothing by reason (docs/learner.md, "When early work pays")."""
+    if learner.path != "adaptive" or learner.algo.objective != "grpo":
+        return {}
+    early = state.early_rows + state.open_rows
+    return {"early_row_share": early / state.rows if state.rows else 0.0,
+            "early_cost_ratio": learner.policy.early_cost_ratio(learner.backward.pool.enabled),
+            **{f"deferred_{r}": float(state.budget.deferred.get(r, 0)) for r in DEFER_REASONS}}
 
 
 class OnPolicyBackward:
