@@ -40,7 +40,8 @@ def starter_config() -> str:
 
 
 EXPERIMENTS_PER_PAGE = 50
-EXPERIMENT_RUNS_SHOWN = 50  # the experiment page's newest runs; the runs list pages through all
+EXPERIMENT_RUNS_SHOWN = 50
+PICKER_RUNS = 200  # the compare page's picker: the newest runs (and the compared ones)  # the experiment page's newest runs; the runs list pages through all
 
 
 @login_required
@@ -238,6 +239,11 @@ def render_compare(request, chosen: list[Run], asked: set[int], error: str, stat
     for r in chosen:  # a sweep's runs: the value each was launched with (its plot's x)
         swept = comparison.sweep_field if comparison else ""
         r.sweep_value_json = json.dumps(r.overrides.get(swept)) if swept else ""
-    context = {"runs": chosen, "all_runs": owned_runs(request.user), "asked": asked, "comparison": comparison,
+    mine = owned_runs(request.user)
+    picker = list(mine[:PICKER_RUNS])  # the newest; the runs list (paged) ticks any others to compare
+    shown = {r.pk for r in picker}
+    picker += [r for r in chosen if r.pk not in shown]
+    context = {"runs": chosen, "all_runs": picker, "all_runs_count": mine.count(), "asked": asked,
+               "comparison": comparison,
                "config_diff": config_diff(chosen) if chosen else [], "error": error}
     return render(request, "compare.html", context, status=status)

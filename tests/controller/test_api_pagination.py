@@ -178,3 +178,16 @@ def test_the_experiment_page_shows_its_newest_runs_and_links_to_all(alice_client
     page = alice_client.get(f"/experiments/{alice_experiment.pk}/")
     assert len(page.context["runs"]) == EXPERIMENT_RUNS_SHOWN
     assert f'href="/runs/?experiment={alice_experiment.pk}"' in page.content.decode()
+
+
+def test_the_compare_pickers_runs_are_bounded_and_keep_the_compared_ones(alice_client, alice_experiment, sync_preset):
+    from controller.views import PICKER_RUNS
+
+    old = [make_run(alice_experiment, sync_preset) for _ in range(2)]
+    Run.objects.bulk_create([Run(experiment=alice_experiment, schedule=sync_preset, steps=2, config={})
+                             for _ in range(PICKER_RUNS)])
+    page = alice_client.get("/compare/")
+    assert len(page.context["all_runs"]) == PICKER_RUNS and 'id="picker-more"' in page.content.decode()
+    page = alice_client.get(f"/compare/?runs={old[0].pk},{old[1].pk}")
+    assert page.status_code == 200 and len(page.context["all_runs"]) == PICKER_RUNS + 2
+    assert {r.pk for r in page.context["all_runs"]} >= {r.pk for r in old}
