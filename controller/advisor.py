@@ -131,10 +131,12 @@ def compute(run: Run) -> dict[str, Any]:
     n = len(workload.batches)
     if n < MIN_STEPS:
         raise NoAdvice("spans", f"{n} trained step(s) after the first: the advisor needs {MIN_STEPS}")
-    results = simulate_all(workload, SCHEDULES, steps=n + SIM_WARMUP, warmup=SIM_WARMUP, per_step=False)
-    steps = range(n)
-    rollout_s = statistics.median(rollout_alone_s(workload, s) for s in steps)
-    learner_s = statistics.median(learner_alone_s(workload, s, "group-affinity") for s in steps)
+    try:
+        results = simulate_all(workload, SCHEDULES, steps=n + SIM_WARMUP, warmup=SIM_WARMUP, per_step=False)
+        rollout_s = statistics.median(rollout_alone_s(workload, s) for s in range(n))
+        learner_s = statistics.median(learner_alone_s(workload, s, "group-affinity") for s in range(n))
+    except (ValueError, ZeroDivisionError) as err:  # a recording the model cannot replay: said, never a 500
+        raise NoAdvice("spans", f"cannot replay this run: {err}") from None
     barrier_s = statistics.median(b.optimizer_s + b.publish_s for b in workload.batches) + workload.reduce_s
     ratio = rollout_s / learner_s if learner_s > 0 else None
     predicted = {name: {
