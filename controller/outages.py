@@ -3,7 +3,9 @@
 A request that meets PostgreSQL or Redis down (a restart, backends terminated, the broker
 unreachable) gets ``503 Service Unavailable`` with ``Retry-After``: JSON
 ``{"errors": {"service": ...}}`` under ``/api/``, a small self-contained page elsewhere (it
-reads nothing from the database, which may be the thing that is down). The middleware
+reads nothing from the database, which may be the thing that is down). A request meets no
+connection within about THUNDERSYNC_DB_DOWN_WAIT_S once the pool knows the database is down
+(controller/postgres/base.py), so the 503 comes at once, not after the pool's full wait. The middleware
 answers what a view raises; ``server_error`` (handler500) answers what another middleware
 raised, e.g. saving the session; any other error keeps Django's 500.
 """
@@ -24,6 +26,7 @@ from django.templatetags.static import static
 from django.views.defaults import server_error as django_server_error
 
 from .api_errors import json_error
+from .postgres.base import DatabaseUnreachable
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
@@ -43,6 +46,18 @@ PAGE = """<!doctype html>
 <main><h1>Temporarily unavailable</h1><p>The {what} cannot be reached right now. Nothing was
 lost: try again in a few seconds.</p></main></body></html>
 """
+
+
+def no_connection(err: BaseException) -> bool:
+    """The pool knows the database is down (controller/postgres/base.py): asking again at once
+    gets no other answer, unlike a connection cut under a query or a pool whose connections were
+    all busy for its wait."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, DatabaseUnreachable):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def what_is_down(err: BaseException) -> str:
@@ -84,7 +99,8 @@ class OutageMiddleware:
         if not isinstance(exception, OUTAGE_ERRORS):
             return None
         view = getattr(request, "outage_view", None)
-        if view is not None and request.method in ("GET", "HEAD") and isinstance(exception, DB_ERRORS):
+        if (view is not None and request.method in ("GET", "HEAD") and isinstance(exception, DB_ERRORS)
+                and not no_connection(exception)):
             for attempt in range(1, DB_RETRIES + 1):
                 connection.close()  # the broken one; the next query opens a new one
                 log.warning("%s %s: the database connection was lost (%s); trying again (%d/%d)", request.method,
@@ -94,6 +110,8 @@ class OutageMiddleware:
                     return view[0](request, *view[1], **view[2])
                 except DB_ERRORS as err:
                     exception = err
+                    if no_connection(err):
+                        break
         return outage_response(request, exception)
 
 

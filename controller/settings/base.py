@@ -211,6 +211,14 @@ LOGGING = {
 # later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller.md "Connections").
 THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
 THUNDERSYNC_DB_POOL_TIMEOUT_S = float(os.environ.get("THUNDERSYNC_DB_POOL_TIMEOUT_S", "5"))
+# While the pool's last attempt to open a connection failed (the database is down), a thread
+# waits only this long for one, then its request answers 503 at once (controller/postgres/base.py);
+# reconnect attempts give up after THUNDERSYNC_DB_RECONNECT_S instead of backing off for minutes
+# (the next request tries again), and one attempt waits at most THUNDERSYNC_DB_CONNECT_TIMEOUT_S
+# for the server (libpq's minimum is 2 s).
+THUNDERSYNC_DB_DOWN_WAIT_S = float(os.environ.get("THUNDERSYNC_DB_DOWN_WAIT_S", "0.5"))
+THUNDERSYNC_DB_RECONNECT_S = float(os.environ.get("THUNDERSYNC_DB_RECONNECT_S", "0.5"))
+THUNDERSYNC_DB_CONNECT_TIMEOUT_S = int(os.environ.get("THUNDERSYNC_DB_CONNECT_TIMEOUT_S", "2"))
 # A server process checks this often that the channel layer still holds it in each run's group it
 # feeds sockets from (a Redis restart forgets every group) and asks their pages to reconnect from
 # their last seq if not (controller/fanout.py).
@@ -225,14 +233,18 @@ REDIS_HEALTH_CHECK_S = 10
 def postgres_database(**fields) -> dict:
     """A PostgreSQL ``DATABASES`` entry through Django's psycopg pool: at most
     THUNDERSYNC_DB_POOL_MAX connections per process, one kept open while idle, each checked
-    before a thread takes it (a terminated backend is replaced, not handed out);
+    before a thread takes it (a terminated backend is replaced, not handed out), none waited for
+    while the database is down (controller/postgres/base.py);
     THUNDERSYNC_DB_POOL_MAX=0: no pool, a connection per request."""
+    connect = {"connect_timeout": THUNDERSYNC_DB_CONNECT_TIMEOUT_S}
     if THUNDERSYNC_DB_POOL_MAX == 0:
-        return {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields}
-    return {
-        "ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields,
-        "OPTIONS": {"pool": {"min_size": 1, "max_size": THUNDERSYNC_DB_POOL_MAX, "max_idle": 60.0,
-                             "timeout": THUNDERSYNC_DB_POOL_TIMEOUT_S}},
+        return {"ENGINE": "django.db.backends.postgresql", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields,
+                "OPTIONS": connect}
+    return {  # Django's backend, its pool answering at once while the database is down (controller/postgres/)
+        "ENGINE": "controller.postgres", "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": True, **fields,
+        "OPTIONS": {**connect, "pool": {"min_size": 1, "max_size": THUNDERSYNC_DB_POOL_MAX, "max_idle": 60.0,
+                                        "timeout": THUNDERSYNC_DB_POOL_TIMEOUT_S,
+                                        "reconnect_timeout": THUNDERSYNC_DB_RECONNECT_S}},
     }
 
 

@@ -180,15 +180,17 @@ def assert_spans_kept(run_id: int, before: int) -> None:
 class ProductionWeb:
     """daphne serving ``controller.asgi`` with ``controller.settings.production`` (persistent
     PostgreSQL connections, Redis as cache, broker and channel layer) on this test run's
-    database and the given Redis; ``login`` opens a ``requests`` session through the real form."""
+    database and the given Redis; ``login`` opens a ``requests`` session through the real form.
+    ``root``: the source tree it runs (a benchmark compares two)."""
 
-    def __init__(self, redis_url: str, run_dir: Path, log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, redis_url: str, run_dir: Path, log_path: Path, env: dict[str, str] | None = None,
+                 root: Path = ROOT):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         db = connection.settings_dict
         self.database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
         self.run_dir = run_dir
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.production", "PYTHONPATH": str(ROOT),
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controller.settings.production", "PYTHONPATH": str(root),
                "DJANGO_SECRET_KEY": uuid.uuid4().hex * 2, "DJANGO_HTTPS": "0", "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
                "DATABASE_URL": self.database_url, "REDIS_URL": redis_url, "THUNDERSYNC_RUN_DIR": str(run_dir),
                # a request that finds no live pooled connection (backends terminated every 50 ms)
@@ -197,7 +199,7 @@ class ProductionWeb:
         self.log_path, self.log = log_path, open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "controller.asgi:application"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(lambda: self.proc.poll() is not None or self._listens(), 60, "daphne listens")
         assert self.proc.poll() is None, log_path.read_text()[-3000:]
 
@@ -294,3 +296,80 @@ class BackendTerminator:
         self.stopped.set()
         self.thread.join(timeout=10)
         self.conn.close()
+
+
+class TcpGate:
+    """A TCP relay on 127.0.0.1 in front of a server (PostgreSQL) that this test can shut as the
+    server's own stop would look to its clients: the listening socket closed (a connect is
+    refused) and every relayed connection cut; ``open`` listens on the same port again."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1"):
+        import threading
+
+        self.target, self.port = (target_host, target_port), free_port()
+        self.listener: socket.socket | None = None
+        self.relayed: set[socket.socket] = set()
+        self.lock = threading.Lock()
+
+    def open(self) -> "TcpGate":
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(128)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def shut(self) -> None:
+        with self.lock:
+            listener, self.listener = self.listener, None
+            relayed, self.relayed = self.relayed, set()
+        if listener is not None:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes its accept()
+            listener.close()
+        for sock in relayed:
+            self._close(sock)
+
+    @staticmethod
+    def _close(sock: socket.socket) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # shut
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                self._close(client)
+                continue
+            with self.lock:
+                if self.listener is not listener:  # shut meanwhile
+                    self._close(client)
+                    self._close(upstream)
+                    continue
+                self.relayed |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        with self.lock:
+            self.relayed -= {source, sink}
+        self._close(source)
+        self._close(sink)
