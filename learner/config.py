@@ -178,6 +178,9 @@ class SpeculationConfig(Strict):
         True, description="with rollout.reuse_kv: a rejected draft's remainder (and an unfinished draft kept "
         "whole) starts from the verification forward's keys/values instead of prefilling its context again; "
         "they count against draft_token_budget (false only to measure what it saves)")
+    gate: Literal["cost", "always"] = Field(
+        "cost", description="cost: draft a batch only where the measured kept share, decode and verify costs say it "
+        "saves engine time (re-probing now and then, docs/speculation.md, 'When drafting pays'); always: every batch")
 
 
 class RolloutConfig(Strict):

@@ -111,6 +111,8 @@ class Metric:
     VERIFY_S = "speculation/verify_s"  # seconds of verification forwards in the step's window
     REMAINDER_TOKENS = "speculation/remainder_tokens"  # tokens drafted trajectories sampled after verification
     VERIFIED_KV_TOKENS = "speculation/verified_kv_tokens"  # context tokens remainders did not prefill again
+    SPEC_DRAFTING = "speculation/drafting"  # 1 if the step's batch was drafted (rollout.speculation.gate), else 0
+    SPEC_EST_GAIN_S = "speculation/est_gain_s"  # engine seconds a drafted batch was expected to save then
     ROLLOUT_BUSY_SHARE = "rollouter/busy_share"  # the engines' busy time (generate, draft, verify) / window x workers
     RANKS_IN_SYNC = "learner/ranks_in_sync"  # data-parallel: every rank's weights equal (docs/distributed.md)
     # the curves of an RL run (learner/driver/curves.py)

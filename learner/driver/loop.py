@@ -34,6 +34,7 @@ from learner.driver.metrics import StepRecord, step_metrics
 from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer, ResumePoint, continue_after_setup, restore, weights_loader
 from learner.driver.rollouts import Rollouts
+from learner.driver.speculation_gate import measure as measure_gate
 from learner.driver.speculation_metrics import busy_share, speculation_metrics
 from learner.driver.schedules import make_schedule
 from learner.driver.setup import RunParts, build_run
@@ -105,6 +106,8 @@ class Trainer:
         values[Metric.ROLLOUT_BUSY_SHARE] = busy_share(spans, rec.t_start, t_end, self.workers)
         if self.cfg.rollout.speculation.enabled:
             values.update(speculation_metrics(rec.trajs, spans, rec.t_start, t_end))
+            self.rollouts.gate.observe(measure_gate(rec.trajs, spans, rec.t_start, t_end), rec.step)
+            values.update(self.rollouts.gate.report(rec.step))
         self.sink.emit(StepMetrics(rec.step, values))
         self.records.submit(rec.step, rec.trajs)  # decoded off the learner's thread
         self.rewards.append(values[Metric.REWARD_MEAN])

@@ -7,6 +7,7 @@ from collections import deque
 
 from learner.config import RunConfig
 from learner.driver.recorder import Recorder
+from learner.driver.speculation_gate import SpeculationGate
 from learner.rollout.env import Environment, task_for_group
 from learner.rollout.fleet import Fleet, decode
 from learner.rollout.messages import WorkItem
@@ -21,6 +22,7 @@ class Rollouts:
         self.next_group = 0
         self.dispatch_versions: dict[int, int] = {}  # step -> fleet version its batch was sampled with
         self.planned: dict[int, list[WorkItem]] = {}  # later dispatch batches already handed out as drafts
+        self.gate = SpeculationGate(cfg.rollout.speculation.gate)  # does drafting pay (speculation_gate.py)
 
     def new_groups(self, n: int, step: int, version: int) -> list[int]:
         """Dispatch ``n`` groups of ``group_size`` trajectories on one prompt each, for dispatch
@@ -46,10 +48,11 @@ class Rollouts:
 
     def draft_ahead(self, step: int) -> None:
         """``rollout.speculation``: batch ``step`` was dispatched; the next ``lookahead`` batches go to
-        the fleet as drafts (each once), with the items their dispatch will have (docs/speculation.md)."""
+        the fleet as drafts (each once), with the items their dispatch will have (docs/speculation.md),
+        where ``self.gate`` says drafting pays; a batch not drafted is sampled directly on dispatch."""
         spec, t = self.cfg.rollout.speculation, self.cfg.train
         for later in range(step + 1, min(step + 1 + spec.lookahead, t.steps) if spec.enabled else 0):
-            if later not in self.planned:
+            if later not in self.planned and self.gate.decide(later):
                 self.planned[later] = self._items(t.prompts_per_step)
                 self.fleet.draft(later, self.planned[later])
 

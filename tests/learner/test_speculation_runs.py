@@ -26,16 +26,18 @@ from tests.learner.test_cli_faults import final_weights, kill_each_once_checkpoi
 PREAMBLE = "Use the calculator for every operation, one operation per call, then answer."
 
 
-def run(schedule: str, speculation: bool, monkeypatch, preamble: str | None = None) -> tuple[list, list, list]:
+def run(schedule: str, speculation: bool, monkeypatch, preamble: str | None = None, steps: int = 3,
+        check_kept: bool = True, gate: str = "always") -> tuple[list, list, list]:
     cfg = load_config("configs/quickstart.yaml")
-    cfg.train.schedule, cfg.train.steps = schedule, 3
+    cfg.train.schedule, cfg.train.steps = schedule, steps
+    cfg.rollout.speculation.gate = gate  # (every batch drafted: the identity is checked on drafts)
     cfg.rollout.speculation.enabled = speculation
     cfg.task.prompt_preamble = preamble
-    steps, grads = [], []
+    batches, grads = [], []
     finish_step, step = Trainer.finish_step, torch.optim.AdamW.step
 
     def record_batch(self, t_end):
-        steps.append(sorted((t.id, tuple(t.input_ids), tuple(t.loss_mask), t.reward) for t in self.rec.trajs))
+        batches.append(sorted((t.id, tuple(t.input_ids), tuple(t.loss_mask), t.reward) for t in self.rec.trajs))
         return finish_step(self, t_end)
 
     def record_gradient(self, *args, **kwargs):
@@ -48,10 +50,10 @@ def run(schedule: str, speculation: bool, monkeypatch, preamble: str | None = No
     sink = MemorySink()
     train(cfg, sink)
     monkeypatch.undo()
-    if speculation:
+    if speculation and check_kept:
         kept = [m["values"][Metric.KEPT_TOKEN_SHARE] for m in sink.metrics()[1:]]
         assert all(k > 0 for k in kept) and sink.metrics()[1]["values"][Metric.DRAFTED_TOKENS] > 0
-    return steps, grads, [m["values"] for m in sink.metrics()]
+    return batches, grads, [m["values"] for m in sink.metrics()]
 
 
 @pytest.mark.slow
@@ -74,8 +76,8 @@ def test_remainders_from_verification_kv_change_no_token_reward_or_gradient(sche
     assert sum(m.get(Metric.VERIFIED_KV_TOKENS, 0.0) for m in metrics) > 0
 
 
-def assert_equal_runs(off_steps: list, off_grads: list, on_steps: list, on_grads: list) -> None:
-    assert len(on_steps) == len(off_steps) == 3
+def assert_equal_runs(off_steps: list, off_grads: list, on_steps: list, on_grads: list, n: int = 3) -> None:
+    assert len(on_steps) == len(off_steps) == n
     for a, b in zip(off_steps, on_steps):
         assert a == b  # ids, tokens, masks and rewards, step by step
     for a, b in zip(off_grads, on_grads):
