@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def rss_mb(pid: int) -> float:
@@ -74,7 +73,6 @@ def main() -> int:
     parser.add_argument("--sockets", type=int, default=200)
     parser.add_argument("--bursts", type=int, default=3)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     from tests.harness.web_harness import bench_database
 
     report: dict = {"sockets": args.sockets}
