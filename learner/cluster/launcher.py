@@ -50,11 +50,15 @@ def connect(address: str) -> bool:
     return True
 
 
-def waiting_sentence(plan: RunPlan) -> str:
-    """"waiting for 8 GPUs on the cluster: 6 free" (free now; the total too when it never fits)."""
+def waiting_sentence(plan: RunPlan) -> str | None:
+    """"waiting for 8 GPUs on the cluster: 6 free" (free now; the total too when it never fits).
+    None while Ray's view says enough is free: its resource report lags a reservation or a
+    release by a report interval, so that view is the lag, not news to tell."""
     kind, needed = plan.needs()
     free = ray.available_resources().get(kind, 0.0)
     total = ray.cluster_resources().get(kind, 0.0)
+    if free >= needed and total >= needed:
+        return None
     text = f"waiting for {needed:g} {kind}s on the cluster: {free:g} free"
     return text + (f" (it has {total:g} in all)" if total < needed else "")
 
@@ -68,10 +72,12 @@ def reserve(plan: RunPlan, wait_s: float, say: Callable[[str], None], name: str 
     said = None
     try:
         while not pg.wait(timeout_seconds=max(0.1, min(1.0, deadline - time.monotonic()))):
-            sentence = waiting_sentence(plan)
+            sentence = waiting_sentence(plan) or said
             if time.monotonic() >= deadline:
+                kind, needed = plan.needs()
+                sentence = sentence or f"waiting for {needed:g} {kind}s on the cluster"
                 raise ClusterError(f"{sentence}; gave up after cluster.wait_s {wait_s:g} s")
-            if sentence != said:
+            if sentence and sentence != said:
                 say(sentence)
                 said = sentence
     except BaseException:
