@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.tasks import make_env
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.weights import WeightStore
+from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+from learner.tasks.registry import make_env
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.processes.weights import WeightStore
 
 # name -> (hidden, layers, heads, intermediate); head size 64 needs no padding on CPU
 RANDOM_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -86,7 +86,7 @@ def publish_ms(model, engine, repeats: int) -> tuple[float, float]:
 
 
 def bench_model(name: str, model_dir: Path, tokenizer, args) -> dict:
-    from learner.rollout.vllm_engine import VllmEngine
+    from learner.rollout.vllm_backend.vllm_engine import VllmEngine
 
     batch = prompts(tokenizer, args.batch)
     params = SamplingParams(args.new_tokens, stop_token_ids=[])  # fixed length

@@ -18,9 +18,9 @@ import time
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.tasks import make_env
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir, stop_token_ids
+from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+from learner.tasks.registry import make_env
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir, stop_token_ids
 
 
 def one_call(engine: TorchEngine, batch: list[list[int]], params: SamplingParams) -> dict[str, float]:

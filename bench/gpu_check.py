@@ -10,13 +10,13 @@ Per model size, a seeded random Llama (token ids are drawn, so no tokenizer is n
      learner.backward ms per trajectory (median, p90), group close ms, then finish_batch +
      clip + AdamW; L = their sum; peak device memory and most group-sum buffers open;
      ``--learner grouped`` (or ``both``): the same batch learnt in grouped micro-batches of
-     ``--grouped-chunk`` arrivals (learner/grad/grouped.py), per-trajectory learner cost both ways;
+     ``--grouped-chunk`` arrivals (learner/grad/batching/grouped.py), per-trajectory learner cost both ways;
   3. publish: ``WeightStore.publish`` (device -> shared host memory, what every step pays) and
      ``TorchEngine.load_weights`` (host -> device), page-locked (as a GPU learner's store is) and
      pageable;
   4. exactness: the streamed gradient of a smaller batch against the batch-synchronous
      reference (``reference_gradient``, all graphs held at once) on the same device, fp32.
-  5. engines: the eager fixed-batch engine and the captured-decode engine (``rollout/captured.py``:
+  5. engines: the eager fixed-batch engine and the captured-decode engine (``rollout/engine/captured.py``:
      static KV cache, the decode step a CUDA graph) on the same batch and seeds: tokens/s of each and
      how many rows sampled the same tokens (all of them, or the captured engine is wrong);
 then, once (``bench/gpu_runs.py``): real ``thundersync train`` runs of the bench workload, learner
@@ -44,13 +44,13 @@ import torch
 
 from bench.gpu_runs import ARMS, trainer_runs
 from learner.config import AlgorithmConfig
-from learner.grad.exactness import relative_error
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
+from learner.checks.exactness import relative_error
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
-from learner.rollout.captured import CapturedEngine
-from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.weights import WeightStore
+from learner.rollout.engine.captured import CapturedEngine
+from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+from learner.rollout.processes.weights import WeightStore
 from learner.timeline import Kind
 from learner.trajectory import Trajectory
 
@@ -151,7 +151,7 @@ def barrier_step(learner: StreamingLearner, model, opt) -> dict:
 
 def grouped_learner_step(model, trajs: list[Trajectory], algo: AlgorithmConfig, rng: random.Random,
                          chunk: int) -> dict:
-    """The same batch learnt in grouped micro-batches (learner/grad/grouped.py): arrivals in random
+    """The same batch learnt in grouped micro-batches (learner/grad/batching/grouped.py): arrivals in random
     order, ``chunk`` at a time; after each chunk the adaptive learner's idle work learns everything
     waiting (open groups' members and known rows) in one grouped backward. Per-trajectory learner cost:
     the forwards and backwards, the closes and the barrier, over the trajectories."""
@@ -297,7 +297,7 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--learner", choices=("per-trajectory", "grouped", "both"), default="per-trajectory",
                     help="how the learner step learns the batch: one backward per trajectory as it arrives, "
-                         "grouped micro-batches of --grouped-chunk arrivals (learner/grad/grouped.py), or both")
+                         "grouped micro-batches of --grouped-chunk arrivals (learner/grad/batching/grouped.py), or both")
     ap.add_argument("--grouped-chunk", type=int, default=16, help="arrivals per grouped micro-batch")
     ap.add_argument("--runs", default="sync,streaming,streaming-captured", type=arm_list,
                     help=f"thundersync train runs of the bench workload, of {', '.join(ARMS)} ('' for none)")

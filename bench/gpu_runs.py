@@ -49,8 +49,8 @@ def write_policy(out_dir: Path, size: str, seed: int = 0) -> float:
     """A seeded random Llama with the built-in tokenizer, as a Hugging Face directory; its parameters, in M."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from learner.rollout.models import stop_token_ids
-    from learner.rollout.tokenizer import build_char_tokenizer
+    from learner.models.loading import stop_token_ids
+    from learner.tasks.char_tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     hidden, layers, heads, inter = RUN_SIZES[size]

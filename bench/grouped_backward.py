@@ -27,11 +27,11 @@ from collections import Counter
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.drain import Bucket
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.microbatch import MicroBatchRows, Row
-from learner.grad.on_policy import StreamingLearner
-from learner.rollout.models import load_model, resolve_model_dir
+from learner.grad.batching.drain import Bucket
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.batching.microbatch import MicroBatchRows, Row
+from learner.grad.learners.on_policy import StreamingLearner
+from learner.models.loading import load_model, resolve_model_dir
 
 
 def bench_rows(n: int, vocab: int, seed: int) -> list[Row]:

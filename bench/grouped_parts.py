@@ -5,7 +5,7 @@ micro-batch of N rows in N/4 (group, reward) buckets is learnt four ways, altern
 through the learner's own code:
 
   known            every advantage known: one backward into G (sync's micro-batch)
-  grouped          the grouped backward (learner/grad/grouped.py) into the buckets' sums
+  grouped          the grouped backward (learner/grad/batching/grouped.py) into the buckets' sums
   grouped-no-adds  the same, the accumulator's per-bucket adds left out (S, T' untouched)
   no-reduction     the same backward with the hooks' reductions left out: activation gradients
                    only, no parameter gradient at all (a floor, not a learner)
@@ -34,10 +34,10 @@ import torch
 
 from bench.grouped_backward import bench_rows, run_arm
 from learner.config import AlgorithmConfig
-from learner.grad import grouped as grouped_module
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
-from learner.rollout.models import load_model, resolve_model_dir
+from learner.grad.batching import grouped as grouped_module
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
+from learner.models.loading import load_model, resolve_model_dir
 
 ARMS = ("known", "grouped", "grouped-no-adds", "no-reduction")
 

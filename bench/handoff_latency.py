@@ -8,7 +8,7 @@ messages the driver asks for one and records ``recv - send`` on the one monotoni
 processes share (one way, the worker's send to the driver holding the decoded object):
 
 - **pipe**: a spawned worker process puts the message into the project's ``Outbox`` (a feeder
-  thread writing to the worker's own pipe, learner/rollout/outbox.py); the driver waits on the
+  thread writing to the worker's own pipe, learner/rollout/processes/outbox.py); the driver waits on the
   pipe with ``multiprocessing.connection.wait`` and ``recv``s it, as ``Fleet`` does.
 - **pipe-direct**: the same pipe written by the worker's own thread (``conn.send``), no feeder:
   what the feeder thread's wake-up adds.
@@ -37,7 +37,7 @@ def payload(tokens: int, seed: int) -> dict:
 
 
 def _pipe_worker(out_conn, go_conn, n: int, tokens: int, direct: bool) -> None:
-    from learner.rollout.outbox import Outbox
+    from learner.rollout.processes.outbox import Outbox
 
     box = None if direct else Outbox(out_conn)
     for i in range(n):

@@ -32,9 +32,9 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from learner.rollout.engine import TorchEngine
-    from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-    from learner.rollout.sampling import SamplingParams
+    from learner.rollout.engine.torch_engine import TorchEngine
+    from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+    from learner.rollout.engine.sampling import SamplingParams
 
     torch.set_num_threads(1)
     policy = resolve_model_dir("builtin:tiny")

@@ -55,9 +55,9 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.grad.deterministic import on_policy_learner
-    from learner.grad.learner_common import LearnerOptions
-    from learner.rollout.models import load_model, resolve_model_dir
+    from learner.grad.learners.deterministic import on_policy_learner
+    from learner.grad.learners.common import LearnerOptions
+    from learner.models.loading import load_model, resolve_model_dir
 
     torch.set_num_threads(1)
     model_dir = resolve_model_dir("builtin:tiny")

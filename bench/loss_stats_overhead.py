@@ -19,8 +19,8 @@ import torch
 
 from learner.config import AlgorithmConfig
 from learner.grad.loss_tally import LossTally
-from learner.grad.microbatch import Row, forward, grads_of, on_policy_pg_loss
-from learner.rollout.models import load_model, resolve_model_dir
+from learner.grad.batching.microbatch import Row, forward, grads_of, on_policy_pg_loss
+from learner.models.loading import load_model, resolve_model_dir
 
 
 def model_of(vocab: int | None) -> torch.nn.Module:

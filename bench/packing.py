@@ -25,9 +25,9 @@ import torch
 
 from bench.load_report import finish
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
-from learner.rollout.models import load_model
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
+from learner.models.loading import load_model
 from learner.trajectory import Trajectory
 
 

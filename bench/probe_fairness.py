@@ -31,8 +31,8 @@ def generate_forever(core: int, stop) -> None:
     os.sched_setaffinity(0, {core})
     import torch
 
-    from learner.rollout.engine import SamplingParams, TorchEngine
-    from learner.rollout.models import load_model, resolve_model_dir
+    from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+    from learner.models.loading import load_model, resolve_model_dir
 
     torch.set_num_threads(1)
     engine = TorchEngine(load_model(resolve_model_dir("builtin:tiny")), pad_id=0)
@@ -52,9 +52,9 @@ def main() -> int:
     import torch
 
     from learner.config import AlgorithmConfig
-    from learner.grad.off_policy import OffPolicyLearner
-    from learner.grad.on_policy import StreamingLearner
-    from learner.rollout.models import load_model, resolve_model_dir
+    from learner.grad.learners.off_policy import OffPolicyLearner
+    from learner.grad.learners.on_policy import StreamingLearner
+    from learner.models.loading import load_model, resolve_model_dir
     from learner.trajectory import Trajectory
 
     torch.set_num_threads(1)

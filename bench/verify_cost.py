@@ -1,4 +1,4 @@
-"""What verifying a step's drafts costs (learner/rollout/speculation.py, docs/speculation.md):
+"""What verifying a step's drafts costs (learner/rollout/speculation/token_verify.py, docs/speculation.md):
 one forward over each draft's whole context vs each group's shared prompt forwarded once, the
 remainders on its keys/values and the output embedding at sampled positions only.
 
@@ -12,7 +12,7 @@ the arms alternate per repeat; medians and their ratio are printed, and whether 
 
 ``--remainders``: the arms are instead the verification (shared prefix) followed by every rejected
 draft's remainder to the end of its turn (one generate call, as the worker's remainders join one),
-with the verification forward's keys/values kept for the remainders (``rollout/kv_keep.py``,
+with the verification forward's keys/values kept for the remainders (``rollout/engine/kv_keep.py``,
 contexts of at least ``--min-tokens``, the prefix store's threshold) or not (the remainder
 prefills its whole context again); verification and remainder seconds are printed apart, with
 the prefill tokens reused and whether the remainders' tokens agree.
@@ -28,15 +28,15 @@ import time
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.chat import ChatFormat
-from learner.rollout.drafts import VERIFY_CHUNK
-from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.kv_keep import KeepKV
-from learner.rollout.prefix_store import MIN_TOKENS
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir, stop_token_ids
-from learner.rollout.sampling import Stream
-from learner.rollout.speculation import Sampled, verify
-from learner.rollout.tasks import make_env
+from learner.tasks.chat import ChatFormat
+from learner.rollout.speculation.drafts import VERIFY_CHUNK
+from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+from learner.rollout.engine.kv_keep import KeepKV
+from learner.rollout.engine.prefix_store import MIN_TOKENS
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir, stop_token_ids
+from learner.rollout.engine.sampling import Stream
+from learner.rollout.speculation.token_verify import Sampled, verify
+from learner.tasks.registry import make_env
 
 
 def drafts(engine: TorchEngine, prompts: list[list[int]], observation: list[int], turns: int,

@@ -4,9 +4,9 @@ kernels, and what each way of verifying costs.
     .venv/bin/python -m bench.vllm_verify [--rows 64] [--tokens 64] [--batches 8] [--repeats 5]
 
 1. Flips, same weights: vLLM samples ``--batches`` x ``--rows`` rows of ``--tokens`` tokens each
-   (keyed, rollout/vllm_keyed.py; no stop token, so every row has them all); at every sampled
+   (keyed, rollout/vllm_backend/vllm_keyed.py; no stop token, so every row has them all); at every sampled
    position the keyed sample is drawn again from (a) vLLM's prefill (full-vocabulary prompt
-   log-probs, the verifier rollout/vllm_verify.py uses) and (b) the torch model's forward on the
+   log-probs, the verifier rollout/vllm_backend/vllm_verify.py uses) and (b) the torch model's forward on the
    same weights (speculation.py's path); a position where it differs from vLLM's decoded token is
    a flip. Printed per million tokens, with the largest log-prob difference between the kernels
    (torch vs vLLM prefill over the vocabulary; vLLM prefill vs vLLM's decode steps at the sampled
@@ -27,10 +27,10 @@ import time
 import torch
 
 from learner.config import RunConfig
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.sampling import SamplingParams, Stream, keyed_sample, race_noise, row_keys
-from learner.rollout.speculation import Sampled, verify
-from learner.rollout.vllm_verify import verify_on_vllm
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.engine.sampling import SamplingParams, Stream, keyed_sample, race_noise, row_keys
+from learner.rollout.speculation.token_verify import Sampled, verify
+from learner.rollout.vllm_backend.vllm_verify import verify_on_vllm
 
 PROMPTS = ["Q: 3+4*2=? A:", "Q: 12-5=? A:", "Q: (7+8)*3=? A:", "Q: 19*2-4=? A:"]
 
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from learner.rollout.vllm_engine import VllmEngine
+    from learner.rollout.vllm_backend.vllm_engine import VllmEngine
 
     policy_dir = resolve_model_dir("builtin:tiny")
     tok, model = load_tokenizer(policy_dir), load_model(policy_dir)

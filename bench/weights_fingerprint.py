@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from learner.distributed.worker import param_checksum, param_digest
+from learner.distributed.rank_worker import param_checksum, param_digest
 
 
 def _model(millions: float, device: str, dtype: torch.dtype) -> torch.nn.Module:

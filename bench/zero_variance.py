@@ -28,7 +28,7 @@ def record_run(config: str, schedule: str, steps: int | None):
     """Train for real; returns (batches of trajectories, per-step metrics)."""
     from learner.config import load_config
     from learner.driver.loop import train
-    from learner.grad.on_policy import StreamingLearner
+    from learner.grad.learners.on_policy import StreamingLearner
     from learner.timeline import MemorySink
     from learner.trajectory import Trajectory
 
@@ -57,7 +57,7 @@ def record_run(config: str, schedule: str, steps: int | None):
 
 def zero_advantage(trajs, algo):
     """(trajectory, A) for the members of ``trajs`` whose advantage is exactly 0."""
-    from learner.grad.learner_common import batch_advantages
+    from learner.grad.learners.common import batch_advantages
 
     adv = batch_advantages(trajs, algo.advantage)
     return [(t, adv[t.id]) for t in trajs if adv[t.id] == 0.0]
@@ -65,8 +65,8 @@ def zero_advantage(trajs, algo):
 
 def replay_s(model, algo, budget: int, trajs, with_zero: bool) -> float:
     """Seconds of the micro-batched backward of ``trajs`` (known advantages), with or without A = 0 rows."""
-    from learner.grad.learner_common import batch_advantages
-    from learner.grad.microbatch import forward, grads_of, grpo_row, on_policy_pg_loss, plan_micro_batches
+    from learner.grad.learners.common import batch_advantages
+    from learner.grad.batching.microbatch import forward, grads_of, grpo_row, on_policy_pg_loss, plan_micro_batches
 
     adv = batch_advantages(trajs, algo.advantage)
     rows = [grpo_row(t, adv[t.id]) for t in trajs if with_zero or adv[t.id] != 0.0]

@@ -1,5 +1,5 @@
 """The environment of every process a run starts (the learner, its rollout workers and the
-warm runner they fork from; tool processes get an empty one, learner/rollout/sandbox.py):
+warm runner they fork from; tool processes get an empty one, learner/tasks/sandbox.py):
 the web app's and the worker's own minus their secrets. A learner never talks to the
 database or the broker (it reports on stdout), so nothing it starts needs them, and code a
 run executes (a reward function, a policy's tool call) cannot read them from

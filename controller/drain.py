@@ -11,10 +11,10 @@ rules' last refusal). A run recorded before those metrics existed is read from
 
 from __future__ import annotations
 
-from learner.grad.cost_model import DEFER_REASONS
+from learner.grad.batching.cost_model import DEFER_REASONS
 from learner.timeline import Metric
 
-# the rules' refusals (learner.grad.cost_model.DEFER_REASONS), as a clause after "because"
+# the rules' refusals (learner.grad.batching.cost_model.DEFER_REASONS), as a clause after "because"
 REASONS = {
     "unmeasured": "no micro-batch had been measured yet (a run's first step learns the micro-batched way)",
     "cost": "an early row cost more than twice a known one, more than the tail it would save",

@@ -1,7 +1,7 @@
 """Whether the workers can confine the ``python-sandbox`` tool, so a launch that needs it is
 refused at once where none can (docs/tasks.md, "The sandbox's boundary").
 
-The tool runs only under bubblewrap (``learner/rollout/sandbox_bwrap.py``); whether that works
+The tool runs only under bubblewrap (``learner/tasks/sandbox_bwrap.py``); whether that works
 is a property of the worker's host (bwrap installed, namespaces allowed: a container's seccomp
 and AppArmor profiles decide), not of the web server's, and the two may be different hosts.
 Every worker probes once when it starts (``report``: the Celery ``worker_ready`` signal, the
@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from learner.config import ConfigError
-from learner.rollout import sandbox_bwrap
+from learner.tasks import sandbox_bwrap
 
 log = logging.getLogger(__name__)
 KEY = "thundersync:sandbox-confinement"  # {host: {"node", "problem", "at"}}

@@ -15,7 +15,7 @@ from a model root) or ``"run"`` (written under the run directory), or are named 
 is confined until someone decides otherwise.
 
 A reasoning-gym generator's options (``task.datasets[i].config``) are checked by
-``learner.rollout.gym_options``: an option that opens a file may name only reasoning_gym's own
+``learner.gym_options``: an option that opens a file may name only reasoning_gym's own
 data files or a file under the data roots, every other text option must be one known to name
 no file, and unknown options are refused (``GENERATOR_FIELDS``).
 """
@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig, parse_config
 from learner.preflight import builtin_problem, check_vllm_speculation
-from learner.rollout.gym_options import task_problem
+from learner.gym_options import task_problem
 
 BUILTIN_PREFIX = "builtin:"
 PATH_LIKE = re.compile(r"(^|_)(dir|path|file|output|dump)s?$|^(output|dump)")

@@ -18,10 +18,10 @@ from collections import Counter
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.learner_common import OptimizerStep
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.learners.common import OptimizerStep
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
-from learner.grad.tiny_models import VOCAB, tiny_llama
+from learner.checks.tiny_models import VOCAB, tiny_llama
 from learner.trajectory import Trajectory
 
 TARGET, PROMPTS, GROUP, ANSWER = 7, 8, 4, 6

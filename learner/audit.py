@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AlgorithmConfig
-from learner.rollout.models import widen_norms
+from learner.models.loading import widen_norms
 from learner.trajectory import Trajectory
 
 # The trainer's gradient carries its own rounding (summation order), so the audit tolerances

@@ -18,7 +18,7 @@ from learner.checkpoint_integrity import damaged_dir, newest_intact
 from learner.cli_args import choice_list, int_list
 from learner.config import LEARNER_ENGINES, SCHEDULES, ConfigError, load_config
 from learner.preflight import preflight
-from learner.rollout.boot import boot_fleet
+from learner.rollout.processes.boot import boot_fleet
 from learner.timeline import EventsUnwritable, JsonlSink, Metric, claim_stdout
 
 
@@ -46,7 +46,7 @@ def check_resolvable(cfg) -> None:
     """What the schema cannot see and needs the heavy imports: the environment is
     registered, a GPU asked for is there (model paths: ``learner.preflight``, before boot)."""
     from learner.placement import check_visible
-    from learner.rollout.tasks import make_env
+    from learner.tasks.registry import make_env
 
     try:
         env = make_env(cfg.task)
@@ -226,8 +226,8 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
         bar_to_step(bar, m["step"])
         bar.write(_summary_line(m), file=sys.stderr)
 
-    from learner.rollout.fleet import RolloutError
-    from learner.rollout.weights import SharedMemoryTooSmall
+    from learner.rollout.processes.fleet import RolloutError
+    from learner.rollout.processes.weights import SharedMemoryTooSmall
 
     if cfg.train.output_dir:
         write_run_config(cfg.train.output_dir, cfg.model_dump(mode="json"))
@@ -263,12 +263,12 @@ def train_and_report(cfg, args, booted, extra_sinks: list) -> int:
 
 def cmd_check_exactness(args) -> int:
     if args.world_size:  # data-parallel ranks (docs/distributed.md)
-        from learner.distributed.exactness import main as distributed_main
+        from learner.checks.distributed_exactness import main as distributed_main
 
         return distributed_main(args.world_size, args.engine or ["torch"], args.zero or [0], args.offload, args.json)
     if args.engine or args.zero or args.offload:
         raise UsageError("check-exactness: --engine, --zero and --offload need --world-size")
-    from learner.grad.exactness import main
+    from learner.checks.exactness import main
 
     return main(json_out=args.json)
 
@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.set_defaults(func=cmd_audit)
 
-    for name, path in (("simulate", "learner.sim.cli"), ("bench", "learner.bench.run"), ("race", "learner.bench.race")):
+    for name, path in (("simulate", "learner.sim.command"), ("bench", "learner.bench.run"), ("race", "learner.bench.race")):
         try:
             module = importlib.import_module(path)
         except ImportError as err:  # the other commands still work; this one says why it cannot

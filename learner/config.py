@@ -89,7 +89,7 @@ class GymDataset(Strict):
 
 class TaskConfig(Strict):
     name: str = Field("arith-tool", min_length=1, max_length=100,
-                      description="a registered environment (learner.rollout.tasks.register_env)")
+                      description="a registered environment (learner.tasks.registry.register_env)")
     min_ops: int = Field(1, ge=1, le=4)
     max_ops: int = Field(2, ge=1, le=4)
     max_operand: int = Field(20, ge=2, le=999)
@@ -148,9 +148,9 @@ class TaskConfig(Strict):
 
     @model_validator(mode="after")
     def _gym_options_allowed(self) -> "TaskConfig":
-        # a generator's options may open files and cost exponential work: learner/rollout/gym_options.py
+        # a generator's options may open files and cost exponential work: learner/gym_options.py
         if self.datasets:
-            from learner.rollout.gym_options import task_problem
+            from learner.gym_options import task_problem
 
             if problem := task_problem([d.model_dump() for d in self.datasets]):
                 raise ValueError(problem)
@@ -223,7 +223,7 @@ class RolloutConfig(Strict):
     def _speculation_needs_keyed_engine(self) -> "RolloutConfig":
         if not self.speculation.enabled:
             return self
-        # vLLM samples keyed too (rollout/vllm_keyed.py) and batches continuously itself; its size
+        # vLLM samples keyed too (rollout/vllm_backend/vllm_keyed.py) and batches continuously itself; its size
         # limit (the vocabulary verification reads whole) is checked when the engine starts
         if self.engine == "torch" and not self.continuous_batching:
             raise ValueError("rollout.speculation: needs continuous_batching true (drafts yield to the current "

@@ -24,8 +24,8 @@ import random
 import time
 
 from learner.config import RunConfig
-from learner.rollout.env import Environment, Task
-from learner.rollout.messages import Finished, Work, WorkItem
+from learner.tasks.env import Environment, Task
+from learner.rollout.processes.messages import Finished, Work, WorkItem
 from learner.timeline import Metric
 from learner.trajectory import Trajectory
 
@@ -65,8 +65,8 @@ class Evaluator:
 
     def _agent(self):
         if self.worker is None:
-            from learner.rollout.engine import TorchEngine
-            from learner.rollout.worker import AgentWorker
+            from learner.rollout.engine.torch_engine import TorchEngine
+            from learner.rollout.processes.agent_worker import AgentWorker
 
             engine = TorchEngine(self.model, self.tok.pad_token_id,
                                  continuous_batching=self.cfg.rollout.continuous_batching)

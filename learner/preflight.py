@@ -16,15 +16,15 @@ import tempfile
 from pathlib import Path
 
 from learner.config import ConfigError, RunConfig
-from learner.rollout import sandbox_bwrap
+from learner.tasks import sandbox_bwrap
 
 BUILTIN_PREFIX = "builtin:"
-# learner/rollout/models.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
+# learner/models/loading.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
 # wrong name is refused before anything starts (tests/learner/test_builtin_names.py keeps them equal)
 BUILTIN_MODELS = ("tiny", "teacher", "tiny-long")
 # The vLLM engine verifies drafts from each sampled position's whole distribution, read back from
-# vLLM's prompt log-probs one Python object per (position, token) (rollout/vllm_verify.py), so
-# speculation on it is bounded to small vocabularies (rollout/vllm_engine.py imports this bound).
+# vLLM's prompt log-probs one Python object per (position, token) (rollout/vllm_backend/vllm_verify.py), so
+# speculation on it is bounded to small vocabularies (rollout/vllm_backend/vllm_engine.py imports this bound).
 MAX_VLLM_VERIFY_VOCAB = 4096
 
 
@@ -122,6 +122,6 @@ def preflight(cfg: RunConfig, dump_dir: str | None = None, output_dir: str | Non
     if events:
         check_writable_file("--events", events)
     if cfg.task.name == "reasoning-gym":  # a few items of each generator, under a time and memory limit
-        from learner.rollout.gym_probe import probe_generators
+        from learner.tasks.gym_probe import probe_generators
 
         probe_generators(cfg.task, cfg.seed)

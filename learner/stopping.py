@@ -2,7 +2,7 @@
 
 ``install`` makes both signals only *request* a stop; the driver notices the request at the
 next step boundary (``check`` at the top of each step of ``learner.driver.loop``) or earlier
-where it waits for the rollout fleet (``check``, called by ``learner.rollout.fleet.Fleet`` while
+where it waits for the rollout fleet (``check``, called by ``learner.rollout.processes.fleet.Fleet`` while
 it waits for a message, never while replicas load weights), which is between two learner
 phases, and raises ``Interrupted`` there. (The fleet's check alone was not enough: a streaming
 run whose messages are always queued never waits, and a cancel took effect ~10 steps later.) The CLI then stops the workers, writes the

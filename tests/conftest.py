@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from learner.rollout.cores import set_process_affinity
+from learner.rollout.processes.cores import set_process_affinity
 from tests.harness.web_harness import asgi_servers  # noqa: F401 (one daphne per pytest process, for live_url)
 
 SHARED_SCOPES = ("module", "class", "package")

@@ -49,12 +49,12 @@ def measure(config_path: str, rows: tuple[int, ...]) -> dict[str, Any]:
     import torch
 
     from learner.config import load_config
-    from learner.rollout.chat import ChatFormat
-    from learner.rollout.cores import core_plan, set_process_affinity
-    from learner.rollout.engine import SamplingParams
-    from learner.rollout.engine_factory import make_engine
-    from learner.rollout.models import load_tokenizer, resolve_model_dir
-    from learner.rollout.tasks import make_env
+    from learner.tasks.chat import ChatFormat
+    from learner.rollout.processes.cores import core_plan, set_process_affinity
+    from learner.rollout.engine.torch_engine import SamplingParams
+    from learner.rollout.engine.factory import make_engine
+    from learner.models.loading import load_tokenizer, resolve_model_dir
+    from learner.tasks.registry import make_env
 
     cfg = load_config(config_path)
     _, worker_cores = core_plan(1, cfg.rollout.pin_cores)
@@ -107,8 +107,8 @@ def copy_s(engine, prompts: list[list[int]], width: int) -> float:
     """Median seconds to join one row's keys/values to a running batch of ``len(prompts)`` rows
     ``width`` columns wide: the copy of the whole batch's cache that every join (and every
     retirement of ended rows) makes in the torch engine's continuous batching."""
-    from learner.rollout import kv_rows
-    from learner.rollout.continuous import _prefill_whole
+    from learner.rollout.engine import kv_rows
+    from learner.rollout.engine.continuous import _prefill_whole
 
     padded = [[engine.pad_id] * (width - len(p)) + p for p in prompts]  # (a right-aligned context)
     times = []

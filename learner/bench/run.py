@@ -39,7 +39,7 @@ from learner.bench.rows import (
 from learner.bench.table import summary_text
 from learner.bench.trained import slowest_decile
 from learner.bench.window import charged_step
-from learner.bench.workload import WORKLOADS, tail_summary
+from learner.bench.workloads import WORKLOADS, tail_summary
 from learner.config import SCHEDULES, RunConfig, load_config
 from learner.cli_args import number, schedule_list
 
@@ -165,7 +165,7 @@ def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
     order); raises ``SimInputError`` / ``ValueError`` when a recording cannot be replayed."""
     from dataclasses import replace
 
-    from learner.sim.cli import workload_from_spans
+    from learner.sim.command import workload_from_spans
 
     workloads = [workload_from_spans([e for e in events if e.get("type") not in ("span", "metrics")
                                       or e["step"] >= warmup]) for events in sync_runs]
@@ -174,7 +174,7 @@ def sync_workload(sync_runs: list[list[dict[str, Any]]], warmup: int):
 
 def simulated(pooled, schedules: list[str], warmup: int) -> dict[str, Any]:
     """The simulator's prediction per schedule from the sync runs alone, at their machine speed."""
-    from learner.sim.cli import simulate_all
+    from learner.sim.command import simulate_all
 
     schedules = [name for name in schedules if name in SCHEDULES]  # reference rows are not schedules
     results = simulate_all(pooled, schedules, steps=len(pooled.batches) + warmup, warmup=warmup)
@@ -197,7 +197,7 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps:
     the window its runs measured (``steps``, warm-up dropped, run on past it by the same drain
     steps): a pipeline that starts full, as fully-async's does, is measured and simulated through
     the same transient, for each sync run apart (``per_run``: their workloads; default the pooled one)."""
-    from learner.sim.cli import simulate, simulate_all
+    from learner.sim.command import simulate, simulate_all
     from learner.sim.results import equal_work_parts
     from learner.sim.workload import at_speed
 

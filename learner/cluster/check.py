@@ -2,7 +2,7 @@
 single-process gradient: ``streaming_step`` runs inside every learner rank's actor (after
 ``ClusterRun.join_process_group``); rank 0 returns the comparison.
 
-The step is ``check-exactness``'s (``learner.distributed.exactness``): the same seeded batch on
+The step is ``check-exactness``'s (``learner.checks.distributed_exactness``): the same seeded batch on
 every rank, each rank streaming the groups it owns in its own shuffled order, the barrier's
 counts, the torch engine's gradient all-reduce and clipped AdamW step (lr 0); rank 0 compares
 the reduced gradient with ``reference_gradient`` of the whole batch in one process. float32, as
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 def _float32_setup():
     import torch
 
-    from learner.distributed.exactness import EngineSetup
+    from learner.checks.distributed_exactness import EngineSetup
 
     @dataclass(frozen=True)
     class TorchFloat32(EngineSetup):
@@ -35,8 +35,8 @@ def streaming_step(seed: int = 0, objective: str = "grpo", mode: str = "token-me
     import torch.distributed as dist
 
     from learner.distributed.engines import make_engine
-    from learner.distributed.exactness import DistCase, _run_case, exactness_model
-    from learner.grad.exactness import tiny_llama
+    from learner.checks.distributed_exactness import DistCase, _run_case, exactness_model
+    from learner.checks.exactness import tiny_llama
 
     rank, world = dist.get_rank(), dist.get_world_size()
     setup = _float32_setup()

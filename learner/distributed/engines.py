@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from learner.config import LEARNER_ENGINES
-from learner.distributed.barrier import named_collective
-from learner.grad.learner_common import clip_and_step
+from learner.distributed.barrier_vote import named_collective
+from learner.grad.learners.common import clip_and_step
 
 ZERO_STAGES = (0, 1, 2)
 

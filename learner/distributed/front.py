@@ -2,7 +2,7 @@
 ``learner.engine: deepspeed``): the calls of ``StreamingLearner`` plus ``reduce``/``step``.
 
 Rank 0 is the driver process: it receives every trajectory from the rollout fleet, learns those
-of the groups it owns and forwards the others to their owner rank (``learner.distributed.worker``),
+of the groups it owns and forwards the others to their owner rank (``learner.distributed.rank_worker``),
 so all W ranks stream backward passes at once. At the barrier every rank checks itself and joins
 the one integer all-reduce, then the gradient reduction and the optimizer step; rank 0 publishes.
 The other ranks' phases come back as spans on their own lanes, ``learner/<rank>`` (``learner/<rank>@<node>``
@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from learner.config import RunConfig
-from learner.distributed.barrier import collectives_raise_on_timeout
+from learner.distributed.barrier_vote import collectives_raise_on_timeout
 from learner.distributed.peers import RankPeers, RankPhase
 from learner.distributed.ranks import init_rank
 from learner.placement import learner_device, local_rank
-from learner.distributed.worker import broadcast_from_rank0, weights_fingerprint
-from learner.grad.learner_common import LearnerOptions, PhaseCallback
-from learner.grad.on_policy import StreamingLearner
+from learner.distributed.rank_worker import broadcast_from_rank0, weights_fingerprint
+from learner.grad.learners.common import LearnerOptions, PhaseCallback
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
 __all__ = ["DataParallelLearner", "RankPhase", "rank_lane", "rank_metrics", "uses_ranks"]

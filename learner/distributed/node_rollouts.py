@@ -93,7 +93,7 @@ class NodeRollouts:
     rank's model once built, ``("fleet", "start", ...)`` from rank 0 its run clock and version."""
 
     def __init__(self, cfg: RunConfig, node: str, policy_dir: str, send_up: Callable[[tuple], None]):
-        from learner.rollout.boot import boot_fleet, workers_per_node
+        from learner.rollout.processes.boot import boot_fleet, workers_per_node
 
         self.cfg, self.node, self.policy_dir, self.send_up = cfg, node, policy_dir, send_up
         self.commands = WakeQueue()
@@ -136,9 +136,9 @@ class NodeRollouts:
 
     def _start(self) -> None:
         from learner.lora import publish_view
-        from learner.rollout.fleet import READY_TIMEOUT_S, Fleet
-        from learner.rollout.models import resolve_model_dir
-        from learner.rollout.weights import WeightStore
+        from learner.rollout.processes.fleet import READY_TIMEOUT_S, Fleet
+        from learner.models.loading import resolve_model_dir
+        from learner.rollout.processes.weights import WeightStore
 
         deadline = time.monotonic() + READY_TIMEOUT_S
         cmd = None
@@ -161,7 +161,7 @@ class NodeRollouts:
         self.fleet = Fleet(cfg, self.policy_dir, teacher, self.store, origin, self.booted)
 
     def _command(self, cmd: tuple) -> None:
-        from learner.rollout.messages import Finished, Spans
+        from learner.rollout.processes.messages import Finished, Spans
 
         if cmd[0] == "stop":
             return  # close() set the flag already

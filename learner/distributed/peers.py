@@ -16,11 +16,11 @@ from collections.abc import Callable
 from multiprocessing.connection import Listener
 
 from learner.config import RunConfig
-from learner.distributed.barrier import DistributedBatchError
+from learner.distributed.barrier_vote import DistributedBatchError
 from learner.distributed.node_rollouts import rollout_hosts
 from learner.distributed.ranks import free_port, stop_processes
 from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV, RemoteRank, accept_ranks, run_key
-from learner.distributed.worker import rank_main
+from learner.distributed.rank_worker import rank_main
 
 RankPhase = Callable[[int, str, float, float, "int | None", "int | None"], None]
 

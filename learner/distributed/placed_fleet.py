@@ -19,8 +19,8 @@ from learner import stopping
 from learner.config import RunConfig
 from learner.distributed.assignment import assign_owners
 from learner.distributed.remote import RemoteRank
-from learner.rollout.fleet import POLL_S, READY_TIMEOUT_S, Fleet, RolloutError, decode
-from learner.rollout.messages import WorkItem
+from learner.rollout.processes.fleet import POLL_S, READY_TIMEOUT_S, Fleet, RolloutError, decode
+from learner.rollout.processes.messages import WorkItem
 
 
 class PlacedFleet:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from learner.distributed.assignment import assign_owners
-from learner.distributed.barrier import BatchCounts, exchange_counts
-from learner.grad.learner_common import PhaseCallback
-from learner.grad.on_policy import StreamingLearner
+from learner.distributed.barrier_vote import BatchCounts, exchange_counts
+from learner.grad.learners.common import PhaseCallback
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.trajectory import ScoredTurn, Trajectory
 
 

@@ -6,7 +6,7 @@ connects, authenticated by a shared key (HMAC, ``multiprocessing.connection``), 
 ``("hello", rank, node, its monotonic clock)``. Rank 0 answers ``("init", config, world size,
 init_method)``: the c10d rendezvous (a TCP store at rank 0's node address and a port rank 0
 chose). From then on the connection carries what the local ranks' queues carry
-(``learner.distributed.worker``): commands down, phases / step results / errors up. Phases are
+(``learner.distributed.rank_worker``): commands down, phases / step results / errors up. Phases are
 stamped with the remote node's ``time.monotonic()``; rank 0 shifts them by the offset seen at
 the handshake (its error is the one-way latency of one message).
 
@@ -190,8 +190,8 @@ def join_rank(address: tuple[str, int], rank: int, node: str, key: bytes, timeou
     """``thundersync join-rank``: be learner rank ``rank`` of the run whose rank 0 listens at
     ``address``; returns the exit status (0: the run ended normally)."""
     from learner.config import RunConfig
-    from learner.distributed.worker import rank_main
-    from learner.rollout.models import resolve_model_dir
+    from learner.distributed.rank_worker import rank_main
+    from learner.models.loading import resolve_model_dir
 
     conn = connect(address, key, timeout_s)
     conn.send(("hello", rank, node, time.monotonic()))

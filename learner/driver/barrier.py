@@ -15,7 +15,7 @@ from learner.driver.recorder import Recorder
 from learner.driver.rollouts import Rollouts
 from learner.driver.setup import RunParts
 from learner.grad.mismatch import check_sampled_versions, step_mismatch
-from learner.rollout.engine_factory import engine_dtype
+from learner.rollout.engine.factory import engine_dtype
 from learner.timeline import Kind
 
 

@@ -41,7 +41,7 @@ from learner.driver.setup import RunParts, build_run
 from learner.driver.system_metrics import ProcessSampler, SystemSampler, gpu_metrics, placed_gpu_metrics, run_pids
 from learner.driver.trajectory_records import TrajectoryRecords
 from learner.lora import grad_buffer_mb, save_policy
-from learner.rollout.boot import BootedWorkers, boot_fleet
+from learner.rollout.processes.boot import BootedWorkers, boot_fleet
 from learner.timeline import EventSink, Metric, StepMetrics
 from learner.trajectory import ScoredTurn, Trajectory
 

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from learner.driver import rules
-from learner.rollout.env import task_metrics
+from learner.tasks.env import task_metrics
 from learner.timeline import Metric, union_length, window_metrics
 from learner.trajectory import Trajectory
 

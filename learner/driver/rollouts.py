@@ -8,9 +8,9 @@ from collections import deque
 from learner.config import RunConfig
 from learner.driver.recorder import Recorder
 from learner.driver.speculation_gate import SpeculationGate
-from learner.rollout.env import Environment, task_for_group
-from learner.rollout.fleet import Fleet, decode
-from learner.rollout.messages import WorkItem
+from learner.tasks.env import Environment, task_for_group
+from learner.rollout.processes.fleet import Fleet, decode
+from learner.rollout.processes.messages import WorkItem
 from learner.trajectory import ScoredTurn, Trajectory
 
 

@@ -34,8 +34,8 @@ from learner.driver.pipeline import BatchGate, GroupPool
 from learner.driver.recorder import Recorder
 from learner.driver.resume import Checkpointer
 from learner.driver.rollouts import Rollouts
-from learner.grad.learner_common import PhaseCallback
-from learner.grad.learner_protocol import Learner
+from learner.grad.learners.common import PhaseCallback
+from learner.grad.learners.protocol import Learner
 from learner.trajectory import ScoredTurn, Trajectory
 
 

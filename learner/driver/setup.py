@@ -15,22 +15,22 @@ from learner.driver import rules
 from learner.distributed.front import DataParallelLearner, RankPhase, uses_ranks
 from learner.distributed.placed_fleet import PlacedFleet
 from learner.evaluation import Evaluator
-from learner.grad.deterministic import on_policy_learner
-from learner.grad.learner_common import LearnerOptions, OptimizerStep
-from learner.grad.learner_protocol import Learner
-from learner.grad.off_policy import OffPolicyLearner
+from learner.grad.learners.deterministic import on_policy_learner
+from learner.grad.learners.common import LearnerOptions, OptimizerStep
+from learner.grad.learners.protocol import Learner
+from learner.grad.learners.off_policy import OffPolicyLearner
 from learner.lora import publish_view, with_lora
 from learner.placement import bind_device, learner_device
-from learner.rollout.boot import BootedWorkers
-from learner.rollout.chat import turn_stop_ids
-from learner.rollout.cores import core_plan
-from learner.rollout.env import Environment
-from learner.rollout.drafts import speculation_refused
-from learner.rollout.tasks import make_env
-from learner.rollout.fleet import Fleet
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.weights import WeightStore
-from learner.rollout.worker import pin_to_core
+from learner.rollout.processes.boot import BootedWorkers
+from learner.tasks.chat import turn_stop_ids
+from learner.rollout.processes.cores import core_plan
+from learner.tasks.env import Environment
+from learner.rollout.speculation.drafts import speculation_refused
+from learner.tasks.registry import make_env
+from learner.rollout.processes.fleet import Fleet
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.processes.weights import WeightStore
+from learner.rollout.processes.agent_worker import pin_to_core
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Whether drafting pays (``rollout.speculation.gate: cost``, docs/speculation.md, "When drafting
 pays"): the driver decides, before it hands a batch out as drafts, from what speculation itself
 measured in the steps before, as the cost-aware drain does for early learning
-(``learner/grad/cost_model.py``).
+(``learner/grad/batching/cost_model.py``).
 
 Per drafted step it measures the drafts' tokens, the share verification kept and the seconds of
 verification forwards; every step, the engine seconds per directly sampled token (the union of
@@ -11,7 +11,7 @@ drafted when the expected engine seconds saved,
     gain = drafted tokens × (kept share × seconds per sampled token − verify seconds per drafted token),
 
 are more than ``MARGIN_S`` (a draft's own forwards run in the engine's idle time by the worker's
-rule, ``rollout/drafts.py``; what they cost the step is the wait of a publish's ``Load`` behind one,
+rule, ``rollout/speculation/drafts.py``; what they cost the step is the wait of a publish's ``Load`` behind one,
 at most ``IDLE_STEP_S``, counted here as that margin). Before anything was measured it drafts
 one batch (a probe) and no other until that batch's step was measured; while it stands aside it drafts again every ``REPROBE_EVERY``-th batch, so a change
 (the policy settling, the machine's load) can turn it back on. Estimates are decayed averages
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.rollout.drafts import IDLE_STEP_S
+from learner.rollout.speculation.drafts import IDLE_STEP_S
 from learner.timeline import Kind, Metric, _get, union_length
 from learner.trajectory import Trajectory
 

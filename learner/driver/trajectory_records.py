@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from learner.config import AlgorithmConfig
-from learner.grad.learner_common import batch_advantages
+from learner.grad.learners.common import batch_advantages
 from learner.timeline import EventSink
 from learner.trajectory import Trajectory
 

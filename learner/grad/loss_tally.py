@@ -17,7 +17,7 @@ from collections import defaultdict
 
 import torch
 
-from learner.grad.microbatch import Forward
+from learner.grad.batching.microbatch import Forward
 
 
 class LossTally:

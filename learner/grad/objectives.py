@@ -52,9 +52,9 @@ def token_logprobs(
     every real token keeps position t and, attention being causal, sees only real tokens; the
     values at padded positions are finite and meaningless (the caller masks them out).
     ``position_ids`` (B, T) without a mask: rows packed into lines, positions restarting per row
-    (``learner.grad.packing``); the model's mask is then causal within each row.
+    (``learner.grad.batching.packing``); the model's mask is then causal within each row.
     ``past_key_values`` with ``attention_mask`` (B, L + T) and ``position_ids`` (B, T): the rows
-    continue after keys/values already computed (``learner.grad.shared_prompt``).
+    continue after keys/values already computed (``learner.grad.batching.shared_prompt``).
     ``entropy_at`` (B, T) 0/1, without ``with_entropy``: H detached at (some of) those positions,
     NaN elsewhere (``detached_entropy``): the entropy metric from the log-softmax this forward has anyway.
     """

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.learner_common import batch_advantages, check_ref
-from learner.grad.microbatch import Row, check_trajectory, forward, per_position
+from learner.grad.learners.common import batch_advantages, check_ref
+from learner.grad.batching.microbatch import Row, check_trajectory, forward, per_position
 from learner.grad.objectives import agg_weights, batch_normaliser, opd_token_loss, pg_token_loss
 from learner.trajectory import Trajectory
 

@@ -39,7 +39,7 @@ EPS = 1e-9  # seconds: events closer than this are simultaneous
 # batches' rows at once and drains at every publish: its durations are not the recording's.
 ENGINE_SCHEDULES = ("fully-async",)
 # the torch engine's batching rule for rows that become ready while a call runs (the values of
-# rollout/continuous.py, which this module does not import: it would bring torch into the simulator)
+# rollout/engine/continuous.py, which this module does not import: it would bring torch into the simulator)
 ADMIT_WAIT_STEPS = 4  # they join at most this many decode steps after the last join
 ADMIT_SHARE = 8  # ... or sooner, once they are 1/ADMIT_SHARE of the running batch
 
@@ -112,7 +112,7 @@ class SharedEngine:
         self.draining = False
         self.pending: list[tuple[Hashable, int]] = []
         # rows that ended but still ride in the batch as masked padding: the engine retires them
-        # once they are a quarter of it, or when rows join (both copy the cache; rollout/continuous.py)
+        # once they are a quarter of it, or when rows join (both copy the cache; rollout/engine/continuous.py)
         self.padding = 0
         self.waiting: list[tuple[Hashable, int]] = []  # ready, joining at the batching rule
         self.v_joined = 0.0  # ``v`` at the last join: ADMIT_WAIT_STEPS tokens later the waiting join

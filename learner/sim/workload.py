@@ -1,4 +1,4 @@
-"""What one training step costs, as input to the schedule simulator (learner/sim/cli.py).
+"""What one training step costs, as input to the schedule simulator (learner/sim/command.py).
 
 A ``Workload`` is a list of ``BatchWork`` (one per recorded or drawn step; the simulator
 cycles through them) plus the machine shape: rollout slots, learner ranks, reduction cost.

@@ -4,7 +4,7 @@ and the cached models' files in the page cache, and forks one ``thundersync trai
 A cold run spends most of its start importing (the driver and each rollout worker ~7 s on an
 idle 2-core VM, 20-30 s under load; docs/processes.md). A run forked from here starts with
 everything imported, and its rollout workers are forked from it in turn
-(``learner.rollout.boot.START_METHOD``), so neither side imports anything.
+(``learner.rollout.processes.boot.START_METHOD``), so neither side imports anything.
 
 Protocol (Unix stream socket, docs/processes.md "Warm runner"): the client sends one JSON line
 ``{"argv": [...], "cwd": str, "env": {...}}`` with its stdin, stdout and stderr as SCM_RIGHTS
@@ -53,8 +53,8 @@ def preload() -> None:
 
     import learner.driver.loop  # noqa: F401
     import learner.driver.resume  # noqa: F401
-    import learner.rollout.engine_factory  # noqa: F401
-    import learner.rollout.worker  # noqa: F401
+    import learner.rollout.engine.factory  # noqa: F401
+    import learner.rollout.processes.agent_worker  # noqa: F401
     import learner.tracking  # noqa: F401
 
 
@@ -106,7 +106,7 @@ def run_child(request: dict, fds: list[int], close: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         from learner.cli import main
-        from learner.rollout import boot
+        from learner.rollout.processes import boot
 
         boot.START_METHOD = "fork"  # the workers fork from this warm process too
         sys.argv = ["thundersync", *request["argv"]]
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of the demo reaches its runs through the controller
     t0 = time.monotonic()
     preload()
-    from learner.rollout.models import default_cache_dir
+    from learner.models.loading import default_cache_dir
 
     warmed = warm_page_cache([default_cache_dir() / "models", *args.warm])  # the built-in models' cache
     gc.collect()

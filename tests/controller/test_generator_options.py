@@ -6,7 +6,7 @@ evaluation's samples count against the per-step sample quota."""
 import pytest
 
 from controller.models import Experiment, Run
-from learner.rollout import gym_options
+from learner import gym_options
 
 from .conftest import QUICKSTART, post_json
 

@@ -7,7 +7,7 @@ from django.core.cache import cache
 
 from controller import sandbox_hosts
 from controller.models import Experiment, Run
-from learner.rollout import sandbox_bwrap
+from learner.tasks import sandbox_bwrap
 
 from .conftest import QUICKSTART, post_json, wait_for_status
 

@@ -266,7 +266,7 @@ def agent_run_events(steps: int, groups: int, group_size: int, workers: int, slo
     """Span and metrics events shaped like a streaming GRPO run of a multi-turn tool agent.
 
     Per trajectory: 1 to ``max_turns`` turns of rollout.generate separated by rollout.tool waits (lognormal,
-    as learner.rollout.env's latency model), then rollout.verify, on the least-loaded of
+    as learner.tasks.env's latency model), then rollout.verify, on the least-loaded of
     ``workers x slots`` rollout slots; the learner runs each trajectory's backward as soon as
     its reward exists (``learn_after_rollout``: sync's shape, once every reward is in), closes each
     group after its last member, then optimizer and publish.

@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.grad.cost_model import DRAIN_POLICIES
-from learner.grad.drain import Bucket, Close, DrainPlanner, Known
-from learner.grad.exactness import random_batch, random_trajectory, relative_error, tiny_llama, zero_variance_batch
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.batching.cost_model import DRAIN_POLICIES
+from learner.grad.batching.drain import Bucket, Close, DrainPlanner, Known
+from learner.checks.exactness import random_batch, random_trajectory, relative_error, tiny_llama, zero_variance_batch
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
-from learner.grad.microbatch import forward, grads_of, grpo_row, on_policy_pg_loss, plan_micro_batches, split_grads
+from learner.grad.batching.microbatch import forward, grads_of, grpo_row, on_policy_pg_loss, plan_micro_batches, split_grads
 from learner.grad.objectives import token_logprobs
 from learner.grad.accumulator import GradAccumulator
 

@@ -10,11 +10,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.audit import AuditError, audit_dump, write_dump
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.grad.exactness import INIT_STD, random_batch, scored_turns, tiny_llama
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
+from learner.checks.exactness import INIT_STD, random_batch, scored_turns, tiny_llama
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.objectives import token_logprobs
-from learner.rollout.models import widen_norms
+from learner.models.loading import widen_norms
 
 torch.set_num_threads(1)
 
@@ -26,7 +26,7 @@ def stock_llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
                          attn_implementation="sdpa",  # as from_pretrained picks it
                          initializer_range=INIT_STD)  # peaked distributions, as a trained LM (exactness.py)
-    return widen_norms(LlamaForCausalLM(config).to(dtype))  # as learner.rollout.models.load_model
+    return widen_norms(LlamaForCausalLM(config).to(dtype))  # as learner.models.loading.load_model
 
 
 def stream_step(model, algo, trajs) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ import pytest
 
 from learner.bench import rows
 from learner.bench.run import resolve_knob
-from learner.bench.workload import WORKLOADS, tail_summary, trajectory_seconds
+from learner.bench.workloads import WORKLOADS, tail_summary, trajectory_seconds
 from learner.config import load_config
 
 

@@ -60,10 +60,10 @@ def test_the_grouped_parts_bench_times_every_arm_and_puts_the_learner_back():
 
     from bench.grouped_parts import ARMS, micro_batch_arms, variant
     from learner.config import AlgorithmConfig
-    from learner.grad.grouped import GroupedGradients
-    from learner.grad.learner_common import LearnerOptions
-    from learner.grad.on_policy import StreamingLearner
-    from learner.rollout.models import load_model, resolve_model_dir
+    from learner.grad.batching.grouped import GroupedGradients
+    from learner.grad.learners.common import LearnerOptions
+    from learner.grad.learners.on_policy import StreamingLearner
+    from learner.models.loading import load_model, resolve_model_dir
 
     model = load_model(resolve_model_dir("builtin:tiny"))
     learner = StreamingLearner(model, AlgorithmConfig(objective="grpo"), None,

@@ -1,4 +1,4 @@
-"""Block verification (learner/rollout/block_verify.py) is exact in distribution: by exhaustive
+"""Block verification (learner/rollout/speculation/block_verify.py) is exact in distribution: by exhaustive
 enumeration over a small vocabulary (every drafted block, every accept-flag outcome, every
 correction token, each extended by the target to the block's length + 1), the output's
 distribution equals the target's own, total variation < 1e-10; and it keeps at least as many
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from learner.rollout.block_verify import block_rule, block_verify
+from learner.rollout.speculation.block_verify import block_rule, block_verify
 
 V = 3
 

@@ -1,4 +1,4 @@
-"""Rollout workers spawned before the driver imports torch (learner.rollout.boot)."""
+"""Rollout workers spawned before the driver imports torch (learner.rollout.processes.boot)."""
 
 import subprocess
 import sys
@@ -6,16 +6,16 @@ import sys
 import pytest
 
 from learner.config import RunConfig
-from learner.rollout.boot import boot_workers
-from learner.rollout.cores import core_plan
-from learner.rollout.fleet import Fleet, RolloutError
-from learner.rollout.messages import Failed, Init
-from learner.rollout.weights import WeightStore
+from learner.rollout.processes.boot import boot_workers
+from learner.rollout.processes.cores import core_plan
+from learner.rollout.processes.fleet import Fleet, RolloutError
+from learner.rollout.processes.messages import Failed, Init
+from learner.rollout.processes.weights import WeightStore
 
 
 def test_boot_module_needs_no_torch():
     # the point of the module: the driver can spawn workers before its own heavy imports
-    code = "import sys, learner.rollout.boot; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    code = "import sys, learner.rollout.processes.boot; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

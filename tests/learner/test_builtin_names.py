@@ -1,5 +1,5 @@
 """Built-in model names are checked before anything starts (learner/preflight.py), against
-the same names the model registry builds (learner/rollout/models.py)."""
+the same names the model registry builds (learner/models/loading.py)."""
 
 from learner.config import ConfigError, parse_config
 from learner.preflight import BUILTIN_MODELS, check_model_paths
@@ -8,7 +8,7 @@ import pytest
 
 
 def test_the_preflight_names_are_the_registrys():
-    from learner.rollout.models import BUILTIN_RECIPES, LONG_CONTEXT
+    from learner.models.loading import BUILTIN_RECIPES, LONG_CONTEXT
 
     assert set(BUILTIN_MODELS) == set(BUILTIN_RECIPES) | set(LONG_CONTEXT)
 

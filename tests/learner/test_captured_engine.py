@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from learner.config import ConfigError, parse_config
-from learner.rollout.captured import CapturedEngine
-from learner.rollout.engine import SamplingParams, Stream, TorchEngine
-from learner.rollout.engine_factory import make_engine
-from learner.rollout.weights import WeightStore
+from learner.rollout.engine.captured import CapturedEngine
+from learner.rollout.engine.torch_engine import SamplingParams, Stream, TorchEngine
+from learner.rollout.engine.factory import make_engine
+from learner.rollout.processes.weights import WeightStore
 from tests.learner.test_engine import tiny_model
 
 # groups sharing a prompt (shared prefill), left padding, a row that stops early
@@ -63,7 +63,7 @@ def test_the_config_builds_the_captured_engine_and_refuses_it_with_continuous_ba
 
 def test_a_step_that_cannot_be_captured_runs_the_static_step_eagerly_and_says_why(monkeypatch):
     """The capture fault injected (CPU has no CUDA graphs): the call still samples the eager tokens."""
-    from learner.rollout import captured
+    from learner.rollout.engine import captured
 
     def refuse(self):
         raise RuntimeError("operation not permitted when stream is capturing")

@@ -18,12 +18,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from learner.config import RunConfig
-from learner.rollout.chat import ChatFormat, parse_hermes, turn_stop_ids
-from learner.rollout.engine import Completion, TorchEngine
-from learner.rollout.env import ArithToolEnv, Task, ToolSpec, task_for_group, task_metrics
-from learner.rollout.messages import Finished, Work, WorkItem
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.worker import AgentWorker
+from learner.tasks.chat import ChatFormat, parse_hermes, turn_stop_ids
+from learner.rollout.engine.torch_engine import Completion, TorchEngine
+from learner.tasks.env import ArithToolEnv, Task, ToolSpec, task_for_group, task_metrics
+from learner.rollout.processes.messages import Finished, Work, WorkItem
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.processes.agent_worker import AgentWorker
 from learner.trajectory import Trajectory
 
 QWEN_TEMPLATE = (Path(__file__).parents[1] / "fixtures" / "qwen2_5_chat_template.jinja").read_text()

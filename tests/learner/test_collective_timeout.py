@@ -1,5 +1,5 @@
 """A collective whose peer never comes raises a named error within the process group's timeout
-(``learner.timeout_s``) on the same code path for gloo and NCCL (learner.distributed.barrier):
+(``learner.timeout_s``) on the same code path for gloo and NCCL (learner.distributed.barrier_vote):
 here over gloo, on CPU; NCCL is made to raise rather than abort the process by blocking wait."""
 
 import os
@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from learner.distributed.barrier import NCCL_RAISE_ENV, CollectiveTimeout, collectives_raise_on_timeout
+from learner.distributed.barrier_vote import NCCL_RAISE_ENV, CollectiveTimeout, collectives_raise_on_timeout
 from learner.distributed.ranks import spawn_ranks
 
 TIMEOUT_S = 4.0
@@ -21,7 +21,7 @@ def _one_rank_absent(rank: int, world: int, what: str) -> dict:
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _get_default_store
 
-    from learner.distributed.barrier import BatchCounts, exchange_counts
+    from learner.distributed.barrier_vote import BatchCounts, exchange_counts
     from learner.distributed.engines import TorchEngine
 
     store = _get_default_store()

@@ -12,12 +12,12 @@ import time
 import pytest
 
 from learner.config import ConfigError, RunConfig, parse_config
-from learner.rollout.chat import turn_stop_ids
-from learner.rollout.engine import TorchEngine
-from learner.rollout.env import ArithToolEnv
-from learner.rollout.messages import Finished, Work, WorkItem
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.worker import AgentWorker
+from learner.tasks.chat import turn_stop_ids
+from learner.rollout.engine.torch_engine import TorchEngine
+from learner.tasks.env import ArithToolEnv
+from learner.rollout.processes.messages import Finished, Work, WorkItem
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.processes.agent_worker import AgentWorker
 from learner.timeline import Kind
 from learner.trajectory import Trajectory
 

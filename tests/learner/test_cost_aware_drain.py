@@ -1,5 +1,5 @@
 """The adaptive learner's ``cost-aware`` drain policy: its cost fit, when early work pays, and
-that the learner stays exact whichever way it decides (learner/grad/cost_model.py)."""
+that the learner stays exact whichever way it decides (learner/grad/batching/cost_model.py)."""
 
 import random
 from collections import Counter
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.cost_model import DEFER_REASONS, GROUPED_PRIOR_RATIO, BackwardCosts, DrainPolicy, EarlyWorkBudget
-from learner.grad.exactness import early_work_everywhere, random_batch, relative_error, tiny_llama
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.batching.cost_model import DEFER_REASONS, GROUPED_PRIOR_RATIO, BackwardCosts, DrainPolicy, EarlyWorkBudget
+from learner.checks.exactness import early_work_everywhere, random_batch, relative_error, tiny_llama
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
 
 

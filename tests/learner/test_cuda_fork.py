@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from learner.config import parse_config
-from learner.rollout import boot
+from learner.rollout.processes import boot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,12 +34,12 @@ for name in ("_cuda_getDeviceCount", "_cuda_init"):
         setattr(torch._C, name, recorder(f"torch._C.{name}", getattr(torch._C, name)))
 from learner.warm import server
 server.preload()
-from learner.rollout.models import default_cache_dir
+from learner.models.loading import default_cache_dir
 server.warm_page_cache([default_cache_dir() / "models"], limit=1 << 20)
 sock = Path(tempfile.mkdtemp()) / "probe.sock"
 listener = server.listen(sock)
 server.Runner(listener)
-import learner.cli, learner.driver.loop, learner.rollout.worker, learner.distributed.front  # noqa: F401
+import learner.cli, learner.driver.loop, learner.rollout.processes.agent_worker, learner.distributed.front  # noqa: F401
 print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized(), "modules": len(sys.modules)}))
 """
 

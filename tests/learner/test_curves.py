@@ -9,12 +9,12 @@ import torch
 from learner.config import AlgorithmConfig, load_config
 from learner.driver.curves import percentile, trajectory_curves
 from learner.driver.loop import train
-from learner.grad.exactness import VOCAB, random_batch, tiny_llama
-from learner.grad.learner_common import LearnerOptions, batch_advantages
+from learner.checks.exactness import VOCAB, random_batch, tiny_llama
+from learner.grad.learners.common import LearnerOptions, batch_advantages
 from learner.grad import objectives
 from learner.grad.objectives import k3_kl, token_logprobs
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.timeline import MemorySink, Metric
 
 torch.set_num_threads(1)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from learner.config import TaskConfig
-from learner.rollout.data_env import DatasetEnv, ReasoningGymEnv
-from learner.rollout.env import task_for_group
-from learner.rollout.tasks import make_env
-from learner.rollout.rewards import RewardError, load_reward
-from learner.rollout.task_data import TaskDataError, load_rows, resolve_path
+from learner.tasks.data_env import DatasetEnv, ReasoningGymEnv
+from learner.tasks.env import task_for_group
+from learner.tasks.registry import make_env
+from learner.tasks.rewards import RewardError, load_reward
+from learner.tasks.task_data import TaskDataError, load_rows, resolve_path
 
 ROWS = [{"question": f"{a}+{a}=?", "answer": str(2 * a), "n": a} for a in range(1, 21)]
 
@@ -260,7 +260,7 @@ def test_reasoning_gym_scores_with_its_own_verifiers():
 def test_reasoning_gym_names_an_unknown_dataset():
     from learner.config import ConfigError, parse_config
 
-    with pytest.raises(ConfigError) as err:  # when the config is read (learner/rollout/gym_options.py)
+    with pytest.raises(ConfigError) as err:  # when the config is read (learner/gym_options.py)
         parse_config({"task": {"name": "reasoning-gym", "datasets": [{"name": "nope"}]}})
     assert str(err.value) == "task.datasets[0].name: unknown reasoning-gym dataset 'nope'"
     with pytest.raises(ValueError) as err:  # and by the environment, for a config built without validation

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import ConfigError, RunConfig, AlgorithmConfig, parse_config
-from learner.grad.deterministic import DeterministicLearner, on_policy_learner
-from learner.grad.exactness import TOLERANCE, random_batch, relative_error, scored_turns, tiny_llama
+from learner.grad.learners.deterministic import DeterministicLearner, on_policy_learner
+from learner.checks.exactness import TOLERANCE, random_batch, relative_error, scored_turns, tiny_llama
 from learner.grad.fixed_point import FixedPointSum
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
 
 torch.set_num_threads(1)

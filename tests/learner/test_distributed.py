@@ -14,12 +14,12 @@ import torch
 
 from learner.config import AlgorithmConfig, ConfigError, parse_config
 from learner.distributed.assignment import assign_owners
-from learner.distributed.barrier import BatchCounts, DistributedBatchError, exchange_counts
-from learner.distributed.exactness import dist_batch, exactness_model
+from learner.distributed.barrier_vote import BatchCounts, DistributedBatchError, exchange_counts
+from learner.checks.distributed_exactness import dist_batch, exactness_model
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import RankFailure, spawn_ranks
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.on_policy import StreamingLearner
 
 CLI = [sys.executable, "-m", "learner.cli"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from learner.driver.speculation_metrics import by_distance
-from learner.rollout import drafts
-from learner.rollout.step_cost import MIN_SAMPLES, CostLine, StepCost
-from learner.rollout.turns import LoopState
+from learner.rollout.speculation import drafts
+from learner.rollout.engine.step_cost import MIN_SAMPLES, CostLine, StepCost
+from learner.rollout.speculation.turns import LoopState
 from learner.timeline import Metric
 from learner.trajectory import Trajectory
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from learner.rollout.engine import SamplingParams, TorchEngine
-from learner.rollout.weights import WeightStore
+from learner.rollout.engine.torch_engine import SamplingParams, TorchEngine
+from learner.rollout.processes.weights import WeightStore
 
 
 def tiny_model(seed=0):

@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from learner.config import parse_config
-from learner.rollout.engine_factory import engine_dtype, make_engine
-from learner.rollout.weights import WeightStore
+from learner.rollout.engine.factory import engine_dtype, make_engine
+from learner.rollout.processes.weights import WeightStore
 from tests.learner.test_engine import tiny_model
 
 
@@ -60,7 +60,7 @@ def test_a_bf16_engine_beside_a_float32_learner_reports_the_mismatch_and_trains(
 
 
 def test_a_weight_store_larger_than_the_free_shared_memory_is_refused_naming_the_mount_and_size(monkeypatch):
-    from learner.rollout import weights
+    from learner.rollout.processes import weights
 
     params = {"w": torch.zeros(1_000_000), "v": torch.zeros(10, dtype=torch.float64)}  # 4 MB + 80 B on the wire
     with pytest.raises(weights.SharedMemoryTooSmall) as err:

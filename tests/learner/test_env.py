@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learner.config import TaskConfig, ToolLatency
-from learner.rollout import tasks as tasks_module
-from learner.rollout.env import (
+from learner.tasks import registry as tasks_module
+from learner.tasks.env import (
     STOP_TOKENS,
     ArithToolEnv,
     Task,
@@ -21,8 +21,8 @@ from learner.rollout.env import (
     draw_tool_latency,
     evaluate,
 )
-from learner.rollout.sandbox_task import PythonSandboxEnv
-from learner.rollout.tasks import BUILTIN_TASKS, make_env, register_env
+from learner.tasks.sandbox_task import PythonSandboxEnv
+from learner.tasks.registry import BUILTIN_TASKS, make_env, register_env
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import yaml
 
 from learner.config import RunConfig
 from learner.evaluation import Evaluator, eval_tasks
-from learner.rollout.chat import turn_stop_ids
-from learner.rollout.env import task_for_group
-from learner.rollout.tasks import make_env
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
+from learner.tasks.chat import turn_stop_ids
+from learner.tasks.env import task_for_group
+from learner.tasks.registry import make_env
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
 from learner.timeline import MemorySink
 
 torch.set_num_threads(1)

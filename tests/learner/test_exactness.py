@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import learner.grad.exactness as exactness
+import learner.checks.exactness as exactness
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
-from learner.grad.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
-from learner.grad.learner_common import LEARNER_PATHS
+from learner.checks.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
+from learner.grad.learners.common import LEARNER_PATHS
 from learner.grad.reference import reference_gradient
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from learner.rollout import boot
+from learner.rollout.processes import boot
 
 HANGING_EXIT = """
 import atexit, sys, threading

@@ -1,4 +1,4 @@
-"""The grouped backward (learner/grad/grouped.py): per-destination gradients reduced inside one
+"""The grouped backward (learner/grad/batching/grouped.py): per-destination gradients reduced inside one
 backward against one autograd backward per destination, its coverage check, the learner's use of
 it in mixed micro-batches, and its fallback when a forward refuses it."""
 
@@ -9,14 +9,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.config import AlgorithmConfig
-from learner.grad.cost_model import BackwardCosts, DrainPolicy, EarlyWorkBudget
-from learner.grad.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
-from learner.grad.grouped import GroupedGradients, NotReducible, destinations
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.packing import layout
+from learner.grad.batching.cost_model import BackwardCosts, DrainPolicy, EarlyWorkBudget
+from learner.checks.exactness import CaseSpec, random_batch, relative_error, run_case, streamed_gradient, tiny_llama
+from learner.grad.batching.grouped import GroupedGradients, NotReducible, destinations
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.batching.packing import layout
 from learner.grad.reference import reference_gradient
-from learner.grad.tiny_models import tiny_lora_llama
-from learner.rollout.models import widen_norms
+from learner.checks.tiny_models import tiny_lora_llama
+from learner.models.loading import widen_norms
 
 
 def llama(seed: int, **extra) -> LlamaForCausalLM:
@@ -171,8 +171,8 @@ def test_the_gpu_checks_grouped_learner_step_learns_the_batch_in_grouped_micro_b
 def test_destinations_in_contiguous_slices_are_reduced_without_gathering_and_agree():
     """Rows ordered by destination (what the learner lays out): each destination one slice of the
     grid, padding inside it; packed lines of one destination each (``segmented_layout``)."""
-    from learner.grad.grouped import Destinations
-    from learner.grad.packing import segmented_layout
+    from learner.grad.batching.grouped import Destinations
+    from learner.grad.batching.packing import segmented_layout
 
     rows = torch.tensor([0, 0, 1, 2, 2])
     token_dest = rows[:, None].expand(5, 7).clone()

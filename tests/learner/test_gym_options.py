@@ -1,4 +1,4 @@
-"""reasoning-gym generator options (learner/rollout/gym_options.py, gym_probe.py): no option
+"""reasoning-gym generator options (learner/gym_options.py, gym_probe.py): no option
 reaches a file outside reasoning_gym's data or the data roots, every text option of every
 registered generator is classified (a new one fails here), exponential settings are capped,
 and a generator that fails or costs too much is one line before any worker starts."""
@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from learner.config import ConfigError, TaskConfig, load_config
-from learner.rollout import gym_options, gym_probe
+from learner import gym_options
+from learner.tasks import gym_probe
 
 CLI = [sys.executable, "-m", "learner.cli"]
 
@@ -34,7 +35,7 @@ def text_options() -> set[tuple[str, str]]:
 def test_every_text_option_of_every_generator_is_classified():
     unclassified = {o for o in text_options() - set(gym_options.FILE_OPTIONS) - gym_options.TEXT_OPTIONS
                     if o[0] not in gym_options.NESTED}
-    assert unclassified == set(), "classify these in learner/rollout/gym_options.py (FILE_OPTIONS or TEXT_OPTIONS)"
+    assert unclassified == set(), "classify these in learner/gym_options.py (FILE_OPTIONS or TEXT_OPTIONS)"
     assert set(gym_options.FILE_OPTIONS) <= text_options()  # still options of the installed reasoning_gym
     assert gym_options.TEXT_OPTIONS <= text_options()
     assert ("spell_backward", "data_file") in gym_options.FILE_OPTIONS

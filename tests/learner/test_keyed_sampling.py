@@ -1,4 +1,4 @@
-"""The keyed Gumbel-max sampler (learner/rollout/sampling.py, docs/math.md "Sampling"): its
+"""The keyed Gumbel-max sampler (learner/rollout/engine/sampling.py, docs/math.md "Sampling"): its
 draws follow softmax(logits / T) within the top-p nucleus, a row's tokens do not depend on the
 batch it lands in or on when it joined a running call, a turn continued from a later stream
 position samples what the whole turn would have, and the sample at a position is recomputed
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from learner.rollout.engine import TorchEngine
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.sampling import SamplingParams, Stream, keyed_sample, row_keys
+from learner.rollout.engine.torch_engine import TorchEngine
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.engine.sampling import SamplingParams, Stream, keyed_sample, row_keys
 
 
 def chi2_critical(df: int, z: float = 3.09) -> float:

@@ -1,4 +1,4 @@
-"""Every learner through the ``Learner`` protocol the driver uses (learner/grad/learner_protocol.py):
+"""Every learner through the ``Learner`` protocol the driver uses (learner/grad/learners/protocol.py):
 begin_batch, learn, finish_batch, then its own clip and optimizer step."""
 
 import random
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.deterministic import DeterministicLearner
-from learner.grad.exactness import random_batch, scored_turns, tiny_llama
-from learner.grad.learner_common import LearnerOptions, OptimizerStep
+from learner.grad.learners.deterministic import DeterministicLearner
+from learner.checks.exactness import random_batch, scored_turns, tiny_llama
+from learner.grad.learners.common import LearnerOptions, OptimizerStep
 from learner.grad.objectives import token_logprobs
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
 
 CLIP = 1e-3  # small enough that the tiny model's gradient is clipped
 

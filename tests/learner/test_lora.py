@@ -11,12 +11,12 @@ from peft import PeftModel
 
 from learner.audit import audit_dump
 from learner.config import AlgorithmConfig, LoraSettings, RunConfig
-from learner.grad.exactness import TOLERANCE, random_batch, relative_error, tiny_llama
-from learner.grad.on_policy import StreamingLearner
+from learner.checks.exactness import TOLERANCE, random_batch, relative_error, tiny_llama
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
 from learner.lora import grad_buffer_mb, publish_view, with_lora
-from learner.rollout.engine import TorchEngine
-from learner.rollout.models import load_model, resolve_model_dir
+from learner.rollout.engine.torch_engine import TorchEngine
+from learner.models.loading import load_model, resolve_model_dir
 from learner.timeline import MemorySink
 
 torch.set_num_threads(1)

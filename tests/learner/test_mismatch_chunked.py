@@ -13,8 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from learner.grad.mismatch import learner_logprobs, step_mismatch
 from learner.grad.objectives import token_logprobs
-from learner.grad.tiny_models import tiny_lora_llama
-from learner.rollout.models import widen_norms
+from learner.checks.tiny_models import tiny_lora_llama
+from learner.models.loading import widen_norms
 from learner.trajectory import Trajectory
 
 
@@ -114,15 +114,15 @@ def test_chunked_recompute_memory_is_bounded_by_its_chunks_not_the_vocabulary():
 
 def _rank_logprobs(rank: int, world: int) -> dict:
     """One data-parallel rank: learn its own groups, pass the barrier, report its log-probs as
-    ``learner.distributed.worker`` does (``RankLearner.own_logprobs``); one trajectory's ledger
+    ``learner.distributed.rank_worker`` does (``RankLearner.own_logprobs``); one trajectory's ledger
     entry is dropped first, which the rank must recompute itself."""
     from collections import Counter
 
     from learner.config import AlgorithmConfig
-    from learner.distributed.exactness import dist_batch, exactness_model
+    from learner.checks.distributed_exactness import dist_batch, exactness_model
     from learner.distributed.rank import RankLearner
-    from learner.grad.learner_common import LearnerOptions
-    from learner.grad.on_policy import StreamingLearner
+    from learner.grad.learners.common import LearnerOptions
+    from learner.grad.learners.on_policy import StreamingLearner
 
     model = exactness_model(torch.float64, 0)
     rl = RankLearner(StreamingLearner(model, AlgorithmConfig(), None, LearnerOptions(path="per-trajectory")), rank, world)
@@ -142,7 +142,7 @@ def test_each_rank_reports_its_own_trajectories_logprobs_for_the_mismatch_metric
     """W = 2 over gloo: every trajectory is reported by its owner rank alone, with the log-probs
     of one whole forward (a dropped ledger entry recomputed on that rank, chunked), so rank 0
     has them all and forwards none of the other ranks' trajectories at the barrier."""
-    from learner.distributed.exactness import dist_batch, exactness_model
+    from learner.checks.distributed_exactness import dist_batch, exactness_model
     from learner.distributed.ranks import spawn_ranks
 
     results = spawn_ranks(_rank_logprobs, 2, (), timeout_s=300)

@@ -11,11 +11,11 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from learner.config import TaskConfig
-from learner.rollout import models
-from learner.rollout.env import ArithToolEnv, Environment, Task, canonical_turns, evaluate
-from learner.rollout.models import generate_turns, load_model, load_tokenizer, resolve_model_dir, stop_token_ids
-from learner.rollout.warm_start import BuildRecipe, sft_batch, sft_warm_start
-from learner.rollout.tokenizer import AGENT_TAGS, build_char_tokenizer
+from learner.models import loading as models
+from learner.tasks.env import ArithToolEnv, Environment, Task, canonical_turns, evaluate
+from learner.models.loading import generate_turns, load_model, load_tokenizer, resolve_model_dir, stop_token_ids
+from learner.models.warm_start import BuildRecipe, sft_batch, sft_warm_start
+from learner.tasks.char_tokenizer import AGENT_TAGS, build_char_tokenizer
 
 FAST_RECIPE = BuildRecipe(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, sft_steps=3, batch_size=4)
 

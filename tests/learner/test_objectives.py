@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.exactness import tiny_llama
+from learner.checks.exactness import tiny_llama
 from learner.grad.objectives import (
     advantages,
     agg_weights,

@@ -1,4 +1,4 @@
-"""Rows packed into micro-batch lines (``learner.pack_rows``, learner/grad/packing.py): the layout,
+"""Rows packed into micro-batch lines (``learner.pack_rows``, learner/grad/batching/packing.py): the layout,
 the per-row log-probs against a forward of each row alone, and the learners' gradients."""
 
 import random
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from learner.config import AlgorithmConfig
-from learner.grad.exactness import random_batch, relative_error, tiny_llama
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.microbatch import Row, forward, plan_micro_batches
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
-from learner.grad.packing import layout
+from learner.checks.exactness import random_batch, relative_error, tiny_llama
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.batching.microbatch import Row, forward, plan_micro_batches
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
+from learner.grad.batching.packing import layout
 from learner.grad.reference import reference_gradient
 
 

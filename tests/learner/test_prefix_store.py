@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from learner.config import ConfigError, parse_config
-from learner.rollout.engine import TorchEngine
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.prefix_store import MIN_TOKENS, PrefixStore, past_cache
-from learner.rollout.sampling import SamplingParams, Stream
+from learner.rollout.engine.torch_engine import TorchEngine
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.engine.prefix_store import MIN_TOKENS, PrefixStore, past_cache
+from learner.rollout.engine.sampling import SamplingParams, Stream
 
 
 class _Layer:

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from learner.rollout.models import resolve_model_dir
-from learner.rollout.vllm_layout import HeadPadding, head_padding_for, serving_dir
+from learner.models.loading import resolve_model_dir
+from learner.rollout.vllm_backend.vllm_layout import HeadPadding, head_padding_for, serving_dir
 
 
 def rope(x: torch.Tensor, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.rollout.cores import core_plan
+from learner.rollout.processes.cores import core_plan
 from learner.warm.client import WarmProcess
 
 ROOT = Path(__file__).resolve().parents[2]

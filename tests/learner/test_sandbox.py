@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.rollout.sandbox import run_python
+from learner.tasks.sandbox import run_python
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The python-sandbox's boundary (learner/rollout/sandbox_bwrap.py, docs/tasks.md): each
+"""The python-sandbox's boundary (learner/tasks/sandbox_bwrap.py, docs/tasks.md): each
 escape a hostile program tried is run for real under bubblewrap and must fail; without a
 working bubblewrap none of them runs at all (the tool, the task and the trainer refuse)."""
 
@@ -17,9 +17,9 @@ import pytest
 
 from learner.config import ConfigError, load_config
 from learner.preflight import preflight
-from learner.rollout import sandbox_bwrap
-from learner.rollout.sandbox import MAX_PROCESSES, SandboxUnavailable, run_python
-from learner.rollout.sandbox_task import sandbox_tool
+from learner.tasks import sandbox_bwrap
+from learner.tasks.sandbox import MAX_PROCESSES, SandboxUnavailable, run_python
+from learner.tasks.sandbox_task import sandbox_tool
 
 if sandbox_bwrap.available() is not None:  # ./run test and ./run setup install bubblewrap
     pytest.fail(f"bubblewrap cannot confine the sandbox here: {sandbox_bwrap.available()}", pytrace=False)
@@ -349,8 +349,8 @@ def test_a_task_without_the_tool_needs_no_bubblewrap(no_confinement):
 
 NON_ROOT_WORKER = """
 import json, os
-from learner.rollout import sandbox_bwrap
-from learner.rollout.sandbox import run_python
+from learner.tasks import sandbox_bwrap
+from learner.tasks.sandbox import run_python
 probe = sandbox_bwrap.probe()
 result = run_python("import os\\nfor p in ['/proc', '/proc/{pid}/environ', '/var/run/postgresql']:\\n"
                     "    print(p, os.path.exists(p))\\nprint(os.getuid())")

@@ -2,7 +2,7 @@
 
 import pytest
 from learner.config import load_config
-from learner.rollout.models import load_model
+from learner.models.loading import load_model
 from learner.driver.loop import train
 from learner.timeline import MemorySink
 

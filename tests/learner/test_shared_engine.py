@@ -10,7 +10,7 @@ import pytest
 from learner.bench.engine_cost import line, main as engine_cost_main, measure_in_subprocess
 from learner.sim.results import equal_work_step, simulate
 from learner.bench.measure import drain_steps
-from learner.rollout import continuous
+from learner.rollout.engine import continuous
 from learner.sim import shared_engine
 from learner.sim.shared_engine import (
     EngineCost, Fleet, Phase, phases, replay_alone, replay_error, with_shared_engine,
@@ -210,7 +210,7 @@ def test_engine_cost_failure_is_one_line_naming_it(tmp_path):
 def simulate_cli(argv: list[str]) -> int:
     import argparse
 
-    from learner.sim.cli import add_arguments, run
+    from learner.sim.command import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

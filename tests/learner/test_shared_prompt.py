@@ -1,4 +1,4 @@
-"""Shared-prompt backward (``learner.shared_prompt_backward``, learner/grad/shared_prompt.py): a
+"""Shared-prompt backward (``learner.shared_prompt_backward``, learner/grad/batching/shared_prompt.py): a
 completion forward against its group's prompt keys/values, the learners' gradients against the
 reference, the memory bound, and the config's refusals."""
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from learner.config import LOSS_AGG_MODES, AlgorithmConfig, ConfigError, parse_config
-from learner.grad import exactness
-from learner.grad.exactness import CaseSpec, random_batch, relative_error, run_case, tiny_llama
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.microbatch import Row, forward
-from learner.grad.on_policy import StreamingLearner
+from learner.checks import exactness
+from learner.checks.exactness import CaseSpec, random_batch, relative_error, run_case, tiny_llama
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.batching.microbatch import Row, forward
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
-from learner.grad.shared_prompt import PromptKV, SharedPrompts, prompt_cut
+from learner.grad.batching.shared_prompt import PromptKV, SharedPrompts, prompt_cut
 
 
 def test_completions_against_prompt_keys_values_match_whole_rows():
@@ -116,7 +116,7 @@ def test_lora_and_data_parallel_ranks_take_the_shared_prompt_backward(overrides)
 
 def test_the_preamble_starts_every_arith_tool_prompt_and_only_there():
     from learner.config import TaskConfig
-    from learner.rollout.env import ArithToolEnv
+    from learner.tasks.env import ArithToolEnv
 
     task = ArithToolEnv(TaskConfig(prompt_preamble="Tools follow")).sample_task(random.Random(0))
     assert task.prompt_text.startswith("<bos>Q:Tools follow\n") and task.messages[0]["content"].startswith("Tools")

@@ -13,12 +13,12 @@ import torch
 import yaml
 
 from learner.config import LOSS_AGG_MODES, AlgorithmConfig
-from learner.grad.exactness import (
+from learner.checks.exactness import (
     LORA_TARGETS, TOLERANCE, random_batch, relative_error, run_case, shared_prompt_specs, streamed_gradient,
     tiny_llama, tiny_lora_llama,
 )
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.shared_prompt import PromptKV
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.batching.shared_prompt import PromptKV
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from learner.distributed.exactness import dist_cases, engine_setups, run_distributed
+from learner.checks.distributed_exactness import dist_cases, engine_setups, run_distributed
 
 CLI = [sys.executable, "-m", "learner.cli"]
 

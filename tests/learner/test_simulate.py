@@ -13,7 +13,7 @@ from learner.sim.workload import (
     PAPER_PRESET, BatchWork, Segment, TrajWork, Workload, at_speed, synthetic_workload, with_overrides,
 )
 from learner.sim.engine import run_schedule
-from learner.sim.cli import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
+from learner.sim.command import add_arguments, run, simulate, simulate_all, simulate_spans, workload_from_spans
 from learner.chrome_trace import chrome_trace
 from learner.timeline import LEARNER_KINDS, ROLLOUT_KINDS, SPAN_KINDS
 

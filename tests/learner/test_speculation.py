@@ -14,20 +14,20 @@ import pytest
 import torch
 
 from learner.config import ConfigError, RunConfig, parse_config
-from learner.grad.speculation_exactness import drifted, speculation_cases
-from learner.grad.tiny_models import VOCAB, tiny_llama
-from learner.rollout.chat import turn_stop_ids
-from learner.rollout.drafts import speculation_refused
-from learner.rollout.engine import TorchEngine
-from learner.rollout.env import ArithToolEnv
-from learner.rollout.kv_keep import KeepKV
-from learner.rollout.messages import Draft, Finished, Work, WorkItem
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir
-from learner.rollout.prefix_store import PrefixStore
-from learner.rollout.sampling import SamplingParams, Stream
-from learner.rollout.sandbox_task import PythonSandboxEnv
-from learner.rollout.speculation import Sampled, verify
-from learner.rollout.worker import AgentWorker
+from learner.checks.speculation_exactness import drifted, speculation_cases
+from learner.checks.tiny_models import VOCAB, tiny_llama
+from learner.tasks.chat import turn_stop_ids
+from learner.rollout.speculation.drafts import speculation_refused
+from learner.rollout.engine.torch_engine import TorchEngine
+from learner.tasks.env import ArithToolEnv
+from learner.rollout.engine.kv_keep import KeepKV
+from learner.rollout.processes.messages import Draft, Finished, Work, WorkItem
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
+from learner.rollout.engine.prefix_store import PrefixStore
+from learner.rollout.engine.sampling import SamplingParams, Stream
+from learner.tasks.sandbox_task import PythonSandboxEnv
+from learner.rollout.speculation.token_verify import Sampled, verify
+from learner.rollout.processes.agent_worker import AgentWorker
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
 
@@ -159,7 +159,7 @@ def test_config_refuses_what_speculation_cannot_do(override: dict, field: str) -
 
 
 def test_the_vllm_engine_may_speculate() -> None:
-    """vLLM samples keyed too (rollout/vllm_keyed.py) and batches continuously itself."""
+    """vLLM samples keyed too (rollout/vllm_backend/vllm_keyed.py) and batches continuously itself."""
     cfg = parse_config({"rollout": {"engine": "vllm", "continuous_batching": False, "speculation": {"enabled": True}}})
     assert cfg.rollout.speculation.enabled and cfg.rollout.engine == "vllm"
 

@@ -16,7 +16,7 @@ import yaml
 
 from learner.config import load_config
 from learner.driver.loop import Trainer, train
-from learner.grad.exactness import relative_error
+from learner.checks.exactness import relative_error
 from learner.timeline import Metric, MemorySink
 from tests.learner.test_cli_faults import final_weights, kill_each_once_checkpointed, popen_train, wait_gone
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from learner.config import AdvantageConfig, AlgorithmConfig
-from learner.grad.exactness import random_batch, relative_error, scored_turns, tiny_llama
-from learner.grad.learner_common import LearnerOptions
-from learner.grad.off_policy import OffPolicyLearner
-from learner.grad.on_policy import StreamingLearner
+from learner.checks.exactness import random_batch, relative_error, scored_turns, tiny_llama
+from learner.grad.learners.common import LearnerOptions
+from learner.grad.learners.off_policy import OffPolicyLearner
+from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
 from learner.grad.objectives import advantages, group_stats, token_logprobs
 from learner.grad.accumulator import GradAccumulator, OpenGroupError

@@ -15,11 +15,11 @@ pytest.importorskip("vllm")
 
 from learner.audit import audit_dump  # noqa: E402
 from learner.config import RunConfig  # noqa: E402
-from learner.grad.on_policy import StreamingLearner  # noqa: E402
+from learner.grad.learners.on_policy import StreamingLearner  # noqa: E402
 from learner.grad.mismatch import k3, learner_logprobs  # noqa: E402
-from learner.rollout.engine import SamplingParams  # noqa: E402
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir, stop_token_ids  # noqa: E402
-from learner.rollout.weights import WeightStore  # noqa: E402
+from learner.rollout.engine.torch_engine import SamplingParams  # noqa: E402
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir, stop_token_ids  # noqa: E402
+from learner.rollout.processes.weights import WeightStore  # noqa: E402
 from learner.driver.loop import train  # noqa: E402
 from learner.timeline import MemorySink  # noqa: E402
 from learner.trajectory import Trajectory  # noqa: E402
@@ -42,7 +42,7 @@ def tok(policy_dir):
 @pytest.fixture(scope="module")
 def engine(policy_dir, tok):
     torch.set_num_threads(1)
-    from learner.rollout.vllm_engine import VllmEngine
+    from learner.rollout.vllm_backend.vllm_engine import VllmEngine
 
     eng = VllmEngine(RunConfig(), str(policy_dir), tok, replica=0, enable_prefix_caching=True)
     yield eng

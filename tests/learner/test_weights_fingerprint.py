@@ -1,9 +1,9 @@
-"""Data-parallel ranks' weight comparison (learner.distributed.worker): the on-device checksum
+"""Data-parallel ranks' weight comparison (learner.distributed.rank_worker): the on-device checksum
 between full SHA-256 digests (``learner.digest_every``)."""
 
 import torch
 
-from learner.distributed.worker import CHECKSUM_WIDTH, param_checksum, param_digest, weights_fingerprint
+from learner.distributed.rank_worker import CHECKSUM_WIDTH, param_checksum, param_digest, weights_fingerprint
 
 
 def _model(dtype: torch.dtype) -> torch.nn.Module:

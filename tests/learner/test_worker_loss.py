@@ -124,8 +124,8 @@ def test_max_worker_restarts_is_validated_naming_the_field(value, reason):
 
 
 def test_a_scored_turn_sampled_again_is_not_learnt_twice():
-    from learner.rollout.in_flight import InFlight
-    from learner.rollout.messages import Finished, Spans, WorkItem
+    from learner.rollout.processes.in_flight import InFlight
+    from learner.rollout.processes.messages import Finished, Spans, WorkItem
     from learner.trajectory import ScoredTurn
 
     flight = InFlight(workers=2)

@@ -1,0 +1,1 @@
+"""Exactness harness: the independent reference checks of every learner path (``thundersync check``)."""

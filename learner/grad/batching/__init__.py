@@ -1,0 +1,1 @@
+"""How contributions are batched: micro-batches, packing, grouped backward, shared prompts, the drain."""

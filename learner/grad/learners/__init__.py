@@ -1,0 +1,1 @@
+"""The learners: on-policy streaming/sync, off-policy async, deterministic; their protocol."""

@@ -1,0 +1,1 @@
+"""Policy and teacher models: loading any local HF directory, the built-in tiny Llama and its warm start."""

@@ -1,0 +1,1 @@
+"""The torch rollout engine: keyed sampling, continuous batching, KV reuse, captured decode."""

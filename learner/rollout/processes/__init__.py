@@ -1,0 +1,1 @@
+"""The rollout fleet's processes: boot, workers, their messages, weights and tool calls (docs/processes.md)."""

@@ -1,0 +1,1 @@
+"""Token-identical speculation: drafts, their verification, multi-turn drafting (docs/speculation.md)."""
