@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-from learner.cluster.config import ClusterConfig
+from learner.cluster_config import ClusterConfig
 from learner.placement import PlacementConfig, placement_problem
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
