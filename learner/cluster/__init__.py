@@ -1,6 +1,7 @@
 """Runs placed on a Ray cluster (the ``cluster`` section; docs/distributed.md, "Running on a cluster").
 
-``config`` (the section) and ``plan`` (placement -> bundles, rank layout) import neither Ray nor
-torch: ``learner.config`` imports the section, so a single-machine run never loads Ray. Only
-``launcher`` and ``actors`` import Ray, and only a run with a ``cluster`` section reaches them.
+The section's schema is ``learner.cluster_config`` (beside ``learner.config``, which imports it);
+``plan`` (placement -> bundles, rank layout) imports neither Ray nor torch, so a single-machine
+run never loads Ray. Only ``launcher`` imports Ray, and only a run with a ``cluster`` section
+reaches it.
 """
