@@ -12,6 +12,7 @@ from django.conf import settings
 from .models import Run
 from .quotas import QuotaExceeded, quota_for
 from .runlog import run_dir
+from learner.registries.schedules import schedule_kind
 
 MB = 2**20
 BUILTIN_WEIGHTS_BYTES = 4 * MB  # the built-in policies are a few hundred kB; counted generously
@@ -55,7 +56,7 @@ def run_bytes(config: dict) -> tuple[int, str]:
     train = config["train"]
     if not train.get("checkpoint_every"):
         return weights, "the final policy"
-    per_checkpoint = 3 + (train["schedule"] == "async")
+    per_checkpoint = 3 + schedule_kind(train["schedule"]).keeps_previous_version
     return (weights * (1 + per_checkpoint * train["keep_checkpoints"]),
             f"the final policy and train.keep_checkpoints = {train['keep_checkpoints']} checkpoints")
 

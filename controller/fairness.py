@@ -12,6 +12,7 @@ from typing import Any
 
 from .config_merge import flatten
 from .models import Run
+from learner.registries.schedules import schedule_kind
 
 MIN_STEPS = 3  # fewer finished steps give no step-time median worth a ratio
 MAX_PICKED = 4
@@ -117,7 +118,7 @@ def comparable_latest(runs: list[Run], steps_done: dict[int, int]) -> tuple[list
     for group in groups.values():  # dicts keep insertion order: newest group first
         picked = [r for r in group.values() if steps_done[r.pk] >= MIN_STEPS]
         if len(picked) >= 2:
-            picked.sort(key=lambda r: (r.schedule.kind != "sync", r.created))
+            picked.sort(key=lambda r: (not schedule_kind(r.schedule.kind).baseline, r.created))
             return picked[:MAX_PICKED], ""
     if all(steps_done[r.pk] < MIN_STEPS for r in complete):
         return [], f"Every finished run has fewer than {MIN_STEPS} steps: too few to measure."

@@ -4,6 +4,7 @@ and fair use")."""
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from learner.registries.engines import process_count, rollout_engine
 
 # A reasoning-gym dataset's own options that are not sizes of one generated item: its seed,
 # and how many items (bounded by the task_size quota, as task.size is).
@@ -22,8 +23,8 @@ def processes(config: dict) -> Cost:
     engine, ``rollout.replicas`` for vLLM; on every node of ``learner.nodes`` when
     ``rollout.on_every_node``) and its learner ranks (``learner.world_size``)."""
     rollout, learner = config["rollout"], config["learner"]
-    field = "rollout.replicas" if rollout["engine"] == "vllm" else "rollout.workers"
-    per_node = rollout["replicas"] if rollout["engine"] == "vllm" else rollout["workers"]
+    field = rollout_engine(rollout["engine"]).processes_field
+    per_node = process_count(rollout)
     nodes = len(learner.get("nodes") or []) if rollout.get("on_every_node", True) else 0
     fleets = max(nodes, 1)
     value = per_node * fleets + learner["world_size"]

@@ -19,6 +19,7 @@ from learner.timeline import Metric
 from .config_merge import config_has_field
 from .compare import DEFAULT_SMOOTHING, median_of, present, smoothed_rewards, step_rows
 from .models import Run
+from learner.registries.schedules import schedule_kind
 
 # ?sort=<key> (ascending) or -<key>: key -> (header, the database field; None: computed from the
 # step metrics, sorted in Python over every run the filters keep)
@@ -190,7 +191,7 @@ def with_table_figures(runs: list[Run]) -> list[Run]:
         r.figures = step_figures(rows[r.pk])
         refs = sync_references(r, syncs) if r.comparison_id else []
         # a sync run is the reference of its comparison, not a ratio against its own repeats
-        r.figures["reference"] = r.schedule.kind == "sync" and bool(refs)
+        r.figures["reference"] = schedule_kind(r.schedule.kind).baseline and bool(refs)
         steps = [sync_step[s.pk] for s in refs] if not r.figures["reference"] else []
         ref_s = statistics.median([v for v in steps if v is not None] or [0.0])
         r.figures["speedup"] = ref_s / r.figures["step_s"] if ref_s and r.figures["step_s"] else None

@@ -36,6 +36,8 @@ from transformers import AutoModelForCausalLM
 from learner.config import LOSS_AGG_MODES, STD_MODES, AlgorithmConfig
 from learner.models.loading import widen_norms
 from learner.trajectory import Trajectory
+from learner.registries.objectives import OBJECTIVES
+from learner.registries.objectives import objective as objective_of
 
 # The trainer's gradient carries its own rounding (summation order), so the audit tolerances
 # sit above docs/math.md's streaming-vs-reference ones but far below any real error (a wrong
@@ -108,7 +110,7 @@ def load_batch(path: Path) -> dict:
         raise AuditError(f"batch.json: cannot read {path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
         raise AuditError(f"batch.json: not valid JSON: {err}") from None
-    if _field(batch, "objective", "", (str,)) not in ("grpo", "opd"):
+    if _field(batch, "objective", "", (str,)) not in OBJECTIVES:
         raise AuditError(f"batch.json: objective must be grpo or opd, got {batch['objective']!r}")
     if _field(batch, "loss_agg_mode", "", (str,)) not in LOSS_AGG_MODES:
         raise AuditError(f"batch.json: loss_agg_mode {batch['loss_agg_mode']!r} is not one of {LOSS_AGG_MODES}")
@@ -136,7 +138,7 @@ def load_batch(path: Path) -> dict:
             behavior = _field(t, "behavior_logprobs", where, (list,))
             if len(behavior) != len(ids) or any(not isinstance(v, (int, float)) for v in behavior):
                 raise AuditError(f"batch.json: {where}behavior_logprobs needs a number at every position")
-        if batch["objective"] == "opd":
+        if objective_of(batch["objective"]).teacher_scored:
             teacher = _field(t, "teacher_logprobs", where, (list,))
             if len(teacher) != len(ids) or any(m and not isinstance(v, (int, float)) for m, v in zip(mask, teacher)):
                 raise AuditError(f"batch.json: {where}teacher_logprobs needs a number at every scored position")
@@ -181,18 +183,18 @@ def _policy_terms(batch: dict, logp: torch.Tensor, mask: torch.Tensor, stats: di
     off-policy −min(ρA, clip(ρ, 1−c, 1+c)A) with ρ against the dumped behaviour log-probs."""
     trajs, wide = batch["trajectories"], logp.dtype
     shape = (len(trajs), max(len(t["input_ids"]) for t in trajs))
-    if batch["objective"] == "grpo":
+    if objective_of(batch["objective"]).group_advantage:
         # float64 whatever the model: rewards like 100 + noise lose their noise in float32
         rewards = torch.tensor([float(t["reward"]) for t in trajs], dtype=torch.float64)
         adv = _group_advantages(rewards, [t["group"] for t in trajs], batch["advantage"]["std"],
                                 batch["advantage"]["eps"]).to(wide)[:, None]  # (B, 1)
     if not batch.get("off_policy"):
         ratio = torch.exp(logp - logp.detach())  # 1 in value; ∇ = ∇log π_θ
-        if batch["objective"] == "grpo":
+        if objective_of(batch["objective"]).group_advantage:
             return -adv * ratio
         return (logp.detach() - _positions(trajs, "teacher_logprobs", shape, wide)[:, 1:]) * ratio
     behavior = _positions(trajs, "behavior_logprobs", shape, wide)[:, 1:]  # (B, T−1)
-    if batch["objective"] == "opd":
+    if objective_of(batch["objective"]).teacher_scored:
         adv = _positions(trajs, "teacher_logprobs", shape, wide)[:, 1:] - behavior
     log_ratio = torch.where(mask > 0, logp - behavior, torch.zeros_like(logp))
     rho, c = torch.exp(log_ratio), float(batch["clip_ratio"])

@@ -15,14 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from learner.cluster_config import ClusterConfig
 from learner.placement import PlacementConfig, placement_problem
+from learner.registries import engines, objectives, schedules
+from learner.registries.engines import learner_engine, process_count, rollout_engine
+from learner.registries.objectives import objective
+from learner.registries.schedules import ON_POLICY, schedule_kind
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
-Schedule = Literal["sync", "async", "fully-async", "streaming"]
-SCHEDULES: tuple[str, ...] = ("sync", "async", "fully-async", "streaming")
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-)
+Schedule = Literal[schedules.NAMES]
+SCHEDULES: tuple[str, ...] = schedules.NAMES
+LossAggMode = Literal[objectives.ALL_LOSS_AGG_MODES]
+LOSS_AGG_MODES: tuple[str, ...] = objectives.ALL_LOSS_AGG_MODES
 StdMode = Literal["unbiased", "population", "none"]
 STD_MODES: tuple[str, ...] = ("unbiased", "population", "none")
 NODE_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"  # a node name, also a Celery queue suffix (runs.<node>)
@@ -184,7 +186,7 @@ class SpeculationConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    engine: Literal["torch", "vllm"] = "torch"
+    engine: Literal[engines.ROLLOUT_ENGINE_NAMES] = "torch"
     workers: int = Field(1, ge=1, le=64, description="rollout worker processes (torch engine)")
     replicas: int = Field(1, ge=1, le=64, description="engine replicas (vLLM)")
     temperature: float = Field(1.0, gt=0.0, le=10.0)
@@ -225,21 +227,22 @@ class RolloutConfig(Strict):
             return self
         # vLLM samples keyed too (rollout/vllm_backend/vllm_keyed.py) and batches continuously itself; its size
         # limit (the vocabulary verification reads whole) is checked when the engine starts
-        if self.engine == "torch" and not self.continuous_batching:
+        if rollout_engine(self.engine).in_process_batching and not self.continuous_batching:
             raise ValueError("rollout.speculation: needs continuous_batching true (drafts yield to the current "
                              "step's rows between decode steps)")
         return self
 
     @model_validator(mode="after")
     def _captured_decode_fits(self) -> "RolloutConfig":
-        if self.captured_decode and (self.engine != "torch" or self.continuous_batching):
+        if self.captured_decode and (not rollout_engine(self.engine).in_process_batching or self.continuous_batching):
             raise ValueError("rollout.captured_decode: decodes a fixed batch per call on the torch engine; it needs "
                              "engine: torch and continuous_batching: false")
         return self
 
     @model_validator(mode="after")
     def _cap_needs_continuous_batching(self) -> "RolloutConfig":
-        if self.max_running_rows is not None and (self.engine != "torch" or not self.continuous_batching):
+        if self.max_running_rows is not None and (not rollout_engine(self.engine).in_process_batching
+                                                  or not self.continuous_batching):
             raise ValueError("max_running_rows: caps the torch engine's continuous batching; it needs engine: torch "
                              "and continuous_batching: true (vLLM has its own max_num_seqs)")
         return self
@@ -251,7 +254,7 @@ class AdvantageConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    objective: Literal["grpo", "opd"] = "grpo"
+    objective: Literal[objectives.NAMES] = "grpo"
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     loss_agg_mode: LossAggMode = "token-mean"
     loss_scale_constant: float = Field(
@@ -299,12 +302,10 @@ class TrainConfig(Strict):
         description="padded tokens (rows x longest row) per learner micro-batch (docs/learner.md)")
 
 
-LEARNER_ENGINES: tuple[str, ...] = ("torch", "deepspeed")
+LEARNER_ENGINES: tuple[str, ...] = engines.LEARNER_ENGINE_NAMES
 LearnerPath = Literal["auto", "per-trajectory", "micro-batched", "adaptive"]
 # The best learner of each schedule, what ``learner.path: auto`` picks (docs/learner.md).
-BEST_LEARNER_PATH: dict[str, str] = {
-    "sync": "micro-batched", "async": "micro-batched", "fully-async": "micro-batched", "streaming": "adaptive",
-}
+BEST_LEARNER_PATH: dict[str, str] = {k.name: k.best_learner_path for k in schedules.SCHEDULE_KINDS.values()}
 
 
 class LearnerConfig(Strict):
@@ -359,7 +360,7 @@ class LearnerConfig(Strict):
     # data parallel (docs/distributed.md)
     world_size: int = Field(1, ge=1, le=62, description="learner ranks (processes; one per GPU, one core each on CPU); "
                                                         "every member of a group is learnt on its owner rank")
-    engine: Literal["torch", "deepspeed"] = Field(
+    engine: Literal[engines.LEARNER_ENGINE_NAMES] = Field(
         "torch", description="gradient reduction + optimizer: torch.distributed (float64 too) or DeepSpeed ZeRO (float32)")
     zero_stage: Literal[0, 1, 2] = Field(0, description="DeepSpeed ZeRO stage (engine deepspeed); 3 is not supported")
     offload_optimizer: bool = Field(False, description="DeepSpeed: optimizer state in host memory (zero_stage 1 or 2)")
@@ -432,6 +433,10 @@ class RunConfig(Strict):
         nodes = self.cluster.nodes if self.cluster is not None else len(self.learner.nodes or [None])
         return self.learner.world_size // nodes
 
+    def learner_ranks(self) -> bool:
+        """Does the learner run as ranks (world_size > 1, or an engine that is not in-process torch)?"""
+        return self.learner.world_size > 1 or not learner_engine(self.learner.engine).in_process
+
     def learner_path(self) -> str:
         """The learner path this run trains with (``learner.path``, ``auto`` resolved)."""
         path = self.learner.path
@@ -451,16 +456,16 @@ class RunConfig(Strict):
         wanted = self.learner.deterministic
         if wanted is None:  # data-parallel ranks have none: they checkpoint with the streaming learner
             wanted = (bool(self.train.checkpoint_every) and self.learner.path == "auto"
-                      and self.learner.world_size == 1 and self.learner.engine == "torch")
-        return wanted and self.train.schedule == "streaming"
+                      and not self.learner_ranks())
+        return wanted and schedule_kind(self.train.schedule).learns_on_arrival
 
     @model_validator(mode="after")
     def _deterministic_fits(self) -> "RunConfig":
-        if self.learner.deterministic and self.train.schedule == "streaming":
+        if self.learner.deterministic and schedule_kind(self.train.schedule).learns_on_arrival:
             if self.learner.path != "auto":
                 raise ValueError(f"learner.deterministic: streaming's deterministic learner batches its own way; "
                                  f"learner.path {self.learner.path} depends on arrival order (leave it auto)")
-            if self.learner.world_size > 1 or self.learner.engine != "torch":
+            if self.learner_ranks():
                 raise ValueError("learner.deterministic: data-parallel ranks (learner.world_size > 1, engine "
                                  "deepspeed) have no deterministic streaming learner")
         return self
@@ -468,10 +473,11 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _learner_path_fits_schedule(self) -> "RunConfig":
         path, schedule = self.learner.path, self.train.schedule
-        if path == "adaptive" and schedule != "streaming":
+        streams = schedule_kind(schedule).learns_on_arrival
+        if path == "adaptive" and not streams:
             raise ValueError(f"learner.path: adaptive streams trajectories as they arrive; {schedule} hands "
                              "the learner whole batches (use micro-batched or per-trajectory)")
-        if path == "micro-batched" and schedule == "streaming":
+        if path == "micro-batched" and streams:
             raise ValueError("learner.path: streaming learns open groups as they arrive; use adaptive "
                              "(micro-batched drains when work queues) or per-trajectory")
         return self
@@ -479,18 +485,19 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _data_parallel_fits(self) -> "RunConfig":
         lrn = self.learner
-        if lrn.engine == "deepspeed" and self.model.dtype != "float32":
-            raise ValueError(f"learner.engine: deepspeed trains float32 here, model.dtype is {self.model.dtype} "
-                             "(float64 runs on learner.engine torch)")
-        if lrn.offload_optimizer and (lrn.engine != "deepspeed" or lrn.zero_stage == 0):
+        kind = learner_engine(lrn.engine)
+        if self.model.dtype not in kind.dtypes:
+            raise ValueError(f"learner.engine: {lrn.engine} trains {', '.join(kind.dtypes)} here, model.dtype is "
+                             f"{self.model.dtype} (float64 runs on learner.engine torch)")
+        if lrn.offload_optimizer and (not kind.offloads_optimizer or lrn.zero_stage == 0):
             raise ValueError("learner.offload_optimizer: needs learner.engine deepspeed with zero_stage 1 or 2")
-        if lrn.engine == "deepspeed" and self.train.checkpoint_every:
+        if not kind.checkpoints_optimizer and self.train.checkpoint_every:
             raise ValueError("train.checkpoint_every: learner.engine deepspeed keeps the optimizer state inside "
                              "DeepSpeed (partitioned over the ranks under ZeRO 1/2), which checkpoints do not hold; "
                              "data-parallel runs checkpoint with learner.engine torch")
-        if (lrn.world_size > 1 or lrn.engine != "torch") and self.model.lora is not None:
+        if self.learner_ranks() and self.model.lora is not None:
             raise ValueError("learner.world_size: data-parallel ranks train all weights; model.lora is not supported there")
-        if (lrn.world_size > 1 or lrn.engine != "torch") and self.train.schedule not in ("sync", "streaming"):
+        if self.learner_ranks() and self.train.schedule not in ON_POLICY:
             raise ValueError(f"learner.world_size: data-parallel ranks train the on-policy schedules (sync, "
                              f"streaming), not {self.train.schedule}")
         return self
@@ -500,9 +507,9 @@ class RunConfig(Strict):
         if not self.learner.shared_prompt_backward:
             return self
         refused = None
-        if self.train.schedule not in ("sync", "streaming"):
+        if self.train.schedule not in ON_POLICY:
             refused = f"the on-policy schedules (sync, streaming), not {self.train.schedule}"
-        elif self.algorithm.objective != "grpo":
+        elif not objective(self.algorithm.objective).group_advantage:
             refused = "GRPO, not objective opd (OPD learns turn by turn)"
         elif self.deterministic_learner():
             refused = "the streaming learner, not learner.deterministic (its fixed-point sum is per micro-batch)"
@@ -512,7 +519,7 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _speculation_is_on_policy(self) -> "RunConfig":
-        if self.rollout.speculation.enabled and self.train.schedule not in ("sync", "streaming"):
+        if self.rollout.speculation.enabled and self.train.schedule not in ON_POLICY:
             raise ValueError(f"rollout.speculation: drafts are verified against the next step's weights, which "
                              f"sync and streaming wait for; {self.train.schedule} samples ahead with older "
                              "weights already (turn speculation off)")
@@ -536,21 +543,22 @@ class RunConfig(Strict):
     @model_validator(mode="after")
     def _placement_fits(self) -> "RunConfig":
         if self.placement is not None:
-            workers = self.rollout.replicas if self.rollout.engine == "vllm" else self.rollout.workers
+            workers = process_count(self.rollout)
             # on a cluster the placement is resources to reserve (Ray assigns the GPUs); model.device cpu
             # there computes on the CPUs of the reserved bundles (a test cluster with GPUs as resources)
             device = "cuda" if self.cluster is not None else self.model.device
             problem = placement_problem(self.placement, self.ranks_per_node(), workers, device,
-                                        self.algorithm.objective == "opd", self.rollout.engine)
+                                        objective(self.algorithm.objective).teacher_scored, self.rollout.engine)
             if problem:
                 raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
-    def _opd_has_no_per_sequence_mean(self) -> "RunConfig":
+    def _loss_agg_mode_fits_objective(self) -> "RunConfig":
         # 1/|o_i| is unknown until the last turn is scored, so a turn's backward cannot apply it
-        if self.algorithm.objective == "opd" and self.algorithm.loss_agg_mode == "seq-mean-token-mean":
-            raise ValueError("algorithm.loss_agg_mode: seq-mean-token-mean is not available for opd "
+        algo = self.algorithm
+        if algo.loss_agg_mode not in objective(algo.objective).loss_agg_modes:
+            raise ValueError(f"algorithm.loss_agg_mode: {algo.loss_agg_mode} is not available for {algo.objective} "
                              "(a turn's weight 1/|o_i| is unknown until the trajectory ends)")
         return self
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from learner.registries.objectives import objective as objective_of
+from learner.registries.engines import process_count, rollout_engine
 
 class PlacementConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -46,7 +48,7 @@ def placement_problem(p: PlacementConfig, ranks_per_node: int, workers_per_node:
     """The first way ``p`` does not fit the run, as "placement.<field>: reason", or None."""
     if device != "cuda":
         return f"placement: GPU placement needs model.device cuda, not {device}"
-    if engine != "torch":  # a vLLM replica chooses its GPU itself; placing it here would be a claim, not a fact
+    if rollout_engine(engine).places_itself:  # a vLLM replica chooses its GPU; placing it would be a claim, not a fact
         return ("placement.rollout: places torch engines only; a vLLM replica runs on the first GPU vLLM sees "
                 "(rollout.engine vllm: leave placement out)")
     for field, gpus in (("learner", p.learner), ("rollout", p.rollout)):
@@ -133,10 +135,10 @@ def device_map(cfg: Any) -> dict[str, str]:
     "teacher/<wid>" with an OPD teacher; another node's are the same map from its first rank and
     worker on): what the run log's "boot: devices" line names."""
     lanes = {f"learner/{r}": learner_device(cfg, r) for r in range(_ranks_per_node(cfg))}
-    workers = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
+    workers = process_count(cfg.rollout)
     for w in range(workers):
         lanes[f"rollout/{w}"] = rollout_device(cfg, w)
-        if cfg.algorithm.objective == "opd":
+        if objective_of(cfg.algorithm.objective).teacher_scored:
             lanes[f"teacher/{w}"] = teacher_device(cfg, w)
     return lanes
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from learner.config import ConfigError, RunConfig
 from learner.tasks import sandbox_bwrap
+from learner.registries.objectives import objective as objective_of
+from learner.registries.engines import rollout_engine
 
 BUILTIN_PREFIX = "builtin:"
 # learner/models/loading.py's BUILTIN_RECIPES and LONG_CONTEXT, named here without torch so a
@@ -44,7 +46,7 @@ def is_model_dir(path: Path) -> bool:
 
 def check_model_paths(cfg: RunConfig) -> None:
     specs = {"model.policy": cfg.model.policy}
-    if cfg.algorithm.objective == "opd":
+    if objective_of(cfg.algorithm.objective).teacher_scored:
         specs["model.teacher"] = cfg.model.teacher
     for field, spec in specs.items():
         if problem := builtin_problem(field, spec):
@@ -67,7 +69,7 @@ def model_vocab_size(path: Path) -> int | None:
 def check_vllm_speculation(cfg: RunConfig) -> None:
     """Speculation on the vLLM engine needs a vocabulary it can verify (``MAX_VLLM_VERIFY_VOCAB``):
     refused here, before the workers boot vLLM, not in each worker's engine constructor."""
-    if cfg.rollout.engine != "vllm" or not cfg.rollout.speculation.enabled:
+    if not rollout_engine(cfg.rollout.engine).speculation_preflight or not cfg.rollout.speculation.enabled:
         return
     if cfg.model.policy.startswith(BUILTIN_PREFIX):
         return  # the built-in models' vocabularies are a few dozen tokens

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from learner.timeline import Kind, LEARNER_KINDS, Metric, union_length
+from learner.registries.schedules import schedule_kind
 
 # a modelled wait holds a trajectory, not the engine (task.tool_latency)
 NOT_ENGINE_WORK = (Kind.TOOL_WAIT,)
@@ -99,9 +100,10 @@ def work_per_step(runs: list[list[dict[str, Any]]], kept: list[list[dict[str, fl
 def overlap_rule(schedule: str, speculation: bool = False) -> str:
     """What a schedule lets overlap: ``serial`` (sync), ``barrier`` (streaming), ``overlapped``
     (async, fully-async, and any schedule drafting the next step beside the learner)."""
-    if speculation or schedule in ("async", "fully-async"):
+    kind = schedule_kind(schedule)
+    if speculation or not kind.on_policy:
         return OVERLAPPED
-    return SERIAL if schedule == "sync" else BARRIER
+    return SERIAL if kind.baseline else BARRIER
 
 
 def own_bound(work: dict[str, float], rule: str) -> dict[str, Any]:

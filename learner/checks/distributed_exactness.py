@@ -30,7 +30,7 @@ import torch
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AdvantageConfig, AlgorithmConfig
 from learner.distributed.assignment import assign_owners
-from learner.distributed.engines import make_engine
+from learner.distributed.engines import make_learner_engine
 from learner.distributed.rank import RankLearner
 from learner.distributed.ranks import spawn_ranks
 from learner.checks.exactness import (
@@ -41,6 +41,8 @@ from learner.grad.learners.on_policy import StreamingLearner
 from learner.grad.reference import reference_gradient
 from learner.grad.objectives import OPD_LOSS_AGG_MODES
 from learner.trajectory import Trajectory
+from learner.registries.objectives import objective as objective_of
+from learner.registries.engines import learner_engine
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class EngineSetup:
 
     @property
     def dtype(self) -> torch.dtype:
-        return torch.float64 if self.engine == "torch" else torch.float32
+        return torch.float64 if "float64" in learner_engine(self.engine).dtypes else torch.float32
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def exactness_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
 
 def _feed(rl: RankLearner, trajs: list[Trajectory], objective: str, path: str, rng: random.Random) -> None:
     mine = [t for t in trajs if rl.owns(t.group)]
-    if objective == "grpo":
+    if objective_of(objective).group_advantage:
         items = rng.sample(mine, len(mine))
     else:
         turns = [turn for t in mine for turn in scored_turns(t)]
@@ -149,7 +151,7 @@ def _run_case(rank: int, world: int, setup: EngineSetup, case: DistCase, seed: i
         result = {
             "world_size": world, "engine": setup.engine, "zero_stage": setup.zero_stage, "offload": setup.offload,
             "dtype": str(setup.dtype).removeprefix("torch."), "objective": case.objective,
-            "loss_agg_mode": case.mode, "std": case.std if case.objective == "grpo" else "n/a",
+            "loss_agg_mode": case.mode, "std": case.std if objective_of(case.objective).group_advantage else "n/a",
             "learner": case.learner, "shared_prompt": case.shared_prompt,
             "shared_prompt_rows": stats.get("shared_prompt_rows", 0),  # rank 0's
             "rel_error": rel, "tol": tol, "passed": rel <= tol, "n_traj": len(trajs), "groups": len(sizes),
@@ -167,7 +169,7 @@ def _rank_main(rank: int, world: int, setups: list[EngineSetup], seed: int,
     for setup in setups:
         model = exactness_model(setup.dtype, seed).train()
         ref_model = tiny_llama(setup.dtype, seed + 1)
-        engine = make_engine(setup.engine, model, lr=0.0, weight_decay=0.0, grad_clip=1.0,
+        engine = make_learner_engine(setup.engine, model, lr=0.0, weight_decay=0.0, grad_clip=1.0,
                              zero_stage=setup.zero_stage or 0, offload=setup.offload)
         for case in cases if cases is not None else dist_cases():
             out = _run_case(rank, world, setup, case, seed, model, ref_model, engine)
@@ -179,8 +181,8 @@ def _rank_main(rank: int, world: int, setups: list[EngineSetup], seed: int,
 def engine_setups(engines: list[str], zero_stages: list[int], offload: bool = False) -> list[EngineSetup]:
     setups = []
     for engine in engines:
-        if engine == "torch":
-            setups.append(EngineSetup("torch"))
+        if learner_engine(engine).checkpoints_optimizer:  # no ZeRO stages to try
+            setups.append(EngineSetup(engine))
         else:
             setups += [EngineSetup("deepspeed", z, offload and z > 0) for z in zero_stages]
     return setups

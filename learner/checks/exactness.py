@@ -32,6 +32,7 @@ from learner.grad.reference import reference_gradient
 from learner.checks.speculation_exactness import print_cases, speculation_cases
 from learner.checks.tiny_models import INIT_STD, VOCAB, tiny_llama, tiny_lora_llama  # noqa: F401  (the tests' models)
 from learner.trajectory import ScoredTurn, Trajectory
+from learner.registries.objectives import objective as objective_of
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
 REWARD_KINDS = ("binary", "continuous", "offset", "equal")
@@ -137,7 +138,7 @@ def streamed_gradient(
     if costs is not None:
         learner.policy.costs = costs
     learner.begin_batch(dict(Counter(t.group for t in trajs)))
-    if algo.objective == "grpo":
+    if objective_of(algo.objective).group_advantage:
         items = rng.sample(trajs, len(trajs))
     else:  # turns in a random order; a trajectory ends after its own turns
         turns = [turn for traj in trajs for turn in scored_turns(traj)]
@@ -265,7 +266,7 @@ def case_specs() -> list[CaseSpec]:
     for dtype in (torch.float32, torch.float64):
         specs += [CaseSpec(o, m, s, dtype, learner) for o, m, s in combos for learner in LEARNER_PATHS]
         for objective, learner in (("grpo", "per-trajectory"), ("grpo", "adaptive"), ("opd", "adaptive")):
-            specs += [CaseSpec(objective, "token-mean", "unbiased" if objective == "grpo" else "n/a", dtype, learner,
+            specs += [CaseSpec(objective, "token-mean", "unbiased" if objective_of(objective).group_advantage else "n/a", dtype, learner,
                                cap, acc) for cap in (0, 1, 2, None) for acc in ("device", "host")]
         specs += [CaseSpec("grpo", "token-mean", "unbiased", dtype, learner, None, "device", aux, True)
                   for learner in LEARNER_PATHS for aux in ("off", "on")]

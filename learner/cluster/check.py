@@ -12,6 +12,7 @@ on a GPU: tolerance 1e-6 relative.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from learner.registries.objectives import objective as objective_of
 
 
 def _float32_setup():
@@ -34,7 +35,7 @@ def streaming_step(seed: int = 0, objective: str = "grpo", mode: str = "token-me
     import torch
     import torch.distributed as dist
 
-    from learner.distributed.engines import make_engine
+    from learner.distributed.engines import make_learner_engine
     from learner.checks.distributed_exactness import DistCase, _run_case, exactness_model
     from learner.checks.exactness import tiny_llama
 
@@ -42,6 +43,6 @@ def streaming_step(seed: int = 0, objective: str = "grpo", mode: str = "token-me
     setup = _float32_setup()
     model = exactness_model(torch.float32, seed).train()
     ref_model = tiny_llama(torch.float32, seed + 1)
-    engine = make_engine("torch", model, lr=0.0, weight_decay=0.0, grad_clip=1.0)
-    std = "unbiased" if objective == "grpo" else "none"
+    engine = make_learner_engine("torch", model, lr=0.0, weight_decay=0.0, grad_clip=1.0)
+    std = "unbiased" if objective_of(objective).group_advantage else "none"
     return _run_case(rank, world, setup, DistCase(objective, mode, std), seed, model, ref_model, engine)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from learner.registries.engines import process_count
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def run_plan(cfg: Any) -> RunPlan:
         bundles.append({k: v for k, v in (("GPU", gpus), ("CPU", cpus)) if v > 0} or {"CPU": 0.01})
         return len(bundles) - 1
 
-    workers = cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
+    workers = process_count(cfg.rollout)
     per_gpu = p.workers_per_gpu if p is not None else 1
     per_node = cfg.ranks_per_node()
     wid = 0

@@ -4,7 +4,7 @@ When ``reduce()`` is called every rank's ``p.grad`` holds its own share of the b
 already multiplied by the batch normaliser of the *whole* batch (the barrier's counts), so the
 batch gradient is the plain sum over ranks: no 1/W anywhere.
 
-``TorchEngine`` (``learner.engine: torch``): all-reduces (sum) of the gradients in place, in
+``TorchDataParallel`` (``learner.engine: torch``): all-reduces (sum) of the gradients in place, in
 buckets of at most ``REDUCE_BUCKET_BYTES``, over torch.distributed, in the model's dtype (float64
 too), then ``clip_grad_norm_`` and the optimizer.
 
@@ -26,9 +26,9 @@ import logging
 import torch
 import torch.distributed as dist
 
-from learner.config import LEARNER_ENGINES
 from learner.distributed.barrier_vote import named_collective
 from learner.grad.learners.common import clip_and_step
+from learner.registries.engines import learner_engine
 
 ZERO_STAGES = (0, 1, 2)
 
@@ -57,7 +57,7 @@ def buckets(grads: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Ten
     return out
 
 
-class TorchEngine:
+class TorchDataParallel:
     name = "torch"
     zero_stage = None
 
@@ -160,11 +160,11 @@ class DeepSpeedEngine:
         return float(norm) if norm is not None else float("nan")
 
 
-def broadcast_optimizer_state(engine: "TorchEngine | DeepSpeedEngine") -> None:
+def broadcast_optimizer_state(engine: "TorchDataParallel | DeepSpeedEngine") -> None:
     """Every rank's torch optimizer starts from rank 0's state (a resumed run's moments and step
     counts, loaded from its checkpoint on rank 0; empty for a fresh run). A collective: every
     rank calls it once after building its engine. DeepSpeed keeps its own state (not resumed)."""
-    if engine.name != "torch" or _world() <= 1:
+    if not learner_engine(engine.name).checkpoints_optimizer or _world() <= 1:
         return
     box = [engine.optimizer.state_dict() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -172,13 +172,12 @@ def broadcast_optimizer_state(engine: "TorchEngine | DeepSpeedEngine") -> None:
         engine.optimizer.load_state_dict(box[0])
 
 
-def make_engine(kind: str, model: torch.nn.Module, lr: float, weight_decay: float, grad_clip: float,
+def make_learner_engine(kind: str, model: torch.nn.Module, lr: float, weight_decay: float, grad_clip: float,
                 zero_stage: int = 0, offload: bool = False,
-                optimizer: torch.optim.Optimizer | None = None) -> "TorchEngine | DeepSpeedEngine":
+                optimizer: torch.optim.Optimizer | None = None) -> "TorchDataParallel | DeepSpeedEngine":
     """``optimizer``: the torch engine steps this one (rank 0's, which checkpoints save and load)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if kind == "torch":
-        return TorchEngine(params, optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), grad_clip)
-    if kind == "deepspeed":
-        return DeepSpeedEngine(model, params, lr, weight_decay, grad_clip, zero_stage, offload)
-    raise ValueError(f"learner.engine: {kind!r} is not one of {', '.join(LEARNER_ENGINES)}")
+    learner_engine(kind)  # a KeyError naming learner.engine and the known engines
+    if kind == TorchDataParallel.name:
+        return TorchDataParallel(params, optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay), grad_clip)
+    return DeepSpeedEngine(model, params, lr, weight_decay, grad_clip, zero_stage, offload)

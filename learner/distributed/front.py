@@ -35,7 +35,7 @@ class DataParallelLearner:
     def __init__(self, cfg: RunConfig, model: torch.nn.Module, ref_model, policy_dir: str, on_rank_phase: RankPhase,
                  optimizer: torch.optim.Optimizer | None = None):
         """``optimizer``: the run's AdamW, which the torch engine steps (checkpoints save and load it)."""
-        from learner.distributed.engines import broadcast_optimizer_state, make_engine
+        from learner.distributed.engines import broadcast_optimizer_state, make_learner_engine
         from learner.distributed.rank import RankLearner
 
         self.cfg, self.world = cfg, cfg.learner.world_size
@@ -51,7 +51,7 @@ class DataParallelLearner:
             self.local = RankLearner(StreamingLearner(model, cfg.algorithm, ref_model, LearnerOptions.from_config(cfg)),
                                      0, self.world)
             lrn, train = cfg.learner, cfg.train
-            self.engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
+            self.engine = make_learner_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
                                       lrn.zero_stage, lrn.offload_optimizer, optimizer)
             broadcast_from_rank0(model)
             broadcast_optimizer_state(self.engine)  # a resumed run: rank 0 loaded its checkpoint
@@ -189,7 +189,7 @@ class RanksLedger:
 
 def uses_ranks(cfg: RunConfig) -> bool:
     """Does this run's learner go through ``DataParallelLearner`` (ranks or the DeepSpeed engine)?"""
-    return cfg.learner.world_size > 1 or cfg.learner.engine != "torch"
+    return cfg.learner_ranks()
 
 
 def rank_lane(rank: int, node: str | None = None) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from multiprocessing import connection
 
 from learner.config import RunConfig
+from learner.registries.objectives import objective as objective_of
 
 FLEET_UP = ("fleet-ready", "fleet-msg", "fleet-acks", "fleet-error")
 WAIT_SLICE_S = 0.5  # the longest the fleet thread blocks before it looks at its stop flag
@@ -154,7 +155,7 @@ class NodeRollouts:
             raise TimeoutError(f"node {self.node}: the rank's model was not built within {READY_TIMEOUT_S:g} s")
         cfg = self.cfg
         teacher = (str(resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.model.builtin_seed))
-                   if cfg.algorithm.objective == "opd" else None)
+                   if objective_of(cfg.algorithm.objective).teacher_scored else None)
         self.store = WeightStore(publish_view(self.model), counters=self.booted.counters)
         if version:
             self.store.publish(publish_view(self.model), version)  # a resumed run: the rank holds its weights

@@ -25,7 +25,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
     """(RankLearner, engine) over this process's own copy of the policy."""
     import torch
 
-    from learner.distributed.engines import broadcast_optimizer_state, make_engine
+    from learner.distributed.engines import broadcast_optimizer_state, make_learner_engine
     from learner.distributed.rank import RankLearner
     from learner.grad.learners.common import LearnerOptions
     from learner.grad.learners.on_policy import StreamingLearner
@@ -41,7 +41,7 @@ def build_rank(cfg, policy_dir: str, rank: int, world: int):
         ref.requires_grad_(False)
     learner = StreamingLearner(model, cfg.algorithm, ref, LearnerOptions.from_config(cfg))
     lrn, train = cfg.learner, cfg.train
-    engine = make_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
+    engine = make_learner_engine(lrn.engine, model, train.lr, train.weight_decay, train.grad_clip,
                          lrn.zero_stage, lrn.offload_optimizer)
     broadcast_from_rank0(model)
     broadcast_optimizer_state(engine)

@@ -10,6 +10,7 @@ from learner.driver import rules
 from learner.tasks.env import task_metrics
 from learner.timeline import Metric, union_length, window_metrics
 from learner.trajectory import Trajectory
+from learner.registries.schedules import schedule_kind
 
 
 @dataclass
@@ -64,7 +65,7 @@ def step_metrics(rec: StepRecord, spans: list[dict], t_end: float, waits: list[t
         **rec.mismatch,
         **task_metrics(rec.trajs),
     })
-    if schedule == "fully-async":
+    if schedule_kind(schedule).follows_latest:
         values[Metric.DROPPED_GROUPS] = float(rec.dropped_groups)
     for stat, name in (("clip_frac", Metric.CLIP_FRAC), ("peak_buffers", Metric.PEAK_BUFFERS),
                        ("skipped_trajectories", Metric.SKIPPED_TRAJECTORIES),

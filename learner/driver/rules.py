@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Callable
 
-ON_POLICY = ("sync", "streaming")
+from learner.registries.objectives import objective as objective_of
+from learner.registries.schedules import ON_POLICY, schedule_kind  # noqa: F401  (ON_POLICY re-exported)
 
 
 def lead(schedule: str, max_staleness: int) -> int:
     """How many versions the rollout may run ahead of the learner (k): 0 on-policy, 1 async,
     ``max_staleness`` fully-async."""
-    return {"sync": 0, "streaming": 0, "async": 1, "fully-async": max_staleness}[schedule]
+    lead = schedule_kind(schedule).lead
+    return max_staleness if lead is None else lead
 
 
 def staleness(trained_version: int, sampled_version: int) -> int:
@@ -55,11 +57,11 @@ def learns_on_arrival(schedule: str, objective: str, is_turn: bool) -> bool:
     (GRPO) or each scored turn (OPD; its trajectory closes the turn accounting at the
     barrier). sync holds everything until the batch's last reward; the off-policy schedules
     train whole batches."""
-    return schedule == "streaming" and is_turn == (objective == "opd")
+    return schedule_kind(schedule).learns_on_arrival and is_turn == objective_of(objective).teacher_scored
 
 
 def off_policy(schedule: str) -> bool:
     """async and fully-async train with importance ratios against behaviour log-probs, and
     their publishes do not wait for the replicas (sync and streaming: ratio 1, and every
     replica loads the new weights inside the publish)."""
-    return schedule not in ON_POLICY
+    return not schedule_kind(schedule).on_policy

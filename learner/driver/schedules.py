@@ -37,6 +37,7 @@ from learner.driver.rollouts import Rollouts
 from learner.grad.learners.common import PhaseCallback
 from learner.grad.learners.protocol import Learner
 from learner.trajectory import ScoredTurn, Trajectory
+from learner.registries.objectives import objective as objective_of
 
 
 class Driver(Protocol):
@@ -100,7 +101,7 @@ class BatchSchedule:
         """Receive the step's dispatch batch; learn on arrival where the schedule does; returns
         what is held for the barrier."""
         objective, rec = self.objective, run.rec
-        streams = rules.learns_on_arrival(self.name, objective, objective == "opd")
+        streams = rules.learns_on_arrival(self.name, objective, objective_of(objective).teacher_scored)
         run.learner.begin_batch({g: self.group_size for g in self.batch_groups.pop(rec.step)})
         held: list = []
         idle = partial(run.learner.idle_work, on_phase=run.on_phase) if streams else None  # docs/learner.md

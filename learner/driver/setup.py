@@ -31,6 +31,7 @@ from learner.rollout.processes.fleet import Fleet
 from learner.models.loading import load_model, load_tokenizer, resolve_model_dir
 from learner.rollout.processes.weights import WeightStore
 from learner.rollout.processes.agent_worker import pin_to_core
+from learner.registries.objectives import objective as objective_of
 
 
 @dataclass
@@ -77,7 +78,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
     torch.set_num_threads(1)
     policy_dir = resolve_model_dir(cfg.model.policy, cfg.model.cache_dir, cfg.model.builtin_seed)
     teacher_dir = (resolve_model_dir(cfg.model.teacher, cfg.model.cache_dir, cfg.model.builtin_seed)
-                   if cfg.algorithm.objective == "opd" else None)
+                   if objective_of(cfg.algorithm.objective).teacher_scored else None)
     dtype, device = getattr(torch, cfg.model.dtype), torch.device(learner_device(cfg, 0))  # rank 0: this process
     bind_device(str(device))
     model = with_lora(load_model(policy_dir, dtype).to(device), cfg.model.lora).train()

@@ -17,6 +17,7 @@ from learner.config import AlgorithmConfig
 from learner.grad.learners.common import batch_advantages
 from learner.timeline import EventSink
 from learner.trajectory import Trajectory
+from learner.registries.objectives import objective as objective_of
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def segments(traj: Trajectory, decode) -> list[dict[str, Any]]:
 
 def trajectory_events(step: int, trajs: Sequence[Trajectory], tokenizer, algo: AlgorithmConfig) -> list[dict]:
     """The step's trajectory events (``advantage``: GRPO's A_i over the step's groups; None for OPD)."""
-    adv = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" and trajs else {}
+    adv = batch_advantages(trajs, algo.advantage) if objective_of(algo.objective).group_advantage and trajs else {}
     no_aux = algo.kl_coef == 0 and algo.entropy_coef == 0
 
     def decode(ids):

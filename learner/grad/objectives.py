@@ -17,19 +17,20 @@ import torch
 import torch.nn.functional as F
 
 from learner.config import LOSS_AGG_MODES, STD_MODES, AlgorithmConfig
+from learner.registries.objectives import OPD
+from learner.registries.objectives import objective as objective_of
 
-# Per-turn OPD streaming knows a turn's tokens but not |o_i| (the trajectory's total scored
-# tokens) until its last turn, so the seq-mean-token-mean weight 1/|o_i| cannot be applied
-# inside a turn's backward; the other modes' per-token weights are all 1.
-OPD_LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# The loss aggregation modes OPD can train exactly (learner.registries.objectives).
+OPD_LOSS_AGG_MODES: tuple[str, ...] = OPD.loss_agg_modes
 
 
 def check_algorithm(algo: AlgorithmConfig) -> None:
     """Reject combinations no learner can train exactly, naming the field."""
-    if algo.objective == "opd" and algo.loss_agg_mode not in OPD_LOSS_AGG_MODES:
+    allowed = objective_of(algo.objective).loss_agg_modes
+    if algo.loss_agg_mode not in allowed:
         raise ValueError(
-            f"algorithm.loss_agg_mode: {algo.loss_agg_mode} weights each OPD token by 1/|o_i|, unknown "
-            f"until the trajectory's last turn is scored; OPD supports {', '.join(OPD_LOSS_AGG_MODES)}"
+            f"algorithm.loss_agg_mode: {algo.loss_agg_mode} weights each {algo.objective} token by 1/|o_i|, unknown "
+            f"until the trajectory's last turn is scored; {algo.objective} supports {', '.join(allowed)}"
         )
 
 

@@ -12,6 +12,7 @@ from learner.grad.learners.common import batch_advantages, check_ref
 from learner.grad.batching.microbatch import Row, check_trajectory, forward, per_position
 from learner.grad.objectives import agg_weights, batch_normaliser, opd_token_loss, pg_token_loss
 from learner.trajectory import Trajectory
+from learner.registries.objectives import objective as objective_of
 
 
 def reference_gradient(
@@ -29,13 +30,13 @@ def reference_gradient(
     check_ref(algo, ref_model)
     if not trajs:
         raise ValueError("trajs: a batch needs at least one trajectory")
-    adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
+    adv_by_traj = batch_advantages(trajs, algo.advantage) if objective_of(algo.objective).group_advantage else {}
     traj_losses, n_tokens = [], 0
     for traj in trajs:
         check_trajectory(traj)
         fwd = forward(model, ref_model, algo, [Row(traj.id, traj.group, traj.input_ids, traj.loss_mask)])
         logp, mask = fwd.logp[0], fwd.mask[0]  # (T,) each: one row, nothing padded
-        if algo.objective == "grpo":
+        if objective_of(algo.objective).group_advantage:
             terms = pg_token_loss(logp, adv_by_traj[traj.id])
         else:
             teacher = per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", f"trajectory {traj.id}")

@@ -52,6 +52,7 @@ from learner.sim.rollout_clock import RolloutClock
 from learner.sim.shared_engine import ENGINE_SCHEDULES, Fleet
 from learner.sim.workload import BatchWork, TrajWork, Workload
 from learner.timeline import Kind, Span
+from learner.registries.schedules import schedule_kind
 
 ASSIGN_POLICIES = ("least-loaded", "round-robin", "group-affinity")
 
@@ -189,6 +190,7 @@ class _Run:
 
     def __init__(self, workload: Workload, schedule: str, steps: int, max_staleness: int, assign: str):
         self.w, self.schedule, self.n_steps, self.assign = workload, schedule, steps, assign
+        self.follows_latest = schedule_kind(schedule).follows_latest
         self.k = rules.lead(schedule, max_staleness)
         self.now = 0.0
         self.events: list[tuple[float, int, int, object]] = []  # the publishes: (time, 0, seq, None)
@@ -220,7 +222,7 @@ class _Run:
                 self.now, _, _, _ = heapq.heappop(self.events)
                 self.publish.append(self.now)
                 self.decisions.append(("publish", len(self.publish)))
-                if self.schedule == "fully-async":
+                if self.follows_latest:
                     self.rollouts.drain()  # the worker's turns follow the newest weights
             elif reward_at < math.inf:
                 self.now = reward_at
@@ -241,7 +243,7 @@ class _Run:
         self.n_traj, self.n_group = self.n_traj + len(trajs), self.n_group + len({t.group for t in trajs})
         self.batches.append(trajs)
         self.done_count.append(0)
-        if self.schedule == "fully-async":  # the driver dispatches a group's members together
+        if self.follows_latest:  # the driver dispatches a group's members together
             trajs = sorted(trajs, key=lambda t: t.group)
         self.queue.extend(trajs)
         self.next_dispatch += 1
@@ -260,11 +262,11 @@ class _Run:
             if self.qhead == len(self.queue):
                 # keep the pipeline as full as in a longer run: async's rollout of step
                 # n_steps overlaps the last training step (fully-async is bounded by admission)
-                if self.schedule != "fully-async" and self.next_dispatch >= self.n_steps + self.k:
+                if not self.follows_latest and self.next_dispatch >= self.n_steps + self.k:
                     return
                 self.enqueue_batch()
             t = self.queue[self.qhead]
-            if self.schedule == "fully-async":
+            if self.follows_latest:
                 if t.group not in self.admitted:
                     if not self.pool.may_admit(len(self.publish)):
                         return
@@ -289,7 +291,7 @@ class _Run:
         self.decisions.append(("reward", t.traj, t.group, t.version))
         heapq.heappush(self.free_slots, t.slot)
         self.done_count[t.dispatch] += 1
-        if self.schedule == "fully-async":
+        if self.follows_latest:
             gone = self.pool.add(t.group, t, t.version, len(self.publish))
             self.decisions += [("drop", g, len(self.publish)) for g in gone]
             if t.group in self.pool.complete:
@@ -301,7 +303,7 @@ class _Run:
         j = self.formed
         if j >= self.n_steps or len(self.publish) < j:
             return  # learner still busy with step j-1, or all steps trained
-        if self.schedule == "fully-async":
+        if self.follows_latest:
             members = self.take_groups(j)
             if members is None:
                 return

@@ -22,7 +22,7 @@ def _one_rank_absent(rank: int, world: int, what: str) -> dict:
     from torch.distributed.distributed_c10d import _get_default_store
 
     from learner.distributed.barrier_vote import BatchCounts, exchange_counts
-    from learner.distributed.engines import TorchEngine
+    from learner.distributed.engines import TorchDataParallel
 
     store = _get_default_store()
     if rank == 1:
@@ -33,7 +33,7 @@ def _one_rank_absent(rank: int, world: int, what: str) -> dict:
     t0 = time.monotonic()
     try:
         if what == "reduce":
-            TorchEngine([p], torch.optim.SGD([p], lr=0.1), 1.0).reduce()
+            TorchDataParallel([p], torch.optim.SGD([p], lr=0.1), 1.0).reduce()
         else:
             exchange_counts(BatchCounts(tokens=5), rank)
         error = None

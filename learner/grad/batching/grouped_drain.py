@@ -21,6 +21,7 @@ from learner.grad.batching.grouped import GroupedGradients, Key, NotReducible, d
 from learner.grad.batching.microbatch import Forward, MicroBatchRows, Row, forward, grpo_row, plan_micro_batches
 from learner.grad.objectives import pg_token_loss
 from learner.grad.batching.packing import layout, segmented_layout
+from learner.registries.objectives import objective as objective_of
 
 
 class GroupedHost(Protocol):
@@ -45,7 +46,7 @@ class GroupedPool:
         self.host = host
         opts = host.options
         usable = (opts.grouped_backward and opts.path == "adaptive" and not opts.deterministic
-                  and not opts.shared_prompt_backward and host.algo.objective == "grpo")
+                  and not opts.shared_prompt_backward and objective_of(host.algo.objective).group_advantage)
         self.grouped = GroupedGradients.for_model(host.model, host.acc.params) if usable else None
 
     @property

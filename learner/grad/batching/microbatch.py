@@ -39,6 +39,7 @@ from learner.grad.objectives import (
 from learner.grad.batching.packing import Layout, layout
 from learner.grad.batching.shared_prompt import PastInputs
 from learner.trajectory import ScoredTurn, Trajectory
+from learner.registries.objectives import objective as objective_of
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
 
@@ -108,7 +109,7 @@ def off_policy_row(traj: Trajectory, objective: str) -> Row:
     owner = f"trajectory {traj.id}"
     behavior = per_position(traj.behavior_logprobs, traj.loss_mask, "behavior_logprobs", owner)
     teacher = (per_position(traj.teacher_logprobs, traj.loss_mask, "teacher_logprobs", owner)
-               if objective == "opd" else None)
+               if objective_of(objective).teacher_scored else None)
     return Row(traj.id, traj.group, list(traj.input_ids), list(traj.loss_mask), teacher=teacher, behavior=behavior)
 
 
@@ -253,7 +254,7 @@ def forward(model: torch.nn.Module, ref_model: torch.nn.Module | None, algo: Alg
 
 def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
     """Σ w·pg: GRPO −A_i ρ per row (A_i = ``row.adv``); OPD (stopgrad logp − logp^T) ρ."""
-    if objective == "opd":
+    if objective_of(objective).teacher_scored:
         return (fwd.w * opd_token_loss(fwd.logp, fwd.per_position("teacher"))).sum()
     return (fwd.w * pg_token_loss(fwd.logp, fwd.per_row("adv"))).sum()
 
@@ -261,7 +262,7 @@ def on_policy_pg_loss(fwd: Forward, objective: str) -> torch.Tensor:
 def off_policy_loss(fwd: Forward, objective: str, clip: float) -> tuple[torch.Tensor, int]:
     """Σ w·(clipped PPO + aux) and the number of scored tokens whose ratio is outside the clip range."""
     behavior = fwd.per_position("behavior")
-    if objective == "opd":
+    if objective_of(objective).teacher_scored:
         adv = fwd.per_position("teacher") - behavior  # (B, T) per-token A_t = log π_T − log π_b
     else:
         adv = fwd.per_row("adv")

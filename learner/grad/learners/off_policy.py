@@ -30,6 +30,7 @@ from learner.grad.batching.microbatch import forward, grads_of, off_policy_loss,
 from learner.grad.objectives import batch_normaliser
 from learner.grad.learners.on_policy import _Batch
 from learner.trajectory import ScoredTurn, Trajectory
+from learner.registries.objectives import objective as objective_of
 
 
 class OffPolicyLearner(InProcessLearner):
@@ -84,14 +85,14 @@ class OffPolicyLearner(InProcessLearner):
         if not trajs:
             raise ValueError("trajs: a batch needs at least one trajectory")
         algo = self.algo
-        adv_by_traj = batch_advantages(trajs, algo.advantage) if algo.objective == "grpo" else {}
+        adv_by_traj = batch_advantages(trajs, algo.advantage) if objective_of(algo.objective).group_advantage else {}
         for p in self.acc.params:
             p.grad = None
         rows, skipped = [], 0
         no_aux = algo.kl_coef == 0 and algo.entropy_coef == 0
         for traj in trajs:
             row = off_policy_row(traj, algo.objective)
-            if algo.objective == "grpo":
+            if objective_of(algo.objective).group_advantage:
                 row.adv = adv_by_traj[traj.id]
                 if row.adv == 0.0 and no_aux:  # −min(ρ·0, clip(ρ)·0) = 0: exactly no gradient
                     skipped += 1

@@ -67,6 +67,7 @@ from learner.grad.batching.shared_prompt import SharedPrompts
 from learner.grad.batching.packing import layout
 from learner.timeline import Kind
 from learner.trajectory import ScoredTurn, Trajectory
+from learner.registries.objectives import objective as objective_of
 
 
 @dataclass
@@ -213,7 +214,7 @@ class StreamingLearner(InProcessLearner):
         before = state.counters()
         turns = [x for x in items if isinstance(x, ScoredTurn)]
         trajs = [x for x in items if not isinstance(x, ScoredTurn)]
-        if self.algo.objective == "opd":
+        if objective_of(self.algo.objective).teacher_scored:
             rows = state.admit_turns(turns, one_row_per_turn=self.path == "per-trajectory")
             self.backward.rows(state, rows, on_phase)
             for traj in trajs:
@@ -244,7 +245,7 @@ class StreamingLearner(InProcessLearner):
         if state.ready and self.backward.early_known_pays(state):
             self.backward.ready(state, on_phase, flush=True)
             return True
-        grpo = self.algo.objective == "grpo" and not self.backward.pool.enabled
+        grpo = objective_of(self.algo.objective).group_advantage and not self.backward.pool.enabled
         tasks = state.planner.idle(open_bucket_judge(self.policy, state)) if grpo else []
         self.backward.tasks(state, tasks, on_phase)
         return bool(tasks)
@@ -258,7 +259,7 @@ class StreamingLearner(InProcessLearner):
     def check_complete(self) -> None:
         """The barrier's own check: every group of the batch complete; raises ``OpenGroupError``."""
         state = self._state("check_complete")
-        if self.algo.objective == "grpo":
+        if objective_of(self.algo.objective).group_advantage:
             missing = state.missing_groups()
             if missing:
                 detail = ", ".join(f"{g} ({n}/{state.group_sizes[g]})" for g, n in missing.items())
@@ -312,7 +313,7 @@ def deferral_stats(learner: StreamingLearner, state: _Batch) -> dict:
     """Why the streaming learner learnt early or not (adaptive GRPO): the share of its rows learnt
     before the batch's last arrival, the cost model's early/known row ratio, and the idle moments
     that learnt nothing by reason (docs/learner.md, "When early work pays")."""
-    if learner.path != "adaptive" or learner.algo.objective != "grpo":
+    if learner.path != "adaptive" or not objective_of(learner.algo.objective).group_advantage:
         return {}
     early = state.early_rows + state.open_rows
     return {"early_row_share": early / state.rows if state.rows else 0.0,
@@ -330,7 +331,7 @@ class OnPolicyBackward:
         self.options, self.acc, self.logprobs = learner.options, learner.acc, learner.logprobs
         self.policy = learner.policy
         self.one_pass = learner.path != "per-trajectory"
-        if self.options.shared_prompt_backward and (self.algo.objective != "grpo" or self.options.deterministic):
+        if self.options.shared_prompt_backward and (not objective_of(self.algo.objective).group_advantage or self.options.deterministic):
             raise ValueError("learner.shared_prompt_backward: supported for GRPO on the streaming (not "
                              "deterministic) and sync learners")
         self.prompts = (SharedPrompts(self.model, self.ref_model if self.algo.kl_coef > 0 else None,
@@ -463,7 +464,7 @@ class OnPolicyBackward:
         grouped = bucket is not None or keys is not None
         self.policy.observe(grid.slots, len(rows), t1 - t0, open_group=grouped, tokens=sum(grid.lengths))
         state.budget.ran(grid.slots)
-        count_micro_batch(state, len(rows), grouped, t1 - t0, early=self.algo.objective == "grpo")
+        count_micro_batch(state, len(rows), grouped, t1 - t0, early=objective_of(self.algo.objective).group_advantage)
         report_micro_batch(state, rows, grid, t_start, t1, on_phase)
         return t1 - t0
 

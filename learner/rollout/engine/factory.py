@@ -12,10 +12,17 @@ def engine_dtype(cfg: RunConfig) -> str:
 
 
 def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
-    if cfg.rollout.engine == "vllm":
-        from learner.rollout.vllm_backend.vllm_engine import VllmEngine  # optional dependency
+    """The rollout engine ``rollout.engine`` names (learner.registries.engines), on its device."""
+    return BUILDERS[cfg.rollout.engine](cfg, policy_dir, tokenizer, replica)
 
-        return VllmEngine(cfg, policy_dir, tokenizer, replica)
+
+def vllm_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
+    from learner.rollout.vllm_backend.vllm_engine import VllmEngine  # optional dependency
+
+    return VllmEngine(cfg, policy_dir, tokenizer, replica)
+
+
+def torch_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
     import torch
 
     from learner.rollout.engine.torch_engine import TorchEngine
@@ -28,3 +35,7 @@ def make_engine(cfg: RunConfig, policy_dir: str, tokenizer, replica: int):
         return CapturedEngine(load_model(policy_dir, dtype).to(rollout_device(cfg, replica)), pad_id=tokenizer.pad_token_id)
     return TorchEngine(load_model(policy_dir, dtype).to(rollout_device(cfg, replica)), pad_id=tokenizer.pad_token_id,
                        continuous_batching=cfg.rollout.continuous_batching, reuse_kv=cfg.rollout.reuse_kv)
+
+
+# One builder per registered rollout engine (learner.registries.engines.ROLLOUT_ENGINES).
+BUILDERS = {"torch": torch_engine, "vllm": vllm_engine}

@@ -45,6 +45,7 @@ from learner.rollout.processes.tool_calls import ToolCalls
 from learner.rollout.speculation.turns import LoopState, close_turn
 from learner.timeline import Kind, Span
 from learner.trajectory import Trajectory
+from learner.registries.schedules import schedule_kind
 
 IDLE_POLL_S = 0.05
 
@@ -70,7 +71,7 @@ class AgentWorker:
         self.stop_ids = stop_ids if stop_ids is not None else stop_token_ids(tokenizer)
         model_config = getattr(getattr(engine, "model", None), "config", None)
         self.max_len = getattr(engine, "max_model_len", None) or getattr(model_config, "max_position_embeddings", 10**9)
-        self.follow_latest = cfg.train.schedule == "fully-async"
+        self.follow_latest = schedule_kind(cfg.train.schedule).follows_latest
         self.commands_waiting = lambda: False  # a driver command is queued (``Commands``: drafts yield then)
         # speculation (rollout/speculation/drafts.py): drafts wait from a Load to its step's Work; adopted ones are verified by chunk
         self.drafts_held, self.unverified, self.verifying = False, deque(), set()

@@ -26,6 +26,7 @@ from typing import Any
 from learner.rollout.processes.cores import core_plan, pin_process
 from learner.rollout.processes.messages import Failed, Init, Stop
 from learner.rollout.processes.outbox import Outbox
+from learner.registries.engines import process_count
 
 PR_SET_PDEATHSIG = 1
 # "spawn": a fresh interpreter imports beside the driver (above). A run forked from the warm
@@ -105,7 +106,7 @@ def stop_workers(cmd_qs: list[Any], procs: list[Any], grace_s: float) -> None:
 
 def workers_per_node(cfg) -> int:
     """Rollout workers of one node: one per torch worker, or per vLLM replica (each owns one engine)."""
-    return cfg.rollout.replicas if cfg.rollout.engine == "vllm" else cfg.rollout.workers
+    return process_count(cfg.rollout)
 
 
 def boot_fleet(cfg, first_wid: int = 0) -> BootedWorkers:
