@@ -8,7 +8,7 @@ Trains ``configs/bench.yaml`` under ``sync`` (micro-batched learner) with
 ``rollout.continuous_batching`` true and false, one fresh ``thundersync train`` process per run,
 in alternating order, ``--rounds`` times; the first step of each run is a warm-up and dropped.
 ``--scale`` is the tool-latency scale (0: generation alone, where the bench's calibration lands
-on this machine: docs/bench.md). Per arm, over the pooled measured steps: the rollout makespan R
+on this machine: docs/bench-limits.md). Per arm, over the pooled measured steps: the rollout makespan R
 (step start to last reward), the learner's L, the step, and the arrival bound
 (``bench/arrival_bound.py``, ``--balance 1``: backward work = R) as the earliest finish over R,
 i.e. 1 / the ceiling on streaming's efficiency that the reward arrival times impose; plus the

@@ -1,5 +1,5 @@
 """Is a learner.backward span a fair machine-speed probe? The bench's same-speed columns
-(docs/bench.md) divide each schedule's median backward by sync's. Two things besides the
+(docs/bench-report.md) divide each schedule's median backward by sync's. Two things besides the
 machine's drift could move that ratio; this measures both, side by side, alternating order:
 
   1. contention: the same backward passes on the learner's core with the rollout core idle

@@ -1,4 +1,4 @@
-"""What verifying a step's drafts costs (learner/rollout/speculation/token_verify.py, docs/speculation.md):
+"""What verifying a step's drafts costs (learner/rollout/speculation/token_verify.py, docs/speculation-verify.md):
 one forward over each draft's whole context vs each group's shared prompt forwarded once, the
 remainders on its keys/values and the output embedding at sampled positions only.
 

@@ -1,4 +1,4 @@
-"""Keyed speculation on vLLM (docs/speculation.md, "On vLLM"): how often a token flips between
+"""Keyed speculation on vLLM (docs/speculation-verify.md, "On vLLM"): how often a token flips between
 kernels, and what each way of verifying costs.
 
     .venv/bin/python -m bench.vllm_verify [--rows 64] [--tokens 64] [--batches 8] [--repeats 5]

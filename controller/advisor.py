@@ -1,4 +1,4 @@
-"""The schedule advisor (docs/pages.md, "Schedule advisor"): what the simulator predicts for each
+"""The schedule advisor (docs/pages-run.md, "Schedule advisor"): what the simulator predicts for each
 schedule on a finished run's own workload.
 
 The engine is the one behind ``thundersync simulate --spans`` (learner/sim): the run's stored spans

@@ -1,4 +1,4 @@
-"""The JSON API (docs/controller.md, schema at /api/openapi.json). Session auth + CSRF.
+"""The JSON API (docs/controller-api.md, schema at /api/openapi.json). Session auth + CSRF.
 
 A user reaches only their own experiments and runs (others' ids answer 404) and the
 global schedule presets plus their own.

@@ -2,7 +2,7 @@
 
 After each message it pops, channels-redis starts a task that removes the message's copy from the
 channel's backup queue (``_clean_receive_backup``) and never awaits it. When Redis goes away
-between the pop and that task (a restart, docs/controller.md "Connections"), the task fails and
+between the pop and that task (a restart, docs/controller-faults.md "Connections"), the task fails and
 asyncio logs "Task exception was never retrieved" with a traceback, though nothing is lost: the
 message was delivered, and a Redis that restarts without persistence has no backup queue left to
 clean. Here that failure is one warning line; the next receive meets the outage itself and the

@@ -1,4 +1,4 @@
-"""The compare summary: per run, the headline figures of docs/pages.md ("Compare summary"),
+"""The compare summary: per run, the headline figures of docs/pages-compare.md ("Compare summary"),
 every one computed from the run's stored step metrics and spans.
 
 Times are seconds on the learner's clock (seconds since its process started). A run's
@@ -114,7 +114,7 @@ def smoothed_rewards(rows: list[dict], weight: float) -> list[tuple[dict, float]
 
 
 def phase_medians(rows: list[dict]) -> tuple[float | None, float | None]:
-    """R and L of a sync run (docs/bench.md): median (last reward - step start) and median
+    """R and L of a sync run (docs/bench-report.md): median (last reward - step start) and median
     (step end - first backward). In sync the phases do not overlap, so each ran alone."""
     rollout, learner = [], []
     for r in rows:
@@ -151,7 +151,7 @@ def training_window(rows: list[dict]) -> tuple[float, float] | None:
 def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, float | None]:
     """Learner and rollout idle over the whole training window, from every stored span (the
     per-step rollouter/idle_ratio is computed before the rollout spans running beside the
-    learner reach the driver, docs/bench.md, so it is not averaged here)."""
+    learner reach the driver, docs/bench-report.md, so it is not averaged here)."""
     if window is None:
         return {"learner_idle": None, "rollout_idle": None}
     lo, hi = window
@@ -162,7 +162,7 @@ def idle_over(run_id: int, window: tuple[float, float] | None) -> dict[str, floa
 
 def run_work(run_id: int, rows: list[dict]) -> dict[str, float] | None:
     """engine_busy_s, learner_work_s and step_mean_s of a run over its stored steps, by the bench's
-    own measure (learner.bench.efficiency.work_per_step, docs/bench.md "Efficiency"); None for a
+    own measure (learner.bench.efficiency.work_per_step, docs/bench-report.md "Efficiency"); None for a
     run without timed steps or without a stored span of work (its work is unknown, not zero)."""
     timed = [r for r in rows if number(r, Metric.T_START) is not None and number(r, Metric.T_END) is not None]
     if training_window(timed) is None:
@@ -306,7 +306,7 @@ def speculation_figures(rows: list[dict]) -> dict:
 
 
 def compare_summary(runs: list[Run], level: float | None = None, weight: float = DEFAULT_SMOOTHING) -> dict:
-    """The compare page's summary table (GET /api/compare/): see docs/pages.md."""
+    """The compare page's summary table (GET /api/compare/): see docs/pages-compare.md."""
     rows = step_rows([r.pk for r in runs])
     chosen = level is not None
     curves = reward_curves([rows[r.pk] for r in runs], weight)

@@ -112,7 +112,7 @@ class RunConsumer(AsyncWebsocketConsumer):
     the replay is paced by it (it sends while less than half the limit is unacknowledged),
     and a viewer whose live backlog passes ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with
     ``CLOSE_TOO_SLOW``; the page then reconnects with ``?after`` and reads the rest from the
-    database (docs/controller.md, "Websocket")."""
+    database (docs/controller-api.md, "Websocket")."""
 
     accepted = False
     replaying = closing = False

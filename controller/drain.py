@@ -1,4 +1,4 @@
-"""Streaming's drain in words (docs/pages.md, "The drain's decisions"): per step of a streaming
+"""Streaming's drain in words (docs/pages-run.md, "The drain's decisions"): per step of a streaming
 run, whether its cost-aware drain learnt before the step's last reward and, where it learnt
 nothing early, why, in a sentence, from the learner's own step metrics (docs/spans.md):
 ``learner/early_row_share`` (the share of the step's learnt rows learnt before its last arrival),

@@ -3,7 +3,7 @@
 A run's frames go to the channel-layer group ``run_<id>``. Were every viewer a member, each
 frame would cross Redis once per viewer, and channels-redis hands a process its messages one
 at a time: 4 runs at 60 span frames/s with 25 viewers each are 6,000 messages a second into one
-daphne, more than it pops on a shared core (docs/controller.md, "Connections"). So each process
+daphne, more than it pops on a shared core (docs/controller-faults.md, "Connections"). So each process
 joins a run's group once, with a channel of its own (a ``RunFeed``), and passes each frame to the
 run's sockets in that process. Each socket keeps its own inbox, handled in order by a task of
 its own, so a socket waiting on the database (a gap to fill) or on a slow client holds up no

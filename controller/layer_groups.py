@@ -5,7 +5,7 @@ forgets it, and a consumer whose receive loop did not notice (its connection was
 in between) would stay open without any live frame. So each consumer re-adds itself every
 THUNDERSYNC_WS_GROUP_CHECK_S: the ZADD refreshes its membership and tells whether it was
 missing, and a consumer that was missing asks its page to reconnect (4503), which replays what
-it missed from the database (docs/controller.md, "Connections").
+it missed from the database (docs/controller-faults.md, "Connections").
 """
 
 from __future__ import annotations

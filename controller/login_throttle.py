@@ -12,7 +12,7 @@ expire ``THUNDERSYNC_LOGIN_WINDOW_S`` after the last failure; a success clears i
 Counters live in Django's cache (Redis in production, shared by every web process). When
 the cache is unreachable the throttle fails open with a logged warning: logins keep working
 without Redis. Both the site's login and the admin's go through these forms
-(docs/controller.md, "Security and fair use").
+(docs/controller-api.md, "Security and fair use").
 """
 
 from __future__ import annotations

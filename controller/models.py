@@ -317,7 +317,7 @@ class UserQuota(models.Model):
 
 class RunNode(models.Model):
     """A learner rank of a run that spans nodes, on a node other than rank 0's
-    (docs/distributed.md): the task on queue ``runs.<node>`` that runs it stamps ``heartbeat``
+    (docs/distributed-nodes.md): the task on queue ``runs.<node>`` that runs it stamps ``heartbeat``
     while its rank runs, and records how it ended. Rank 0's supervisor fails the run when a
     node's task failed or stopped stamping."""
 

@@ -1,4 +1,4 @@
-"""Runs that span nodes (``learner.nodes``; docs/distributed.md, "Runs that span nodes").
+"""Runs that span nodes (``learner.nodes``; docs/distributed-nodes.md, "Runs that span nodes").
 
 Every worker knows its node (THUNDERSYNC_NODE; it consumes queue ``runs.<node>``). A run's
 first node runs rank 0: the learner driver with the rollout fleet, supervised as any run

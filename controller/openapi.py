@@ -86,7 +86,7 @@ SCHEMAS = {
                 "description": (f"learner.config.RunConfig as a JSON object, or YAML text (<= {MAX_CONFIG_CHARS} "
                                 f"chars, no anchors or aliases); at most {MAX_CONFIG_VALUES} values; validated by "
                                 "learner.config (field types, ranges, rules across fields), then against the model roots and your quota "
-                                "(docs/controller.md, Security and fair use)"),
+                                "(docs/controller-api.md, Security and fair use)"),
                 "oneOf": [{"type": "object"}, {"type": "string", "maxLength": MAX_CONFIG_CHARS}],
             },
         },
@@ -238,7 +238,7 @@ SCHEMAS = {
     "Advice": {
         "type": "object",
         "description": "the schedule advisor (null: see advisor_note) and streaming's drain decisions (null: no "
-                       "drain metrics); docs/pages.md, Schedule advisor",
+                       "drain metrics); docs/pages-run.md, Schedule advisor",
         "properties": {
             "advisor": {"oneOf": [{"type": "null"}, {"type": "object", "properties": {
                 "run": {"type": "integer"}, "schedule": {"type": "string", "description": "the run's own schedule"},
@@ -282,7 +282,7 @@ SCHEMAS = {
             "speedup_p10": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p90_s"},
             "speedup_p90": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_p10_s"},
             "speedup_vs_sync": NULLABLE_NUMBER | {"description": "the sync run's step_s / this step_s"},
-            "efficiency": NULLABLE_NUMBER | {"description": "bound_s / step_mean_s, at most 1 (docs/bench.md, Efficiency); "
+            "efficiency": NULLABLE_NUMBER | {"description": "bound_s / step_mean_s, at most 1 (docs/bench-report.md, Efficiency); "
                                                            "null for a run without stored spans of work"},
             "bound_s": NULLABLE_NUMBER | {"description": "the least step this run's own work allows under its "
                                                         "schedule's rule (bound_rule)"},
@@ -345,7 +345,7 @@ SCHEMAS = {
                 "reward_mean": NULLABLE_NUMBER, "response_length_vs_sync": NULLABLE_NUMBER,
                 "response_length_vs_sync_ci90": {"type": ["array", "null"], "items": {"type": "number"}},
                 "step_equal_work_s": NULLABLE_NUMBER | {"description": "the windows per batch they produced "
-                                                                         "(docs/bench.md, equal-work windows)"},
+                                                                         "(docs/bench-report.md, equal-work windows)"},
                 "slowest_decile_tokens": {"type": ["integer", "null"], "description": "sync's 90th percentile of "
                                                                                       "generated tokens per trajectory"},
                 "slowest_decile_share": NULLABLE_NUMBER | {"description": "share of trained trajectories at or "
@@ -393,7 +393,7 @@ STORED_FULL = {"409": json_body(ref("Errors"), "you keep as many as the per-user
 RUN_ID = int_path("run_id")
 REWARD_LEVEL = {"name": "reward", "in": "query", "required": False, "schema": {"type": "number"},
                 "description": "smoothed reward/mean level for time_to_reward_s (default: levels from the runs' own curves, "
-                               "docs/pages.md)"}
+                               "docs/pages-compare.md)"}
 SMOOTHING = {"name": "smoothing", "in": "query", "required": False,
              "schema": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
              "description": "EMA weight of reward/mean for time_to_reward_s (default 0.8; 0: raw)"}
@@ -502,7 +502,7 @@ PATHS = {
     },
     "/api/compare/": {
         "get": operation(
-            f"Summary of {MIN_COMPARED}-{MAX_COMPARED} hand-picked runs of yours (docs/pages.md, Compare summary; a "
+            f"Summary of {MIN_COMPARED}-{MAX_COMPARED} hand-picked runs of yours (docs/pages-compare.md, Compare summary; a "
             "comparison's whole summary: /api/comparisons/{id}/)", json_body(ref("Compare"), "summary"),
             [{"name": "runs", "in": "query", "required": True, "style": "form", "explode": False,
               "description": f"comma-separated run ids ({MIN_COMPARED}-{MAX_COMPARED}, distinct)",

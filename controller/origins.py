@@ -5,7 +5,7 @@ another port or scheme of an allowed host could open a user's run socket with th
 cookies. Here the ``Origin`` must equal the socket's own origin (the ``Host`` it was opened
 on, ``http``/``https`` for ``ws``/``wss``, behind a proxy per ``SECURE_PROXY_SSL_HEADER``),
 with that host in ``ALLOWED_HOSTS``, or be listed in ``CSRF_TRUSTED_ORIGINS``: the same rule
-Django's CSRF middleware applies to unsafe HTTP requests (docs/controller.md, "Websocket").
+Django's CSRF middleware applies to unsafe HTTP requests (docs/controller-api.md, "Websocket").
 """
 
 from urllib.parse import urlsplit

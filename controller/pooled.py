@@ -1,4 +1,4 @@
-"""The compare summary per schedule: a comparison's repeats pooled (docs/pages.md, "Pooled over
+"""The compare summary per schedule: a comparison's repeats pooled (docs/pages-compare.md, "Pooled over
 repeats"), with the bench's own statistics (learner/bench/intervals.py, learner/bench/trained.py).
 
 Runs launched with the same schedule preset and the same overrides (a sweep's value) are one

@@ -3,7 +3,7 @@
 A ``streaming`` run keeps both cores of a small machine busy (its learner overlaps its
 rollout), so whatever CPU the app spends while it trains (reading and decoding the learner's
 events, the live publisher) competes with the run's critical path; in ``sync`` one core idles
-at any time and the same work goes unnoticed (docs/bench.md "App vs CLI"). A raised nice value
+at any time and the same work goes unnoticed (docs/bench-web.md "App vs CLI"). A raised nice value
 lets that work take idle time first.
 
 Two levers, because Linux has two places a priority lives:

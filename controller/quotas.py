@@ -5,7 +5,7 @@ Site defaults are ``THUNDERSYNC_QUOTA_DEFAULTS``; a ``UserQuota`` row (admin) ov
 any of them for one user. Config limits are checked when an experiment is saved and again
 when a run is launched (an admin may have lowered them since); the queued-runs limit at
 launch; the concurrent-runs limit by the dispatcher, which leaves a user's extra runs
-queued (controller/dispatch.py). docs/controller.md, "Security and fair use".
+queued (controller/dispatch.py). docs/controller-api.md, "Security and fair use".
 
 The queued-runs check and the insert it guards run in one transaction holding a row lock on
 the user (``SELECT ... FOR UPDATE``), so parallel launches of one user are counted one after

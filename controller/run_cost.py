@@ -1,5 +1,5 @@
 """What a run costs, read from its validated config (as a dict, every default filled in):
-the quotas bound these, not only counts (controller/quotas.py, docs/controller.md "Security
+the quotas bound these, not only counts (controller/quotas.py, docs/controller-api.md "Security
 and fair use")."""
 
 from collections.abc import Iterator

@@ -1,5 +1,5 @@
 """What a run's stored spans say about the work its window produced and the trajectories it
-trained, by the bench's own definitions (docs/bench.md, "Equal-work windows" and "Throughput and
+trained, by the bench's own definitions (docs/bench-report.md, "Equal-work windows" and "Throughput and
 what was trained"), for the compare page's pooled rows (controller/pooled.py).
 
 - ``window_counts``: over the run's timed steps, the window's seconds, the trajectories trained

@@ -213,7 +213,7 @@ class RolloutConfig(Strict):
     pin_cores: bool = Field(True, description="pin learner and each worker to its own core where possible")
     on_every_node: bool = Field(
         True, description="with learner.nodes: every node runs these workers (replicas), each group sampled on "
-        "the node of the rank that learns it (docs/distributed.md); false: the first node samples everything")
+        "the node of the rank that learns it (docs/distributed-nodes.md); false: the first node samples everything")
     receive_timeout_s: float = Field(600.0, gt=0.0, le=86_400.0,
                                      description="the run fails when the fleet sends nothing for this long")
     max_worker_restarts: int = Field(
@@ -337,14 +337,14 @@ class LearnerConfig(Strict):
                                   "an unfilled micro-batch only in place of sync's own, an open bucket only when "
                                   "its measured premium is below the tail it saves, fits in early_work_share, the "
                                   "rollout is near its end and the bucket ends before it; finished-groups-first: whenever the learner would idle; closed-groups: "
-                                  "never (docs/learner.md)")
+                                  "never (docs/learner-drain.md)")
     early_work_share: float = Field(
         0.05, ge=0.0, le=10.0, description="cost-aware: early work's measured premium per batch, at most this "
                                            "share of the batch's estimated micro-batched learner work")
     grouped_backward: bool = Field(
         True, description="adaptive learner: a micro-batch may mix open groups' (group, reward) buckets and known "
                           "rows, one forward and one backward, each parameter's gradient reduced per bucket inside "
-                          "it (docs/learner.md); false: one micro-batch per open bucket")
+                          "it (docs/learner-drain.md); false: one micro-batch per open bucket")
     pack_rows: bool = Field(
         True, description="pack several rows into each line of a learner micro-batch (position ids restarting "
                           "per row, attention causal within a row) instead of right-padding every row to the "
@@ -425,7 +425,7 @@ class RunConfig(Strict):
     placement: PlacementConfig | None = Field(
         None, description="GPU of each learner rank, rollout worker and the teacher (docs/gpu.md); null: model.device")
     cluster: ClusterConfig | None = Field(
-        None, description="place the run's roles on a Ray cluster (docs/distributed.md, \"Running on a cluster\"); "
+        None, description="place the run's roles on a Ray cluster (docs/distributed-nodes.md, \"Running on a cluster\"); "
                           "null: this machine only, Ray is never imported")
 
     def ranks_per_node(self) -> int:

@@ -78,7 +78,7 @@ class Metric:
     OPEN_ROWS = "learner/open_rows"
     OPEN_MICRO_BATCHES = "learner/open_micro_batches"
     EARLY_MICRO_BATCHES = "learner/early_micro_batches"
-    # why streaming learnt early or deferred (docs/learner.md, "When early work pays"; a run page's
+    # why streaming learnt early or deferred (docs/learner-drain.md, "When early work pays"; a run page's
     # one sentence reads these): the share of the step's learnt rows learnt before its last arrival,
     # the share of its groups that closed in the last tenth of the rollout (every schedule), the
     # cost model's early row seconds over a known row's, and the idle moments that learnt nothing,
@@ -212,7 +212,7 @@ class JsonlSink:
     written when the learner is about to wait for the rollout anyway (``idle``: the driver
     calls it before it blocks), in chunks, until a message from the fleet is waiting; and by
     a flusher thread once the oldest queued event is ``max_delay_s`` old, so a learner busy
-    with backward passes still reports live (the page's span latency, docs/pages.md) without
+    with backward passes still reports live (the page's span latency, docs/bench-web.md) without
     writing on its own path. Run status events are written at once. The order is always
     kept: whoever writes takes events from the head of the queue while holding the write lock.
     """

@@ -135,7 +135,7 @@ THUNDERSYNC_WS_PER_USER = int(os.environ.get("THUNDERSYNC_WS_PER_USER", "32"))
 # is sent again once it has waited REQUEUE_AFTER_S.
 THUNDERSYNC_HEARTBEAT_S = 2.0
 THUNDERSYNC_STALE_S = 20.0
-# Runs that span nodes (docs/distributed.md): this worker's node name (it consumes queue
+# Runs that span nodes (docs/distributed-nodes.md): this worker's node name (it consumes queue
 # runs.<node>) and the address other nodes reach it at (rank 0's rendezvous and control port).
 THUNDERSYNC_NODE = os.environ.get("THUNDERSYNC_NODE", "local")
 THUNDERSYNC_NODE_ADDR = os.environ.get("THUNDERSYNC_NODE_ADDR", "127.0.0.1")
@@ -203,12 +203,12 @@ LOGGING = {
 }
 
 
-# Bounded connections (docs/controller.md, "Connections"): each process opens PostgreSQL through
+# Bounded connections (docs/controller-faults.md, "Connections"): each process opens PostgreSQL through
 # a pool of at most THUNDERSYNC_DB_POOL_MAX connections (a thread returns its connection when
 # a request, a websocket query or a reaper pass ends; a run's supervisor holds one for the run,
 # so a worker process needs its run threads + 2); a thread that finds every connection taken
 # waits up to THUNDERSYNC_DB_POOL_TIMEOUT_S, then its request answers 503 (a supervisor tries again
-# later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller.md "Connections").
+# later; THUNDERSYNC_STALE_S must stay well above this wait, docs/controller-faults.md "Connections").
 THUNDERSYNC_DB_POOL_MAX = int(os.environ.get("THUNDERSYNC_DB_POOL_MAX", "8"))
 THUNDERSYNC_DB_POOL_TIMEOUT_S = float(os.environ.get("THUNDERSYNC_DB_POOL_TIMEOUT_S", "5"))
 # While the pool's last attempt to open a connection failed (the database is down), a thread

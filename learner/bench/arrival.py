@@ -1,5 +1,5 @@
 """When a step's rewards arrived, and how early a streaming learner could finish given that
-(docs/learner.md, docs/bench.md "The arrival bound"). Used by ``thundersync bench`` (the
+(docs/learner.md, docs/bench-limits.md "The arrival bound"). Used by ``thundersync bench`` (the
 ``efficiency_ceiling`` of its streaming row) and ``bench/arrival_bound.py``.
 
 A sync run's events give each trajectory's reward time (the end of its last rollout span), its

@@ -1,5 +1,5 @@
 """Efficiency: each row's step against the least step its own schedule could take with the work
-it did (docs/bench.md, "Efficiency"), so 1.0 means nothing was left on the table for that
+it did (docs/bench-report.md, "Efficiency"), so 1.0 means nothing was left on the table for that
 schedule, whichever other rows or runs it is compared with.
 
 Per row, over each run's measured window (first measured step's start to the last one's end;

@@ -157,7 +157,7 @@ def _description(doc: dict[str, Any]) -> str:
         "learner; streaming: max(engine + optimizer and publish, learner); async, fully-async and speculative rows: "
         "max(engine, learner); engine: generation, tools' real time, verification, not the modelled waits); "
         "efficiency = bound / mean step, at most 1, whatever rows are compared. "
-        "See docs/bench.md.</p>"
+        "See docs/bench-report.md.</p>"
     )
 
 

@@ -1,5 +1,5 @@
 """The rows of ``thundersync bench``: each schedule with its best learner, and rows that run a
-schedule another way (docs/bench.md, "The rows").
+schedule another way (docs/bench.md, "The baseline" and "The speculation rows").
 
     sync-per-trajectory   sync with the earlier learner, one forward+backward per trajectory: a
                           reference beside the micro-batched sync, held against its own R and L

@@ -9,7 +9,7 @@ after the last reward and peak learner RSS, beside the simulator's prediction fr
 recorded sync run; with speculation in the trainer also the rows sync+spec and
 streaming+spec. ``--workload longtail`` runs the long-tail agentic workload. ``--balance X``
 scales the modelled tool latency (the only modelled quantity) so that R = X * L;
-``--sweep`` repeats the comparison over several R/L. Definitions: docs/bench.md.
+``--sweep`` repeats the comparison over several R/L. Definitions: docs/bench-report.md.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def at_own_speed(pooled, results: dict[str, dict[str, Any]], warmup: int, steps:
                  max_staleness: int = 2, per_run: list | None = None) -> dict[str, dict[str, Any]]:
     """Per schedule, the machine as its own runs met it: ``speed_factor`` = its median backward
     over the sync runs' (the same forward + backward in every schedule that trains with sync's
-    learner, so a ratio of machine speeds; docs/bench.md says how fair), and the simulator's step
+    learner, so a ratio of machine speeds; docs/bench-report.md says how fair), and the simulator's step
     time of it and of sync on the sync workload at that speed (``at_speed``: compute scaled,
     modelled tool waits not). A speedup against the simulated sync at the same speed is what the
     schedule gains on a machine that holds still; the simulated step beside the measured one
@@ -254,7 +254,7 @@ def compare_schedules(runner: Runner, label: str, rows: list[str], steps: int, w
     for name, r in results.items():
         r["learner"] = runner.config(name).learner_path()
         r.update(speculation_metrics([v for events in runs[name] for v in measured_steps(events, warmup, steps)]))
-    if "streaming" in results:  # what the sync runs' arrival times leave it (docs/bench.md)
+    if "streaming" in results:  # what the sync runs' arrival times leave it (docs/bench-report.md)
         results["streaming"].update(streaming_ceiling(runs["sync"], runs["streaming"], warmup, steps,
                                                       runner.config("streaming").learner.max_open_groups,
                                                       results["streaming"]["bound_s"]))

@@ -1,4 +1,4 @@
-"""What each bench row trained, beside how fast (docs/bench.md, "Throughput and what was trained").
+"""What each bench row trained, beside how fast (docs/bench-report.md, "Throughput and what was trained").
 
 Step time alone flatters a schedule that trains other trajectories: fully-async learns the groups
 that finish first, so its batches hold shorter, easier trajectories than the on-policy schedules

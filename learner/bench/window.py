@@ -1,5 +1,5 @@
 """Equal-work windows: a row's step time charged for the backlog its measured window consumed
-(docs/bench.md, "Equal-work windows").
+(docs/bench-report.md, "Equal-work windows").
 
 A row's measured window trains ``steps x batch`` trajectories. A pipelined schedule can train
 trajectories produced before the window began: fully-async starts up to ``max_staleness + 1``

@@ -8,7 +8,7 @@
                rollout ends in a latency-bound tail on a mostly idle engine (R >> L)
 
 A trajectory's time is the envelope of its rollout spans (first span's start to the last
-one's end, tool waits included), as the simulator replays it (docs/simulator.md).
+one's end, tool waits included), as the simulator replays it (docs/schedules.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs placed on a Ray cluster (the ``cluster`` section; docs/distributed.md, "Running on a cluster").
+"""Runs placed on a Ray cluster (the ``cluster`` section; docs/distributed-nodes.md, "Running on a cluster").
 
 The section's schema is ``learner.cluster_config`` (beside ``learner.config``, which imports it);
 ``plan`` (placement -> bundles, rank layout) imports neither Ray nor torch, so a single-machine

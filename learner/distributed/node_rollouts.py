@@ -1,4 +1,4 @@
-"""Rollout workers on every node of a run that spans nodes (docs/distributed.md, "Rollouts on
+"""Rollout workers on every node of a run that spans nodes (docs/distributed-nodes.md, "Rollouts on
 every node").
 
 With ``learner.nodes`` and ``rollout.on_every_node`` each node other than the first runs its own

@@ -1,4 +1,4 @@
-"""Rank 0's rollout fleet when rollouts run on every node (docs/distributed.md, "Rollouts on every
+"""Rank 0's rollout fleet when rollouts run on every node (docs/distributed-nodes.md, "Rollouts on every
 node"): its own workers (``Fleet``) and each other node's, hosted there by the node's first rank
 (``learner.distributed.node_rollouts``), behind the calls the driver makes of a ``Fleet``.
 

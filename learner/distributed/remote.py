@@ -1,4 +1,4 @@
-"""Learner ranks on other nodes (``learner.nodes``; docs/distributed.md, "Runs that span nodes").
+"""Learner ranks on other nodes (``learner.nodes``; docs/distributed-nodes.md, "Runs that span nodes").
 
 Rank 0 (the driver, on the first node) listens on a control port; a rank on another node
 (``thundersync join-rank``, started there by the controller's task on queue ``runs.<node>``)

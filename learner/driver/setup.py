@@ -53,7 +53,7 @@ class RunParts:
         """``version`` into the weight store (the policy's weights, or ``weights``) and, for a fleet
         on several nodes, into theirs."""
         self.store.publish(publish_view(self.model) if weights is None else weights, version)
-        if isinstance(self.fleet, PlacedFleet):  # each other node's store: docs/distributed.md
+        if isinstance(self.fleet, PlacedFleet):  # each other node's store: docs/distributed-nodes.md
             self.fleet.published(version)
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ def build_run(cfg: RunConfig, booted: BootedWorkers, origin: float, on_rank_phas
         if version:
             store.publish(publish_view(model), version)  # the workers start from the resumed version
         fleet = Fleet(cfg, str(policy_dir), str(teacher_dir) if teacher_dir else None, store, origin, booted)
-        if hosts:  # rollouts on every node of the run: docs/distributed.md
+        if hosts:  # rollouts on every node of the run: docs/distributed-nodes.md
             fleet = PlacedFleet(cfg, fleet, hosts, origin, version)
     except BaseException:
         learner.close()  # a data-parallel learner's rank processes end with the failed set-up

@@ -248,7 +248,7 @@ async function drawGantt() {
 // takes long, then at once on replay_done, then live at most four times a second, and within
 // DRAW_SHARE of one core. A redraw of ~20k bars costs ~50-150 ms of this thread on a 2-core
 // machine (mostly plotly's axes), during which websocket frames wait; the share bounds what a
-// page left open takes from a run on the same cores (docs/pages.md, "A viewer beside a run").
+// page left open takes from a run on the same cores (docs/bench-web.md, "A viewer beside a run").
 const REPLAY_PROGRESS_MS = 3000;
 const DRAW_SHARE = 0.15;
 // one budget for every redraw of the page (the Gantt's and the charts'): 15% of a core in all
@@ -542,7 +542,7 @@ function connect() {
 }
 
 // The server paces its replay by these acks and closes (4408) a socket that falls too far behind,
-// after which the page resumes with ?after as after any drop (docs/controller.md, "Websocket").
+// after which the page resumes with ?after as after any drop (docs/controller-api.md, "Websocket").
 const ACK_EVERY_MS = 100;
 let ackTimer = null, lastAckMs = 0;
 function ackSoon(socket, count) {

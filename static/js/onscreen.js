@@ -1,6 +1,6 @@
 // Charts drawn only while on screen. A run page left open redraws its charts on every step; most
 // of them sit below the fold, and each plotly redraw costs tens of milliseconds of a core the
-// run may share (docs/pages.md, "A viewer beside a run"). A chart out of view keeps only its
+// run may share (docs/bench-web.md, "A viewer beside a run"). A chart out of view keeps only its
 // latest draw, which runs when it scrolls within MARGIN of the viewport: what a reader looks at
 // is always current, what nobody sees costs nothing.
 const MARGIN = "300px 0px";

@@ -1,4 +1,4 @@
-// Compare page summary table: GET /api/compare/ (docs/pages.md, "Compare summary"). Every cell
+// Compare page summary table: GET /api/compare/ (docs/pages-compare.md, "Compare summary"). Every cell
 // keeps the API's raw number in data-value; the text is that number formatted.
 import { getJSON } from "./api.js";
 
@@ -12,7 +12,7 @@ const COLUMNS = [
   ["steps_done", "Steps", String, "steps with stored metrics"],
   ["step_s", "Median step (p10–p90)", fixed(3, " s"), "median timing_s/step; its 10th–90th percentile over the steps"],
   ["speedup_vs_sync", "Speedup vs sync (p10–p90)", times, "the sync run's median step / this run's; spread: over this run's p90 and p10 step"],
-  ["efficiency", "Efficiency", percent, "the work bound / this run's mean step: at most 100% (docs/bench.md, Efficiency)"],
+  ["efficiency", "Efficiency", percent, "the work bound / this run's mean step: at most 100% (docs/bench-report.md, Efficiency)"],
   ["learner_idle", "Learner idle", percent, "share of the training window with no learner span"],
   ["rollout_idle", "Rollout idle", percent, "share of the training window with no rollout span"],
   ["staleness_mean", "Staleness mean", fixed(2), "mean of staleness/mean over the steps"],

@@ -1,5 +1,5 @@
 // Every trajectory readable: the learner's record of each trajectory after its step (its decoded
-// prompt, turns, tool calls and observations, reward, advantage; docs/pages.md, "One trajectory"),
+// prompt, turns, tool calls and observations, reward, advantage; docs/pages-run.md, "One trajectory"),
 // read from GET <api>/trajectories/?step= (a step's, for the table) and <api>/trajectories/<traj>/
 // (one, with its text) and drawn into #traj-text.
 import { getJSON } from "./api.js";

@@ -46,7 +46,7 @@ def test_the_sync_run_is_the_reference_and_figures_come_from_the_stored_metrics(
     learner_s = statistics.median([14 - 12.5, 18 - 16.5, 21 - 20.2])
     assert body["rollout_s"] == pytest.approx(rollout_s) and body["learner_s"] == pytest.approx(learner_s)
     fast, ref = body["runs"]
-    # each run's own bound (docs/bench.md "Efficiency"): only streaming stored spans; over its window
+    # each run's own bound (docs/bench-report.md "Efficiency"): only streaming stored spans; over its window
     # [30, 36], 3 steps: engine 1 s (29-31 clipped) + 2 s, learner 1 s + 1.5 s, no optimizer span
     assert fast["engine_busy_s"] == pytest.approx(3.0 / 3) and fast["learner_work_s"] == pytest.approx(2.5 / 3)
     assert fast["bound_rule"] == "barrier" and fast["barrier_s"] == 0.0

@@ -69,7 +69,7 @@ def api_schema(db, alice_browser, alice_run, sync_preset):
 
 EXAMPLES = 20  # per operation and mode: 15 operations x 2 modes, bounded in time
 # Why schema-valid input may still be refused (400): rules JSON Schema cannot state, each
-# documented in the schema's descriptions and docs/controller.md. Any other 400 for valid
+# documented in the schema's descriptions and docs/controller-api.md. Any other 400 for valid
 # input means the schema misses a limit the server enforces (schemathesis' ST202).
 BEYOND_THE_SCHEMA = {
     "config": re.compile(""),  # learner.config's rules, model roots, quota (a product of two fields)
@@ -88,7 +88,7 @@ BEYOND_THE_SCHEMA = {
 }
 
 
-# JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller.md, JSON API)
+# JSON Schema calls 5.0 an integer; this API does not coerce (docs/controller-api.md, JSON API)
 NOT_COERCED = "expected an integer"
 
 

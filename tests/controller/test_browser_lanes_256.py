@@ -1,5 +1,5 @@
 """256 rollout lanes unfolded, in a real browser against the real app: every lane keeps a row of at
-least 12 px (docs/pages.md, "Lanes at scale") and learner/0's row is the first under the plot's
+least 12 px (docs/pages-run.md, "Lanes at scale") and learner/0's row is the first under the plot's
 top, with no blank band above it, in the slot view and by trajectory."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Connections stay bounded and no live update is lost under load, with Redis restarted and
 PostgreSQL backends killed in the middle (bench/live_load.py; its 5-minute, 100-viewer run is
-in docs/controller.md, "Connections"). Scaled to the suite: 3 runs' worth of live spans (real
+in docs/controller-faults.md, "Connections"). Scaled to the suite: 3 runs' worth of live spans (real
 supervisors in a worker-like process on the production settings, stand-in learners), 18
 websocket viewers, 10 API clients back to back against daphne on the production settings;
 20 s of spans, under 60 s in all."""

@@ -1,6 +1,6 @@
 """A server process joins a run's channel-layer group once, whatever the number of its viewers of
 that run, and hands each frame to each of them in-process (controller/fanout.py); a viewer too
-slow for the frames is closed 4408 without holding up the others (docs/controller.md,
+slow for the frames is closed 4408 without holding up the others (docs/controller-faults.md,
 "Connections")."""
 
 import asyncio

@@ -1,6 +1,6 @@
 """A websocket outlives a Redis that forgot its group (its process's membership, controller/fanout.py),
 and a publisher that dropped frames: the page is asked to reconnect (4503) and replays what it missed from the database
-(docs/controller.md, "Connections"). The group is forgotten by deleting its key, as a restart
+(docs/controller-faults.md, "Connections"). The group is forgotten by deleting its key, as a restart
 without persistence does, while every connection stays open, so the consumer's receive loop
 sees no error: the case only the periodic rejoin catches; a receive path that delivers
 nothing more is caught by its probes. The restart itself is in

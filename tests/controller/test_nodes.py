@@ -1,4 +1,4 @@
-"""A run that spans two nodes through two real Celery worker processes (docs/distributed.md,
+"""A run that spans two nodes through two real Celery worker processes (docs/distributed-nodes.md,
 "Runs that span nodes"): node a consumes ``runs.a``, node b consumes ``runs`` and ``runs.b``.
 Node b claims the run and hands it to node a (rank 0, the driver and its rollout worker), whose
 supervisor sends rank 1's task to ``runs.b``; both ranks rendezvous through rank 0's TCP store,
@@ -55,7 +55,7 @@ def test_a_run_spans_two_nodes_and_fails_everywhere_when_one_node_dies(two_nodes
     assert values["learner/0/trajectories"] > 0 and values["learner/1/trajectories"] > 0
     served = alice_client.get(f"/api/runs/{run.pk}/spans/?limit=5000").json()["spans"]  # what pages replay
     assert {s["lane"] for s in served if s["kind"] == "learner.backward"} == lanes
-    # rollouts on both nodes (docs/distributed.md, "Rollouts on every node"): worker 1 is node b's
+    # rollouts on both nodes (docs/distributed-nodes.md, "Rollouts on every node"): worker 1 is node b's
     generated = {s["lane"].split("/")[1] for s in served if s["kind"] == "rollout.generate"}
     assert generated == {"0", "1"}, generated
     assert {s["lane"] for s in served if s["kind"] == "learner.publish"} >= {"replica/0", "replica/1"}

@@ -3,7 +3,7 @@
 broker and channel layer), PostgreSQL backends terminated every 50 ms, a private Redis
 crashed. Every answer is the page or a 503 with Retry-After (JSON under /api/); a launch
 while the broker is down leaves no run behind; logins keep working; the websocket closes
-4503 (try again later). docs/controller.md "Outages" describes the guarantees under test."""
+4503 (try again later). docs/controller-faults.md "Outages" describes the guarantees under test."""
 
 import asyncio
 import time

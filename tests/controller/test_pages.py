@@ -166,6 +166,6 @@ async def test_the_basic_plotly_bundle_is_served_over_asgi():
 
 def test_the_run_page_loads_the_basic_plotly_bundle(alice_client, alice_run):
     """All the run page draws is scatter and bar traces: the partial bundle costs a quarter of
-    the full one's evaluation (docs/pages.md, "A viewer beside a run")."""
+    the full one's evaluation (docs/bench-web.md, "A viewer beside a run")."""
     page = alice_client.get(f"/runs/{alice_run.pk}/").content.decode()
     assert "/static/vendor/plotly-basic.min.js" in page and "plotly.min.js\"" not in page

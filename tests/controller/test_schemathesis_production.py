@@ -7,7 +7,7 @@ generated, and with its path ids pointed at alice's objects (they must stay 4xx)
 Three phases on one server: the services up (no 5xx at all), PostgreSQL backends
 terminated every 50 ms, Redis stopped. Under a fault the only 5xx allowed is the
 documented outage answer: 503, ``Retry-After``, JSON ``{"errors": {"service": ...}}``
-(docs/controller.md, "Outages"); a 500 or a traceback in daphne's log fails the test."""
+(docs/controller-faults.md, "Outages"); a 500 or a traceback in daphne's log fails the test."""
 
 import re
 from collections import Counter

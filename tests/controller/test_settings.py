@@ -101,7 +101,7 @@ def test_docker_compose_config_is_valid():
     assert out.returncode == 0, out.stderr
     assert "pw-from-the-operator" in out.stdout and "key-from-the-operator" in out.stdout
     services = yaml.safe_load(out.stdout)["services"]
-    # runs that span nodes (docs/distributed.md): node a takes runs and runs.a, node b only runs.b
+    # runs that span nodes (docs/distributed-nodes.md): node a takes runs and runs.a, node b only runs.b
     for name, node, queues in (("worker", "a", "runs,runs.a"), ("worker-node-b", "b", "runs.b")):
         worker = services[name]
         assert worker["environment"]["THUNDERSYNC_NODE"] == node and f"-Q {queues} " in worker["command"]
@@ -110,7 +110,7 @@ def test_docker_compose_config_is_valid():
         # seccomp and AppArmor profiles refuse (docs/controller.md, "Production")
         assert set(worker["security_opt"]) == {"seccomp:unconfined", "apparmor:unconfined"}
     assert "security_opt" not in services["web"]  # the web server runs no tool call
-    # the optional Ray profile (docs/distributed.md, "Running on a cluster"): a head and a node joining it
+    # the optional Ray profile (docs/distributed-nodes.md, "Running on a cluster"): a head and a node joining it
     assert services["ray-head"]["profiles"] == services["ray-worker"]["profiles"] == ["ray"]
     assert services["ray-head"]["command"].startswith("ray start --head --port 6379 ")
     assert "--address ray-head:6379" in services["ray-worker"]["command"]

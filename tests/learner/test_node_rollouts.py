@@ -1,4 +1,4 @@
-"""Rollouts on every node of a run that spans nodes (docs/distributed.md, "Rollouts on every node"):
+"""Rollouts on every node of a run that spans nodes (docs/distributed-nodes.md, "Rollouts on every node"):
 where groups are placed, and two real "nodes" on this machine (rank 0 through ``thundersync
 train``, rank 1 through ``thundersync join-rank`` with its own rollout worker), one killed."""
 
@@ -147,7 +147,7 @@ def test_each_node_runs_its_own_vllm_replica(tmp_path):
 @pytest.mark.slow
 def test_node_b_samples_its_ranks_groups_with_its_own_network_stack(tmp_path, network_namespace):
     """GRPO with node b in a network namespace: control port, TCP store, gloo and the rollout
-    messages all cross a veth link between two addresses, not loopback (docs/distributed.md)."""
+    messages all cross a veth link between two addresses, not loopback (docs/distributed-nodes.md)."""
     addr_a, if_a, if_b, prefix = network_namespace
     run = _start_two_nodes(tmp_path, steps=2, env_a={"THUNDERSYNC_NODE_ADDR": addr_a, "GLOO_SOCKET_IFNAME": if_a},
                            via_b=(prefix, {"GLOO_SOCKET_IFNAME": if_b}))

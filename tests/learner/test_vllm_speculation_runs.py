@@ -1,4 +1,4 @@
-"""Speculation on vs off with vLLM rollouts (docs/speculation.md, "On vLLM"): 3 ``streaming`` steps
+"""Speculation on vs off with vLLM rollouts (docs/speculation-verify.md, "On vLLM"): 3 ``streaming`` steps
 give the same tokens and rewards in every step and the same gradients (relative error <= 1e-6),
 the drafts verified by vLLM's own prefill (rollout/vllm_backend/vllm_verify.py) and continued by vLLM."""
 

@@ -1,5 +1,5 @@
 """What the adaptive learner measures to decide whether early work pays: the ``cost-aware`` drain
-policy (docs/learner.md).
+policy (docs/learner-drain.md).
 
 Early work is anything the micro-batched sync would not do: a backward of an open group's bucket
 (into its running sums; it costs ``open_ratio`` times a known row: a group's own micro-batch, and
@@ -44,10 +44,10 @@ DEFER_REASONS = (
 )
 
 # Before any open bucket ran: an open row at twice a known one (measured 2.1–2.6 on the bench
-# workload, docs/learner.md), so the first open bucket is taken only where it clearly pays.
+# workload, docs/learner-drain.md), so the first open bucket is taken only where it clearly pays.
 PRIOR_OPEN_RATIO = 2.0
 # Before a grouped micro-batch ran (learner/grad/batching/grouped.py): its seconds over a known micro-batch's
-# of the same token slots, as measured on the bench's policy (docs/learner.md, "The grouped backward").
+# of the same token slots, as measured on the bench's policy (docs/learner-drain.md, "The grouped backward").
 GROUPED_PRIOR_RATIO = 1.3
 CHUNKS = 4  # cost-aware: known rows run early once they are a CHUNKS-th of the batch (``chunk_slots``)
 DECAY = 0.9  # weight of the older observations at each new one (the machine's speed drifts)

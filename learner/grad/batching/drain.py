@@ -1,4 +1,4 @@
-"""What the on-policy GRPO learner learns next: the drain policy (docs/learner.md).
+"""What the on-policy GRPO learner learns next: the drain policy (docs/learner-drain.md).
 
 Pure bookkeeping, no tensors. The learner hands ``DrainPlanner.drain`` every trajectory that
 is waiting and executes the tasks it returns, in order:
@@ -24,7 +24,7 @@ Policy ``finished-groups-first`` (adaptive):
      (then they are one bucket) or the close (all-equal: skipped; else known-advantage rows): no
      backward is spent on a group that ends zero-variance. With ``speculate`` (the earlier rule)
      ``idle`` learns them when nothing else is left (its sums are exact either way), which on a
-     shared machine is not free: measured in docs/learner.md.
+     shared machine is not free: measured in docs/learner-drain.md.
 
 ``per-trajectory`` (the earlier learner) learns every arrival at once, one trajectory per
 bucket, into its group's sums (its group's close: with the final advantage); no deferral. Every path is exact: a member is learnt once, either into

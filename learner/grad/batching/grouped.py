@@ -1,5 +1,5 @@
 """The grouped backward: one backward of a micro-batch mixing open groups' buckets and known rows,
-each parameter's gradient reduced per destination inside it (docs/learner.md, "The grouped backward").
+each parameter's gradient reduced per destination inside it (docs/learner-drain.md, "The grouped backward").
 
 A destination is G (known-advantage rows) or one (group, reward) bucket of an open group. Every
 token belongs to one row, a row to one destination, and a token's activations influence only its
@@ -261,7 +261,7 @@ def grouped_into(acc, grouped: GroupedGradients, pg_terms: torch.Tensor, aux_ter
     sums (``add_to_group``), the known rows' ∇(pg + aux) and every row's ∇aux into G (``add_direct``).
     Without KL/entropy one backward. With it the two do not separate inside one backward (a token's δ
     mixes its bucket's pg with its G-bound aux), so: the buckets' pg reduced by the hooks (graph
-    kept), then one ordinary backward of what goes to G (docs/learner.md measures the options)."""
+    kept), then one ordinary backward of what goes to G (docs/learner-drain.md measures the options)."""
     if aux_terms is None:
         per = grouped.backward(pg_terms.sum())
         direct = None

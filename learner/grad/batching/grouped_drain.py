@@ -1,7 +1,7 @@
 """The adaptive learner's grouped pool: when it would idle, known rows and the open groups' waiting
 members in one plan of micro-batches, each a grouped backward (learner/grad/batching/grouped.py), so an
 open row costs about what a known one does and every arrival can be learnt before the groups close
-(docs/learner.md, "The grouped backward"). Which of the plan's micro-batches run now is the drain
+(docs/learner-drain.md, "The grouped backward"). Which of the plan's micro-batches run now is the drain
 policy's (``DrainPolicy.grouped_pays``); the rest wait, exactly as they were.
 
 Not used (the per-bucket path instead, exact either way): OPD (no running sums), the deterministic

@@ -85,7 +85,7 @@ class _Batch:
     n_tokens: int = 0
     peak_buffers: int = 1
     skipped: int = 0  # trajectories with A = 0 exactly and no KL/entropy term: no backward at all
-    speculative: int = 0  # zero-variance candidates learnt in idle time (docs/learner.md)
+    speculative: int = 0  # zero-variance candidates learnt in idle time (docs/learner-drain.md)
     micro_batches: int = 0
     rows: int = 0
     token_slots: int = 0  # rows × longest row, summed over micro-batches
@@ -93,7 +93,7 @@ class _Batch:
     closes: int = 0
     backward_s: float = 0.0
     # rows and seconds of micro-batches into running sums (open groups) vs straight into G: their
-    # per-row ratio is what an open row costs here (docs/learner.md; the bench's ceiling uses it)
+    # per-row ratio is what an open row costs here (docs/learner-drain.md; the bench's ceiling uses it)
     open_rows: int = 0
     open_s: float = 0.0
     known_rows: int = 0
@@ -232,7 +232,7 @@ class StreamingLearner(InProcessLearner):
         return state.counted_since(before)
 
     def idle_work(self, on_phase: PhaseCallback | None = None) -> bool:
-        """Nothing waits: learn deferred work where the drain policy says it pays (docs/learner.md):
+        """Nothing waits: learn deferred work where the drain policy says it pays (docs/learner-drain.md):
         known rows not yet a full micro-batch, else an open group's bucket."""
         state = self._state("idle_work")
         learnt = self._idle_work(state, on_phase)
@@ -312,7 +312,7 @@ def batch_stats(state: _Batch, normaliser: float) -> dict:
 def deferral_stats(learner: StreamingLearner, state: _Batch) -> dict:
     """Why the streaming learner learnt early or not (adaptive GRPO): the share of its rows learnt
     before the batch's last arrival, the cost model's early/known row ratio, and the idle moments
-    that learnt nothing by reason (docs/learner.md, "When early work pays")."""
+    that learnt nothing by reason (docs/learner-drain.md, "When early work pays")."""
     if learner.path != "adaptive" or not objective_of(learner.algo.objective).group_advantage:
         return {}
     early = state.early_rows + state.open_rows

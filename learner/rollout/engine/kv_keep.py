@@ -1,5 +1,5 @@
 """A rejected draft's keys/values, kept from its verification forward for its remainder
-(docs/speculation.md, "Verification's keys/values for the remainder").
+(docs/speculation-verify.md, "Verification's keys/values for the remainder").
 
 Verification (``rollout/speculation/token_verify.py``) forwards every draft's whole context under the new
 weights. A rejected draft goes on from its first differing position j: its next prompt is its

@@ -4,7 +4,7 @@ turn joins a generate call (``rollout.reuse_kv``, docs/architecture.md "KV reuse
 A loop's next prompt is its previous prompt, the tokens it just sampled and the tool's answer,
 so every key and value of the previous turn is still right for the next one: only the new
 tokens need a forward. Without this, a loop that rejoined was prefilled from scratch, its whole
-context again (27% of the continuous-batching rollout's time in a profile, docs/bench.md).
+context again (27% of the continuous-batching rollout's time in a profile, docs/bench-limits.md).
 
 What is kept, per loop (the caller's key): the tokens the model was fed (the prompt and the
 sampled tokens but the last, which was sampled, not fed) and, per layer, their keys and values,
@@ -16,7 +16,7 @@ the weights it was computed with: ``clear`` on every weight load, and an entry n
 Speculation's verification forward (``rollout/speculation/token_verify.py``) computes a rejected draft's keys
 and values under the new weights; those of its kept prefix come here too (``keep_block``, tagged
 ``verified``), so its remainder's next turn forwards only the corrected token onwards
-(docs/speculation.md). ``held_tokens`` says what such blocks hold, padding included: the worker
+(docs/speculation-verify.md). ``held_tokens`` says what such blocks hold, padding included: the worker
 counts it against the draft token budget.
 """
 

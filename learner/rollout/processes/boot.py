@@ -111,7 +111,7 @@ def workers_per_node(cfg) -> int:
 
 def boot_fleet(cfg, first_wid: int = 0) -> BootedWorkers:
     """The workers of run config ``cfg`` on this node, on the cores ``core_plan`` gives them;
-    ``first_wid``: the id of this node's first worker (docs/distributed.md, "Rollouts on every node")."""
+    ``first_wid``: the id of this node's first worker (docs/distributed-nodes.md, "Rollouts on every node")."""
     return boot_workers(core_plan(workers_per_node(cfg), cfg.rollout.pin_cores)[1], first_wid,
                         worker_start_method(cfg))
 

@@ -1,4 +1,4 @@
-"""Verification of drafts on the vLLM engine (docs/speculation.md, "On vLLM"): one vLLM prefill of
+"""Verification of drafts on the vLLM engine (docs/speculation-verify.md, "On vLLM"): one vLLM prefill of
 each draft under the new weights with full-vocabulary prompt log-probs, the keyed sample redrawn
 at every sampled position from them, and the draft kept up to the first position that differs
 (the same verdicts as ``rollout/speculation/token_verify.py``'s torch forward, ``_verdicts``).
@@ -6,7 +6,7 @@ at every sampled position from them, and the draft kept up to the first position
 The verifying computation is vLLM's own forward, the engine the remainder and every direct turn
 sample with, so a kept token is what vLLM's kernels draw there; the remaining difference is a
 prefill's logits against a decode step's (and log softmax's shift), measured in
-docs/speculation.md.
+docs/speculation-verify.md.
 """
 
 from __future__ import annotations
