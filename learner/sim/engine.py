@@ -190,8 +190,7 @@ class _Run:
 
     def __init__(self, workload: Workload, schedule: str, steps: int, max_staleness: int, assign: str):
         self.w, self.schedule, self.n_steps, self.assign = workload, schedule, steps, assign
-        self.follows_latest = schedule_kind(schedule).follows_latest
-        self.k = rules.lead(schedule, max_staleness)
+        self.follows_latest, self.k = schedule_kind(schedule).follows_latest, rules.lead(schedule, max_staleness)
         self.now = 0.0
         self.events: list[tuple[float, int, int, object]] = []  # the publishes: (time, 0, seq, None)
         self.seq = 0
