@@ -1,3 +1,5 @@
+"""Django admin for experiments, schedules, runs and quotas, behind the throttled login."""
+
 from django.contrib import admin
 
 from .login_throttle import ThrottledAdminAuthenticationForm

@@ -1,3 +1,5 @@
+"""The Django app's configuration."""
+
 from django.apps import AppConfig
 
 

@@ -27,7 +27,7 @@ MAX_CONFIG_VALUES = 2_000
 MAX_STEPS = 1_000_000  # learner.config.TrainConfig.steps' upper bound
 DEFAULT_SCHEDULE = "streaming"
 # ticked by default in "compare schedules": the four schedules (with the default 2 repeats, 8 runs)
-COMPARED_PRESETS = ("sync", "async", "fully-async", "streaming")
+COMPARED_PRESETS = SCHEDULES  # a comparison starts with the four built-in presets, one per schedule
 # a comparison's runs per schedule: 2 by default, so each schedule has a repeat in another round;
 # a sweep 1 by default (its values already multiply its runs)
 DEFAULT_REPEATS, SWEEP_REPEATS, MAX_REPEATS = 2, 1, 4

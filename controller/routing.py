@@ -1,3 +1,5 @@
+"""The websocket routes: one live socket per run page."""
+
 from django.urls import path
 
 from .consumers import RunConsumer

@@ -1,3 +1,5 @@
+"""The route table: pages, the JSON API, exports, login."""
+
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views

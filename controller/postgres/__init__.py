@@ -1,0 +1,1 @@
+"""A PostgreSQL backend whose connection attempts fail fast while the database is down."""

@@ -1,0 +1,1 @@
+"""Django settings: base, embedded (the one-process demo), production and test."""

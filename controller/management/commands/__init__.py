@@ -1,0 +1,1 @@
+"""``manage.py`` commands: ``demo`` (the demo experiments and their comparisons)."""

@@ -1,0 +1,1 @@
+"""Contributor tools (generated docs); nothing here is imported by the product."""
