@@ -303,7 +303,9 @@ class TrainConfig(Strict):
 
 
 LEARNER_ENGINES: tuple[str, ...] = engines.LEARNER_ENGINE_NAMES
-LearnerPath = Literal["auto", "per-trajectory", "micro-batched", "adaptive"]
+LEARNER_PATHS: tuple[str, ...] = ("per-trajectory", "micro-batched", "adaptive")
+LearnerPath = Literal[("auto", *LEARNER_PATHS)]
+DRAIN_POLICIES: tuple[str, ...] = ("cost-aware", "finished-groups-first", "closed-groups")
 # The best learner of each schedule, what ``learner.path: auto`` picks (docs/learner.md).
 BEST_LEARNER_PATH: dict[str, str] = {k.name: k.best_learner_path for k in schedules.SCHEDULE_KINDS.values()}
 
@@ -331,7 +333,7 @@ class LearnerConfig(Strict):
                           "when nothing else waits (false: they wait for a second reward or the close, so "
                           "no backward is spent on a group that ends zero-variance); null: on exactly when "
                           "the loss has a KL or entropy term, which those members need learnt anyway")
-    drain_policy: Literal["cost-aware", "finished-groups-first", "closed-groups"] = Field(
+    drain_policy: Literal[DRAIN_POLICIES] = Field(
         "cost-aware", description="adaptive learner: when work the micro-batched sync would not do runs before "
                                   "the groups close (open groups' buckets, unfilled micro-batches): cost-aware: "
                                   "an unfilled micro-batch only in place of sync's own, an open bucket only when "

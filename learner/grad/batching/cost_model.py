@@ -32,6 +32,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from learner import config
+
 # Why an idle moment's early work was deferred (``learner/deferred_<reason>``, docs/spans.md):
 DEFER_REASONS = (
     "unmeasured",    # no micro-batch measured yet (a run's first backward): the micro-batched way
@@ -234,7 +236,7 @@ class EarlyWorkBudget:
         self.spent_s += premium_s
 
 
-DRAIN_POLICIES = ("cost-aware", "finished-groups-first", "closed-groups")
+DRAIN_POLICIES = config.DRAIN_POLICIES  # the one list: the config's choices
 
 
 class DrainPolicy:

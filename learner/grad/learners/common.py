@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.config import AdvantageConfig, AlgorithmConfig, RunConfig
+from learner.config import (LEARNER_PATHS, AdvantageConfig, AlgorithmConfig, LearnerConfig,  # noqa: F401
+                            RunConfig, TrainConfig)
 from learner.grad.accumulator import GradAccumulator
 from learner.grad.fixed_point import FixedPointSum
 from learner.grad.batching.microbatch import Row
@@ -27,25 +28,31 @@ from learner.timeline import Kind
 from learner.trajectory import Trajectory
 
 PhaseCallback = Callable[[str, float, float, "int | None", "int | None"], None]
-LEARNER_PATHS = ("per-trajectory", "micro-batched", "adaptive")
+
+
+def _default(section, field: str):
+    """The config schema's default of ``section.field`` (pydantic), so no default is said twice."""
+    return section.model_fields[field].default
 
 
 @dataclass(frozen=True)
 class LearnerOptions:
     """How the learner batches its work (``learner.*`` and ``train.micro_batch_tokens`` of a run)."""
 
-    path: str = "adaptive"
-    micro_batch_tokens: int = 4096
-    max_open_groups: int | None = None  # K; None = unlimited
-    accumulator_device: str = "device"  # or "host"
+    # Defaults are the config's own (``learner.*``, ``train.micro_batch_tokens``): one source of truth;
+    # ``from_config`` resolves the config's nulls (path auto, deterministic, speculate_zero_variance).
+    path: str = "adaptive"  # streaming's learner path, what ``learner.path: auto`` resolves to there
+    micro_batch_tokens: int = _default(TrainConfig, "micro_batch_tokens")
+    max_open_groups: int | None = _default(LearnerConfig, "max_open_groups")  # K; None = unlimited
+    accumulator_device: str = _default(LearnerConfig, "accumulator_device")  # device or host
     deterministic: bool = False  # G in fixed point (learner.deterministic; learner/grad/learners/deterministic.py)
     speculate_zero_variance: bool = False  # adaptive: learn zero-variance candidates in idle time
-    drain_policy: str = "cost-aware"  # adaptive: when early work runs (learner/grad/batching/cost_model.py)
-    early_work_share: float = 0.05  # cost-aware: early work's premium, at most this share of the batch's work
-    pack_rows: bool = True  # several rows per micro-batch line, no padding between them (learner/grad/batching/packing.py)
-    shared_prompt_backward: bool = False  # a group's prompt forwarded and back-propagated once (learner/grad/batching/shared_prompt.py)
-    shared_prompt_max_tokens: int = 32768  # prompt tokens whose activations are kept at once; beyond: the ordinary path
-    grouped_backward: bool = True  # adaptive: open buckets and known rows share micro-batches (learner/grad/batching/grouped.py)
+    drain_policy: str = _default(LearnerConfig, "drain_policy")  # learner/grad/batching/cost_model.py
+    early_work_share: float = _default(LearnerConfig, "early_work_share")  # cost-aware: early work's premium cap
+    pack_rows: bool = _default(LearnerConfig, "pack_rows")  # learner/grad/batching/packing.py
+    shared_prompt_backward: bool = _default(LearnerConfig, "shared_prompt_backward")  # batching/shared_prompt.py
+    shared_prompt_max_tokens: int = _default(LearnerConfig, "shared_prompt_max_tokens")
+    grouped_backward: bool = _default(LearnerConfig, "grouped_backward")  # learner/grad/batching/grouped.py
 
     def __post_init__(self) -> None:
         if self.path not in LEARNER_PATHS:
