@@ -102,7 +102,7 @@ def part_env(args) -> dict:
 
 def part_fingerprint(args) -> dict:
     path = Path(args.out) / "fingerprint.json"
-    r = _run([sys.executable, "-m", "bench.weights_fingerprint", "--device", args.device, "--sizes",
+    r = _run([sys.executable, "-m", "bench.decisions.weights_fingerprint", "--device", args.device, "--sizes",
               args.fingerprint_sizes, "--json", str(path)], args.timeout)
     if path.exists():
         r["rows"] = json.loads(path.read_text())

@@ -24,7 +24,7 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
     """One event loop per process, in a thread of its own, for every publish. The channel
     layer keeps its Redis connections per event loop: ``async_to_sync`` made a new loop, and so
     a new connection, for every frame (4.4 ms median, p95 34 ms at load 20, against 1.0 / 1.6 ms
-    on a kept loop; bench/live_latency.py, docs/bench-web.md)."""
+    on a kept loop; bench/web/live_latency.py, docs/bench-web.md)."""
     with _publisher_lock:
         if _publisher.get("pid") != os.getpid():  # first use, or a forked child (a Celery pool process)
             loop = asyncio.new_event_loop()

@@ -110,7 +110,7 @@ THUNDERSYNC_MODEL_ROOTS = [p for p in os.environ.get("THUNDERSYNC_MODEL_ROOTS", 
 THUNDERSYNC_DATA_ROOTS = [p for p in os.environ.get("THUNDERSYNC_DATA_ROOTS", "").split(os.pathsep) if p]
 THUNDERSYNC_REWARD_FUNCTIONS = [f for f in os.environ.get("THUNDERSYNC_REWARD_FUNCTIONS", "").split(",") if f]
 THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many seconds
-THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web_latency.py)
+THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 # The app's per-run threads (the learner's output readers, the live publisher) run at this nice
 # value, so the CPU they take while a run trains is the run's idle time (controller/priority.py).

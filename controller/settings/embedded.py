@@ -13,7 +13,7 @@ from .base import BASE_DIR
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("THUNDERSYNC_SQLITE", BASE_DIR / "thundersync.sqlite3"),  # bench/first_span.py: a temp file
+        "NAME": os.environ.get("THUNDERSYNC_SQLITE", BASE_DIR / "thundersync.sqlite3"),  # bench/web/first_span.py: a temp file
         "OPTIONS": {
             "timeout": 20,
             "transaction_mode": "IMMEDIATE",
@@ -26,5 +26,5 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "controller.embedded_layer.EmbeddedChan
 
 CELERY_BROKER_URL = "memory://"
 # The in-memory transport polls its queues; at the default 1 s a launched run waited ~1 s to be
-# claimed (bench/first_span.py). An idle poll is a dict lookup.
+# claimed (bench/web/first_span.py). An idle poll is a dict lookup.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.05}

@@ -61,7 +61,7 @@ def learner_finish(s: StepArrivals, cap: int | None, open_cost: float = 1.0, ope
 
     ``open_cost``: what a row learnt into running sums (its group not closed yet) costs, in rows
     of the known-advantage path (with a KL term the open row's two cotangents cost ~2.2×,
-    ``bench/learner_paths.py``); ``open_until``: open rows are learnt only before this time
+    ``bench/decisions/learner_paths.py``); ``open_until``: open rows are learnt only before this time
     (seconds from the step's start; later, rows wait for their close)."""
     close: dict[int, float] = defaultdict(float)
     for traj, g in s.group.items():

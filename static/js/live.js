@@ -84,8 +84,8 @@ const systemSamples = new Map(); // "node@t" -> {t, node, values}: the processes
 // page loads (the browser tests and web benches set it) does the page log frame and draw timings
 // and expose window.__thundersync; a production page does neither.
 const DEBUG = window.THUNDERSYNC_DEBUG === true;
-const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web_latency.py
-const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web_render.py
+const frameLog = []; // per spans frame: {n, firstSeq, lastSeq, recvMs, drawnMs}; read by bench/web/web_latency.py
+const drawLog = []; // per Gantt redraw: {startMs, builtMs, endMs, bars}; read by bench/web/web_render.py
 let status = root.dataset.status;
 let ws = null, connects = 0, retryMs = 500, replayDone = false, connectedMs = 0;
 let spansDrawn = 0, barsDrawn = 0, draws = 0, chartsDrawnMs = null;

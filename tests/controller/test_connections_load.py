@@ -1,5 +1,5 @@
 """Connections stay bounded and no live update is lost under load, with Redis restarted and
-PostgreSQL backends killed in the middle (bench/live_load.py; its 5-minute, 100-viewer run is
+PostgreSQL backends killed in the middle (bench/web/live_load.py; its 5-minute, 100-viewer run is
 in docs/controller-faults.md, "Connections"). Scaled to the suite: 3 runs' worth of live spans (real
 supervisors in a worker-like process on the production settings, stand-in learners), 18
 websocket viewers, 10 API clients back to back against daphne on the production settings;
@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from bench.live_load import load
+from bench.web.live_load import load
 from controller.models import Run
 
 from .conftest import make_run

@@ -1,5 +1,8 @@
-"""The measurement scripts in bench/ as a package: run as ``python -m bench.NAME``, none edits
-``sys.path``, each imports as a module, and the trainer never imports them."""
+"""The measurement scripts in bench/ as a package: the tools a user runs at its top
+(``python -m bench.NAME``), the web app's probes in ``bench/web/`` and the one-off measurements
+behind the docs in ``bench/decisions/`` (``python -m bench.web.NAME``, ``bench.decisions.NAME``);
+none edits ``sys.path``, each imports as a module, each is listed under its part in
+docs/bench-scripts.md, and the trainer never imports them."""
 
 import ast
 import importlib
@@ -9,7 +12,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "__init__.py")
+PARTS = ("", "web", "decisions")  # the package's top, then its subpackages
+SCRIPTS = sorted(p for p in (ROOT / "bench").rglob("*.py") if p.name != "__init__.py")
+HEADINGS = {"": "## Tools you run (`bench/`)", "web": "## Web probes (`bench/web/`)",
+            "decisions": "## Decisions (`bench/decisions/`)"}
+
+
+def part_of(path: Path) -> str:
+    return "/".join(path.relative_to(ROOT / "bench").parts[:-1])
+
+
+def module_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
 def touches_sys_path(tree: ast.AST) -> bool:
@@ -22,21 +36,35 @@ def imported_roots(tree: ast.AST) -> set[str]:
     return roots | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
 
 
-def test_there_are_scripts_and_none_edits_sys_path():
+def test_there_are_scripts_in_each_part_and_none_edits_sys_path():
     assert len(SCRIPTS) >= 15
-    edits = [p.name for p in SCRIPTS if touches_sys_path(ast.parse(p.read_text()))]
+    assert {part_of(p) for p in SCRIPTS} == set(PARTS)  # nothing deeper, no other folder
+    for part in PARTS[1:]:
+        package = importlib.import_module(f"bench.{part}")
+        assert package.__doc__, f"bench/{part}/__init__.py: one line on what the folder holds"
+    edits = [str(p.relative_to(ROOT)) for p in SCRIPTS if touches_sys_path(ast.parse(p.read_text()))]
     assert edits == []
 
 
-@pytest.mark.parametrize("script", [p.stem for p in SCRIPTS])
-def test_each_script_imports_as_a_module_of_the_package(script):
-    module = importlib.import_module(f"bench.{script}")
-    assert module.__doc__, f"bench/{script}.py: its docstring says what it measures and how to run it"
+@pytest.mark.parametrize("module", [module_of(p) for p in SCRIPTS])
+def test_each_script_imports_as_a_module_of_the_package(module):
+    loaded = importlib.import_module(module)
+    assert loaded.__doc__, f"{module}: its docstring says what it measures and how to run it"
 
 
-def test_every_script_is_listed_in_docs_bench_scripts_with_what_it_answers():
+def test_every_script_is_listed_in_docs_bench_scripts_under_its_part_with_what_it_answers():
     listed = (ROOT / "docs" / "bench-scripts.md").read_text()
-    assert [p.name for p in SCRIPTS if f"| `bench/{p.name}` |" not in listed] == []
+    starts = [listed.index(HEADINGS[part]) for part in PARTS]
+    assert starts == sorted(starts), "the three parts, in order"
+    sections = dict(zip(PARTS, (listed[a:b] for a, b in zip(starts, [*starts[1:], len(listed)]))))
+    missing = []
+    for p in SCRIPTS:
+        path = p.relative_to(ROOT).as_posix()
+        row = next((line for line in sections[part_of(p)].splitlines() if line.startswith(f"| `{path}` |")), "")
+        answer = row.rstrip(" |").rsplit("|", 1)[-1].strip()
+        if not answer or (f"`{module_of(p)}`" not in row and "(imported)" not in row):
+            missing.append(path)
+    assert missing == []
 
 
 def test_the_trainer_never_imports_the_scripts():
@@ -47,9 +75,9 @@ def test_the_trainer_never_imports_the_scripts():
 
 @pytest.mark.parametrize("argv,field", [(["--schedules", "async"], "--schedules"), (["--lora", "0"], "--lora")])
 def test_the_shared_prompt_bench_names_a_bad_argument(argv, field, monkeypatch, capsys):
-    from bench import shared_prompt
+    from bench.decisions import shared_prompt
 
-    monkeypatch.setattr(sys, "argv", ["bench.shared_prompt", *argv])
+    monkeypatch.setattr(sys, "argv", ["bench.decisions.shared_prompt", *argv])
     with pytest.raises(SystemExit) as exit_info:
         shared_prompt.main()
     assert exit_info.value.code == 2 and field in capsys.readouterr().err
@@ -58,7 +86,7 @@ def test_the_shared_prompt_bench_names_a_bad_argument(argv, field, monkeypatch, 
 def test_the_grouped_parts_bench_times_every_arm_and_puts_the_learner_back():
     import torch
 
-    from bench.grouped_parts import ARMS, micro_batch_arms, variant
+    from bench.decisions.grouped_parts import ARMS, micro_batch_arms, variant
     from learner.config import AlgorithmConfig
     from learner.grad.batching.grouped import GroupedGradients
     from learner.grad.learners.common import LearnerOptions
@@ -84,7 +112,7 @@ def test_the_grouped_parts_bench_times_every_arm_and_puts_the_learner_back():
 def test_the_grouped_parts_matmul_arms_compute_the_same_per_destination_gradients():
     import torch
 
-    from bench.grouped_parts import matmul_split, weight_gradient_arms
+    from bench.decisions.grouped_parts import matmul_split, weight_gradient_arms
 
     torch.manual_seed(0)
     rows, width, parts = 8, 5, 4

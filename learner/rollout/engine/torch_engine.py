@@ -103,7 +103,7 @@ class TorchEngine:
         self.model = model.eval()
         self.device = next(model.parameters()).device  # CPU here; a CUDA model samples on its GPU
         self.pad_id = pad_id
-        self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/first_row.py)
+        self.share_prefill = share_prefill  # off only to measure what sharing saves (bench/decisions/first_row.py)
         self.continuous_batching = continuous_batching
         # rollout.reuse_kv: a loop's next turn starts from its last turn's keys/values (continuous
         # batching only; an engine sharing a model that changes without load_weights must not)

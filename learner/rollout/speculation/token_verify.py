@@ -45,7 +45,7 @@ def verify(model: torch.nn.Module, drafts: list[Sampled], temperature: float, to
            pad_id: int, share_prefix: bool = True, keep: KeepKV | None = None) -> list[Verdict]:
     """The verdict of each draft under ``model``, in batched forwards (longest first, bounded
     by ``LOGIT_ELEMENTS_PER_FORWARD``). ``share_prefix`` off only to measure what sharing
-    saves (``bench/verify_cost.py``). ``keep``: where the rejected drafts' kept keys/values go
+    saves (``bench/decisions/verify_cost.py``). ``keep``: where the rejected drafts' kept keys/values go
     (``keep.keys[i]``: draft i's key in the store)."""
     verdicts: list[Verdict | None] = [None] * len(drafts)
     order = sorted(range(len(drafts)), key=lambda i: -len(drafts[i].ids))
