@@ -1,5 +1,5 @@
 """The ThunderSync Lab web app: experiments, schedules, runs, live timelines."""
 
-from .celery import app as celery_app
+from controller.celery import app as celery_app
 
 __all__ = ["celery_app"]

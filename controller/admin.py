@@ -2,8 +2,8 @@
 
 from django.contrib import admin
 
-from .login_throttle import ThrottledAdminAuthenticationForm
-from .models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric, UserQuota
+from controller.login_throttle import ThrottledAdminAuthenticationForm
+from controller.models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric, UserQuota
 
 admin.site.login_form = ThrottledAdminAuthenticationForm
 

@@ -34,7 +34,7 @@ from learner.sim.results import simulate_all
 from learner.sim.workload import SimInputError, workload_from_spans
 from learner.timeline import Metric
 
-from .models import Run, Span, StepMetric
+from controller.models import Run, Span, StepMetric
 
 WARMUP_STEPS = 1  # the run's first step (boot, first compile) is not its workload
 SIM_WARMUP = 1  # the simulated pipeline's fill, left out of its summary

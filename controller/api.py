@@ -11,22 +11,22 @@ from django.shortcuts import get_object_or_404
 
 from learner.config import ConfigError
 
-from .advisor import NoAdvice, advice
-from .api_errors import ApiError, form_errors
-from .compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing, step_rows
-from .drain import drain_notes
-from .decorators import api_view, int_param, read_json
-from .exports import download, metrics_csv_chunks, trace_chunks
-from .forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
-from .launch_input import launch_error, sweep_of
-from .launching import launch_comparison, launch_run, request_cancel
-from .limits import INT32_MAX
-from .models import Comparison, Experiment, Run, Schedule, Span, StepMetric
-from .resuming import ResumeRefused, request_resume
-from .openapi import schema
-from .pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, paged
-from .quotas import QuotaExceeded, check_stored
-from .serializers import comparison_json, experiment_json, run_json, runs_json, schedule_json, spans_json
+from controller.advisor import NoAdvice, advice
+from controller.api_errors import ApiError, form_errors
+from controller.compare import CompareError, compare_summary, parse_reward_level, parse_run_ids, parse_smoothing, step_rows
+from controller.drain import drain_notes
+from controller.decorators import api_view, int_param, read_json
+from controller.exports import download, metrics_csv_chunks, trace_chunks
+from controller.forms import ComparisonForm, ExperimentForm, RunCreateForm, ScheduleForm
+from controller.launch_input import launch_error, sweep_of
+from controller.launching import launch_comparison, launch_run, request_cancel
+from controller.limits import INT32_MAX
+from controller.models import Comparison, Experiment, Run, Schedule, Span, StepMetric
+from controller.resuming import ResumeRefused, request_resume
+from controller.openapi import schema
+from controller.pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, paged
+from controller.quotas import QuotaExceeded, check_stored
+from controller.serializers import comparison_json, experiment_json, run_json, runs_json, schedule_json, spans_json
 
 MAX_SPANS_PAGE = 10_000
 EXPERIMENT_FIELDS = {"name": (str,), "description": (str,), "config": (dict, str)}

@@ -11,8 +11,8 @@ version that sampled each span; a group dropped as too stale keeps step -1 (no s
 
 from __future__ import annotations
 
-from .limits import INT32_MAX
-from .models import Span
+from controller.limits import INT32_MAX
+from controller.models import Span
 
 UNASSIGNED = -1  # the step of a rollout span no step has taken yet
 MAX_TRAJS = 1_000_000  # one step's batch: far above any quota's trajectories per step

@@ -13,8 +13,8 @@ from celery import current_app
 from django.conf import settings
 from django.utils import timezone
 
-from .models import Run
-from .outages import OUTAGE_ERRORS
+from controller.models import Run
+from controller.outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 RUN_TRAINING = "controller.tasks.run_training"

@@ -17,8 +17,8 @@ import json
 import psycopg
 from django.db import connection
 
-from .models import Span, TrajectoryRecord
-from .serializers import SPAN_FIELDS
+from controller.models import Span, TrajectoryRecord
+from controller.serializers import SPAN_FIELDS
 
 # Columns after run_id with the PostgreSQL type each column's array is sent as; jsonb goes as
 # text (JSON-encoded here) and is cast per row.

@@ -15,9 +15,9 @@ from learner.bench.smoothing import smoothed
 from learner.bench.efficiency import overlap_rule, own_bound, work_per_step
 from learner.timeline import Metric, window_metrics
 
-from .fairness import warnings
-from .models import Run, Span, StepMetric
-from .pooled import REFERENCE_SCHEDULE, pooled_summary
+from controller.fairness import warnings
+from controller.models import Run, Span, StepMetric
+from controller.pooled import REFERENCE_SCHEDULE, pooled_summary
 
 # Hand-picked runs (/compare/?runs=, /api/compare/): an overlay of 2-12 runs. A comparison's own
 # page and /api/comparisons/<id>/ hold every run it launched (schedules x sweep values x repeats,

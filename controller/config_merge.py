@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from learner.config import ConfigError, RunConfig, apply_overrides, parse_config
 
-from .server_paths import check_server_paths
+from controller.server_paths import check_server_paths
 
 
 class LaunchOverrideError(ConfigError):

@@ -23,12 +23,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
-from . import fanout, layer_groups
-from .models import Run, Span
-from .outages import OUTAGE_ERRORS
-from .runlog import log_tail
-from .frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame, system_frame
-from .serializers import metrics_json, spans_json, system_json
+from controller import fanout
+from controller import layer_groups
+from controller.models import Run, Span
+from controller.outages import OUTAGE_ERRORS
+from controller.runlog import log_tail
+from controller.frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame, system_frame
+from controller.serializers import metrics_json, spans_json, system_json
 
 try:  # daphne's websocket protocol (autobahn) raises this on a send after the client went away
     from autobahn.exception import Disconnected as ClientGone

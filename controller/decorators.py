@@ -9,8 +9,8 @@ from django.http import Http404
 from django.shortcuts import render
 from django.urls import Resolver404, resolve
 
-from .api_errors import ApiError, json_error
-from .limits import MAX_JSON_DEPTH, nesting_depth
+from controller.api_errors import ApiError, json_error
+from controller.limits import MAX_JSON_DEPTH, nesting_depth
 
 
 def api_view(*methods: str):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from django.conf import settings
 
-from .models import Run
-from .quotas import QuotaExceeded, quota_for
-from .runlog import run_dir
+from controller.models import Run
+from controller.quotas import QuotaExceeded, quota_for
+from controller.runlog import run_dir
 from learner.registries.schedules import schedule_kind
 
 MB = 2**20

@@ -23,10 +23,10 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
-from .broker import enqueue
-from .models import Run
-from .processes import me
-from .quotas import quotas_for
+from controller.broker import enqueue
+from controller.models import Run
+from controller.processes import me
+from controller.quotas import quotas_for
 
 DISPATCH_LOCK = 0x7453_0001  # pg_advisory_xact_lock key: "ts" + 1
 ACTIVE = (Run.Status.STARTING, Run.Status.RUNNING)

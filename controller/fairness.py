@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config_merge import flatten
-from .models import Run
+from controller.config_merge import flatten
+from controller.models import Run
 from learner.registries.schedules import schedule_kind
 
 MIN_STEPS = 3  # fewer finished steps give no step-time median worth a ratio

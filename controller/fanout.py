@@ -25,9 +25,9 @@ from typing import Protocol
 
 from django.conf import settings
 
-from . import layer_groups
-from .live import group_name
-from .outages import OUTAGE_ERRORS
+from controller import layer_groups
+from controller.live import group_name
+from controller.outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 

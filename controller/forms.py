@@ -9,14 +9,14 @@ from django.core.exceptions import ValidationError
 from learner.config import SCHEDULES, ConfigError, parse_config
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
-from .compare import MAX_LAUNCHED
-from .config_merge import config_has_field
-from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
-from .limits import MAX_JSON_DEPTH, nesting_depth, value_count
-from .models import Experiment, Schedule
-from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES, OverrideError, check_path, parse_overrides, parse_sweep_values
-from .quotas import QuotaExceeded, check_config
-from .server_paths import check_server_paths
+from controller.compare import MAX_LAUNCHED
+from controller.config_merge import config_has_field
+from controller.fairness import MIN_STEPS as MIN_COMPARED_STEPS
+from controller.limits import MAX_JSON_DEPTH, nesting_depth, value_count
+from controller.models import Experiment, Schedule
+from controller.overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES, OverrideError, check_path, parse_overrides, parse_sweep_values
+from controller.quotas import QuotaExceeded, check_config
+from controller.server_paths import check_server_paths
 
 # A config from a user: the largest in configs/ is ~2,600 characters and ~150 values. Text over
 # the character cap is refused unread, text of more values at the first one over, before the

@@ -1,8 +1,8 @@
 """Every websocket frame the run page receives is built here (docs/web-contract.md,
 "Websocket"): the ingestor and the consumer only decide when to send which."""
 
-from .models import Run
-from .serializers import iso
+from controller.models import Run
+from controller.serializers import iso
 
 
 def spans_frame(spans: list[dict]) -> dict:

@@ -17,14 +17,16 @@ from typing import NamedTuple
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from . import live, nodes, trajectories
-from .assignments import Assignments
-from .models import Checkpoint, Run, StepMetric, SystemSample
-from .outages import OUTAGE_ERRORS, first_line
-from .frames import (assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, system_frame,
+from controller import live
+from controller import nodes
+from controller import trajectories
+from controller.assignments import Assignments
+from controller.models import Checkpoint, Run, StepMetric, SystemSample
+from controller.outages import OUTAGE_ERRORS, first_line
+from controller.frames import (assignment_frame, log_frame, metrics_frame, spans_frame, status_frame, system_frame,
                      trajectories_frame)
-from .serializers import SPAN_FIELDS
-from .bulk_writes import write_spans, write_trajectories
+from controller.serializers import SPAN_FIELDS
+from controller.bulk_writes import write_spans, write_trajectories
 
 log = logging.getLogger(__name__)
 

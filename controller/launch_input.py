@@ -3,10 +3,10 @@ Shared by the pages (controller/views.py) and the API (controller/api.py)."""
 
 from learner.config import ConfigError
 
-from .config_merge import LaunchOverrideError
-from .launching import Sweep
-from .quotas import LAUNCH_FIELDS
-from .sandbox_hosts import SandboxRefused
+from controller.config_merge import LaunchOverrideError
+from controller.launching import Sweep
+from controller.quotas import LAUNCH_FIELDS
+from controller.sandbox_hosts import SandboxRefused
 
 
 def launch_error(err: Exception, schedule_field: str, data: dict) -> tuple[str | None, int, str]:

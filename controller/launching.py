@@ -8,17 +8,18 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import live, ownership
-from .config_merge import run_config
-from .broker import enqueue, enqueue_or_withdraw
-from .models import Comparison, Experiment, Run, Schedule
-from .outages import OUTAGE_ERRORS
-from .overrides import format_override
-from .disk_quota import check_disk
-from .nodes import check_nodes, placement
-from .sandbox_hosts import launch_refusal
-from .quotas import QuotaExceeded, check_config, check_queue, check_stored, quota_for
-from .frames import status_frame
+from controller import live
+from controller import ownership
+from controller.config_merge import run_config
+from controller.broker import enqueue, enqueue_or_withdraw
+from controller.models import Comparison, Experiment, Run, Schedule
+from controller.outages import OUTAGE_ERRORS
+from controller.overrides import format_override
+from controller.disk_quota import check_disk
+from controller.nodes import check_nodes, placement
+from controller.sandbox_hosts import launch_refusal
+from controller.quotas import QuotaExceeded, check_config, check_queue, check_stored, quota_for
+from controller.frames import status_frame
 
 
 def launch_run(experiment: Experiment, schedule: Schedule, steps: int | None = None, name: str = "",

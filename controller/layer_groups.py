@@ -16,7 +16,7 @@ import time
 
 from django.conf import settings
 
-from .outages import OUTAGE_ERRORS
+from controller.outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import time
 
 from channels.layers import get_channel_layer
 
-from .priority import yield_to_runs
+from controller.priority import yield_to_runs
 
 log = logging.getLogger(__name__)
 _outage: dict[str, float] = {}  # "since": when publishing started to fail

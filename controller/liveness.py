@@ -16,7 +16,7 @@ import time
 
 from django.conf import settings
 
-from .runlog import run_dir
+from controller.runlog import run_dir
 
 ALIVE_NAME = "supervisor.alive"
 

@@ -12,11 +12,11 @@ from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 
-from .forms import ExperimentForm, ScheduleForm
-from .models import Experiment, Run, Schedule, Span
-from .quotas import QuotaExceeded, check_stored
-from .runlog import run_dir
-from .decorators import form_post
+from controller.forms import ExperimentForm, ScheduleForm
+from controller.models import Experiment, Run, Schedule, Span
+from controller.quotas import QuotaExceeded, check_stored
+from controller.runlog import run_dir
+from controller.decorators import form_post
 
 
 def owned_experiment(request, experiment_id: int) -> Experiment:

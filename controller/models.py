@@ -14,8 +14,8 @@ from django.db.models import Q
 from learner.config import SCHEDULES, ConfigError, RunConfig, parse_config
 from learner.safe_yaml import load_yaml
 
-from .config_merge import apply_overrides
-from .server_paths import check_server_paths
+from controller.config_merge import apply_overrides
+from controller.server_paths import check_server_paths
 
 
 class Experiment(models.Model):

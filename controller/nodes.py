@@ -39,12 +39,12 @@ from learner.config import NODE_NAME, ConfigError, parse_config
 from learner.distributed.ranks import free_port
 from learner.distributed.remote import ADDR_ENV, KEY_ENV, PORT_ENV
 
-from . import runlog
-from .broker import forget_queue, start_rank
-from .models import Run, RunNode, WorkerNode
-from .outages import OUTAGE_ERRORS, first_line, what_is_down
-from .processes import die_with_parent, me, signal_group
-from .quotas import QuotaExceeded
+from controller import runlog
+from controller.broker import forget_queue, start_rank
+from controller.models import Run, RunNode, WorkerNode
+from controller.outages import OUTAGE_ERRORS, first_line, what_is_down
+from controller.processes import die_with_parent, me, signal_group
+from controller.quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ nothing else is, so the two cannot drift apart.
 
 import copy
 
-from .compare import MAX_COMPARED, MAX_LAUNCHED, MIN_COMPARED
-from .fairness import MIN_STEPS as MIN_COMPARED_STEPS
-from .forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_CONFIG_VALUES, MAX_REPEATS, MAX_STEPS
-from .limits import INT32_MAX
-from .models import Run, Schedule
-from .overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES
-from .pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, MAX_PAGE
-from .quotas import RESOURCE_LIMITS, quota_for
+from controller.compare import MAX_COMPARED, MAX_LAUNCHED, MIN_COMPARED
+from controller.fairness import MIN_STEPS as MIN_COMPARED_STEPS
+from controller.forms import DEFAULT_REPEATS, MAX_CONFIG_CHARS, MAX_CONFIG_VALUES, MAX_REPEATS, MAX_STEPS
+from controller.limits import INT32_MAX
+from controller.models import Run, Schedule
+from controller.overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES
+from controller.pagination import DEFAULT_PAGE, MAX_METRICS_PAGE, MAX_PAGE
+from controller.quotas import RESOURCE_LIMITS, quota_for
 
 # Text fields: Django refuses NUL characters everywhere and, for required names, text that
 # is empty once stripped of whitespace (Python's str.strip set, spelled out for ECMA regexes).

@@ -25,8 +25,8 @@ from django.http import HttpResponse
 from django.templatetags.static import static
 from django.views.defaults import server_error as django_server_error
 
-from .api_errors import json_error
-from .postgres.base import DatabaseUnreachable
+from controller.api_errors import json_error
+from controller.postgres.base import DatabaseUnreachable
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5

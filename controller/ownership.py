@@ -31,15 +31,15 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from .broker import backlog, enqueue
-from .dispatch import next_run_id
-from . import liveness
-from .ingestion import finish_run
-from .models import Run
-from .outages import OUTAGE_ERRORS, first_line, what_is_down
-from .processes import HOST, group_members, process_start, signal_group, works_in
-from .resuming import requeue_attempt
-from .runlog import run_dir
+from controller.broker import backlog, enqueue
+from controller.dispatch import next_run_id
+from controller import liveness
+from controller.ingestion import finish_run
+from controller.models import Run
+from controller.outages import OUTAGE_ERRORS, first_line, what_is_down
+from controller.processes import HOST, group_members, process_start, signal_group, works_in
+from controller.resuming import requeue_attempt
+from controller.runlog import run_dir
 
 log = logging.getLogger(__name__)
 HANDED_OFF = "queue:"  # Run.supervisor of a run handed to another node's queue, not yet taken

@@ -10,9 +10,9 @@ while it is read (a run's spans) with its cursor instead (``after``/``last_seq``
 
 from collections.abc import Callable, Sequence
 
-from .api_errors import ApiError
-from .decorators import int_param
-from .limits import INT32_MAX
+from controller.api_errors import ApiError
+from controller.decorators import int_param
+from controller.limits import INT32_MAX
 
 DEFAULT_PAGE = 100  # experiments, schedules, runs, comparisons
 MAX_PAGE = 500

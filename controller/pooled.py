@@ -22,8 +22,8 @@ from learner.bench.trained import LENGTH, decile_share, trained_against_sync
 from learner.bench.window import charged_step
 from learner.timeline import Metric
 
-from .models import Run
-from .trained_work import trained_tokens, window_counts
+from controller.models import Run
+from controller.trained_work import trained_tokens, window_counts
 
 REFERENCE_SCHEDULE = "sync"
 

@@ -18,8 +18,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from . import run_cost
-from .models import Run, UserQuota
+from controller import run_cost
+from controller.models import Run, UserQuota
 
 LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs", "rollout_workers",
           "learner_world_size", "task_size", "processes", "tokens_per_step", "generator_setting",

@@ -22,12 +22,12 @@ from django.db.models import F, Max
 from learner.checkpoint import PREFIX, discard, list_checkpoints, remove_uncommitted
 from learner.checkpoint_integrity import damage
 
-from . import live
-from .broker import enqueue_or_leave_to_reaper
-from .models import Run, Span
-from .nodes import check_nodes
-from .quotas import check_queue
-from .frames import status_frame
+from controller import live
+from controller.broker import enqueue_or_leave_to_reaper
+from controller.models import Run, Span
+from controller.nodes import check_nodes
+from controller.quotas import check_queue
+from controller.frames import status_frame
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTPUT = "output"

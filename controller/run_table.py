@@ -16,9 +16,9 @@ from learner.bench.intervals import median_interval
 from learner.config import SCHEDULES
 from learner.timeline import Metric
 
-from .config_merge import config_has_field
-from .compare import DEFAULT_SMOOTHING, median_of, present, smoothed_rewards, step_rows
-from .models import Run
+from controller.config_merge import config_has_field
+from controller.compare import DEFAULT_SMOOTHING, median_of, present, smoothed_rewards, step_rows
+from controller.models import Run
 from learner.registries.schedules import schedule_kind
 
 # ?sort=<key> (ascending) or -<key>: key -> (header, the database field; None: computed from the

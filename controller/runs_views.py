@@ -12,14 +12,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from learner.config import SCHEDULES
 
-from .forms import NoteForm
-from .models import Comparison, Run, join_tags
-from .run_table import (COLUMNS, GROUPS, OVERRIDES_COLUMN, ListQuery, config_column, config_path, grouped, read_query,
+from controller.forms import NoteForm
+from controller.models import Comparison, Run, join_tags
+from controller.run_table import (COLUMNS, GROUPS, OVERRIDES_COLUMN, ListQuery, config_column, config_path, grouped, read_query,
                         shown, sorted_runs, with_columns, with_table_figures)
-from .runlog import run_dir
-from .views import owned_runs
-from .decorators import form_post
-from .templatetags.notes import SESSION_KEY as NOTES_DRAFT
+from controller.runlog import run_dir
+from controller.views import owned_runs
+from controller.decorators import form_post
+from controller.templatetags.notes import SESSION_KEY as NOTES_DRAFT
 
 RUNS_PER_PAGE = 25
 # the sort menu's choices (every column header sorts too, either way: controller/run_table.py)

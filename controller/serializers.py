@@ -2,7 +2,7 @@
 
 from django.db.models import Max
 
-from .models import Checkpoint, Comparison, Experiment, Run, Schedule, Span, StepMetric, SystemSample
+from controller.models import Checkpoint, Comparison, Experiment, Run, Schedule, Span, StepMetric, SystemSample
 
 # Same keys as the learner's JSONL span event, minus "type".
 SPAN_FIELDS = ("seq", "step", "kind", "t0", "t1", "lane", "traj", "group", "turn", "policy_version", "tokens")

@@ -31,16 +31,20 @@ from django.utils import timezone
 
 from learner.stopping import sweep_semaphores
 
-from . import liveness, nodes, ownership, runlog, warm
-from .child_env import run_environment
-from .disk_quota import DiskWatch
-from .processes import die_with_parent, me
-from .ingestion import Parsed, RunIngestor, finish_run
-from .priority import yield_to_runs
-from .runlog import LOG_NAME, count_lines
-from .models import Run
-from .resuming import commit_point, output_dir, remove_half_written, resume_arguments
-from .server_paths import run_dir_escape
+from controller import liveness
+from controller import nodes
+from controller import ownership
+from controller import runlog
+from controller import warm
+from controller.child_env import run_environment
+from controller.disk_quota import DiskWatch
+from controller.processes import die_with_parent, me
+from controller.ingestion import Parsed, RunIngestor, finish_run
+from controller.priority import yield_to_runs
+from controller.runlog import LOG_NAME, count_lines
+from controller.models import Run
+from controller.resuming import commit_point, output_dir, remove_half_written, resume_arguments
+from controller.server_paths import run_dir_escape
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

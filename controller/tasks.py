@@ -9,14 +9,19 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
-from . import live, nodes, ownership, priority, sandbox_hosts, warm
-from .broker import hand_to_node
-from .dispatch import claim_next_run, top_up
-from .ingestion import finish_run
-from .models import Run
-from .frames import status_frame
-from .processes import me
-from .supervisor import supervise
+from controller import live
+from controller import nodes
+from controller import ownership
+from controller import priority
+from controller import sandbox_hosts
+from controller import warm
+from controller.broker import hand_to_node
+from controller.dispatch import claim_next_run, top_up
+from controller.ingestion import finish_run
+from controller.models import Run
+from controller.frames import status_frame
+from controller.processes import me
+from controller.supervisor import supervise
 
 log = logging.getLogger(__name__)
 

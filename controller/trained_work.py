@@ -17,7 +17,7 @@ from django.db.models import Sum
 
 from learner.timeline import Kind, Metric
 
-from .models import Run, Span
+from controller.models import Run, Span
 
 
 def _number(row: dict, key: str) -> float | None:

@@ -8,10 +8,10 @@ import math
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 
-from .api_errors import ApiError
-from .decorators import api_view, int_param
-from .limits import INT32_MAX
-from .models import Run, TrajectoryRecord
+from controller.api_errors import ApiError
+from controller.decorators import api_view, int_param
+from controller.limits import INT32_MAX
+from controller.models import Run, TrajectoryRecord
 
 ROLES = ("prompt", "turn", "observation")
 MAX_SEGMENTS_BYTES = 64 * 1024  # the learner keeps a trajectory's text near 16,000 characters

@@ -6,8 +6,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic.base import RedirectView
 
-from . import api, manage_views, runs_views, trajectories, views
-from .login_throttle import ThrottledLoginView, admin_login
+from controller import api
+from controller import manage_views
+from controller import runs_views
+from controller import trajectories
+from controller import views
+from controller.login_throttle import ThrottledLoginView, admin_login
 
 handler404 = "controller.api_errors.not_found"
 handler500 = "controller.outages.server_error"

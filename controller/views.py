@@ -16,17 +16,17 @@ from django.utils import timezone
 
 from learner.config import ConfigError
 
-from .config_merge import flatten
-from .compare import CompareError, parse_run_ids, run_table_figures, step_rows
-from .fairness import comparable_latest, config_diff
-from .forms import ComparisonForm, ExperimentForm, LaunchForm
-from .launch_input import launch_error, sweep_of
-from .launching import launch_comparison, launch_run, request_cancel
-from .resuming import ResumeRefused, request_resume
-from .models import Comparison, Experiment, Run, Schedule
-from .quotas import QuotaExceeded, check_stored
-from .runlog import log_path, readable_log
-from .decorators import form_post
+from controller.config_merge import flatten
+from controller.compare import CompareError, parse_run_ids, run_table_figures, step_rows
+from controller.fairness import comparable_latest, config_diff
+from controller.forms import ComparisonForm, ExperimentForm, LaunchForm
+from controller.launch_input import launch_error, sweep_of
+from controller.launching import launch_comparison, launch_run, request_cancel
+from controller.resuming import ResumeRefused, request_resume
+from controller.models import Comparison, Experiment, Run, Schedule
+from controller.quotas import QuotaExceeded, check_stored
+from controller.runlog import log_path, readable_log
+from controller.decorators import form_post
 
 
 def owned_runs(user):

@@ -21,8 +21,8 @@ from django.conf import settings
 
 from learner.warm.client import WarmProcess
 
-from .child_env import run_environment
-from .processes import die_with_parent
+from controller.child_env import run_environment
+from controller.processes import die_with_parent
 
 log = logging.getLogger(__name__)
 _runner: dict[str, subprocess.Popen] = {}

@@ -7,8 +7,8 @@ in-memory broker, which only works inside one process (the `demo` command's work
 
 import os
 
-from .base import *  # noqa: F403
-from .base import BASE_DIR
+from controller.settings.base import *  # noqa: F403
+from controller.settings.base import BASE_DIR
 
 DATABASES = {
     "default": {

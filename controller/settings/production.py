@@ -12,8 +12,8 @@ from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .base import *  # noqa: F403
-from .base import postgres_database, redis_channel_layers, redis_options
+from controller.settings.base import *  # noqa: F403
+from controller.settings.base import postgres_database, redis_channel_layers, redis_options
 
 
 def _require(name: str) -> str:

@@ -7,8 +7,8 @@ processes inherit the tag through the environment.
 
 import os
 
-from .base import *  # noqa: F403
-from .base import postgres_database, redis_channel_layers
+from controller.settings.base import *  # noqa: F403
+from controller.settings.base import postgres_database, redis_channel_layers
 
 # pytest-xdist workers share the controller's environment, so each adds its worker id.
 TEST_TAG = os.environ.setdefault("THUNDERSYNC_TEST_TAG", str(os.getpid()))
