@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from controller.login_throttle import ThrottledAdminAuthenticationForm
+from controller.limits.login_throttle import ThrottledAdminAuthenticationForm
 from controller.models import Checkpoint, Experiment, Run, Schedule, Span, StepMetric, UserQuota
 
 admin.site.login_form = ThrottledAdminAuthenticationForm
@@ -50,7 +50,7 @@ class CheckpointAdmin(admin.ModelAdmin):
 
 @admin.register(UserQuota)
 class UserQuotaAdmin(admin.ModelAdmin):
-    """Empty limits fall back to THUNDERSYNC_QUOTA_DEFAULTS (controller/quotas.py)."""
+    """Empty limits fall back to THUNDERSYNC_QUOTA_DEFAULTS (controller/limits/quotas.py)."""
 
     list_display = ["user", "trajectories_per_step", "steps", "concurrent_runs", "queued_runs"]
     search_fields = ["user__username"]

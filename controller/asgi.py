@@ -17,12 +17,12 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from django.conf import settings  # noqa: E402
 
-from controller import body_limit  # noqa: E402
-from controller.origins import ExactOriginValidator  # noqa: E402
-from controller.ownership import start_reaper  # noqa: E402
+from controller.limits import body_limit  # noqa: E402
+from controller.live.origins import ExactOriginValidator  # noqa: E402
+from controller.supervision.ownership import start_reaper  # noqa: E402
 from controller.routing import websocket_urlpatterns  # noqa: E402
 
-body_limit.install(settings.THUNDERSYNC_MAX_REQUEST_BYTES)  # before daphne buffers a body (controller/body_limit.py)
+body_limit.install(settings.THUNDERSYNC_MAX_REQUEST_BYTES)  # before daphne buffers a body (controller/limits/body_limit.py)
 application = ProtocolTypeRouter(
     {
         "http": ASGIStaticFilesHandler(django_http),

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from controller.models import Run
-from controller.outages import OUTAGE_ERRORS
+from controller.limits.outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
 RUN_TRAINING = "controller.tasks.run_training"
@@ -23,14 +23,14 @@ RUN_RANK = "controller.tasks.run_rank"
 
 
 def enqueue(run_id: int, task_id: str | None) -> None:
-    """One slot on the runs queue (controller/dispatch.py), sent for ``run_id``."""
+    """One slot on the runs queue (controller/supervision/dispatch.py), sent for ``run_id``."""
     Run.objects.filter(pk=run_id).update(enqueued=timezone.now())  # the reaper re-sends a lost message
     current_app.send_task(RUN_TRAINING, args=[run_id], task_id=task_id)
 
 
 def enqueue_or_withdraw(run_id: int, task_id: str) -> None:
     """A new run's first message; if the broker is down, the queued run is deleted and the
-    error raised (the request answers 503, controller/outages.py): no run is left that looks
+    error raised (the request answers 503, controller/limits/outages.py): no run is left that looks
     launched but has no message."""
     try:
         enqueue(run_id, task_id)
@@ -49,17 +49,17 @@ def enqueue_or_leave_to_reaper(run_id: int, task_id: str) -> None:
 
 
 def hand_to_node(run_id: int, queue: str) -> None:
-    """Rank 0 of a run that spans nodes, to its first node's queue (controller/nodes.py)."""
+    """Rank 0 of a run that spans nodes, to its first node's queue (controller/supervision/nodes.py)."""
     current_app.send_task(SUPERVISE_ON_NODE, args=[run_id], queue=queue)
 
 
 def start_rank(run_id: int, rank: int, node: str, control: str, key: str, queue: str) -> None:
-    """One learner rank of a run that spans nodes, to that node's queue (controller/nodes.py)."""
+    """One learner rank of a run that spans nodes, to that node's queue (controller/supervision/nodes.py)."""
     current_app.send_task(RUN_RANK, args=[run_id, rank, node, control, key], queue=queue)
 
 
 def forget_queue(queue: str) -> None:
-    """Delete ``queue`` with its messages and its binding (controller/nodes.py: a node's queue
+    """Delete ``queue`` with its messages and its binding (controller/supervision/nodes.py: a node's queue
     that no worker serves). On Redis: the binding set of its exchange (a queue Celery creates on
     send has an exchange of its own name) and its list per priority; elsewhere kombu's delete."""
     with current_app.connection_for_write() as conn:

@@ -26,8 +26,8 @@ from django.http import StreamingHttpResponse
 from learner.chrome_trace import stream_trace
 
 from controller.models import Run, Span, StepMetric
-from controller.outages import DB_ERRORS, first_line
-from controller.serializers import SPAN_FIELDS
+from controller.limits.outages import DB_ERRORS, first_line
+from controller.jsonapi.serializers import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 EXPORT_CHUNK_ROWS = 5000

@@ -9,13 +9,13 @@ from django.core.exceptions import ValidationError
 from learner.config import SCHEDULES, ConfigError, parse_config
 from learner.safe_yaml import UnsafeYamlError, load_yaml
 
-from controller.compare import MAX_LAUNCHED
+from controller.comparisons.compare import MAX_LAUNCHED
 from controller.config_merge import config_has_field
-from controller.fairness import MIN_STEPS as MIN_COMPARED_STEPS
-from controller.limits import MAX_JSON_DEPTH, nesting_depth, value_count
+from controller.comparisons.fairness import MIN_STEPS as MIN_COMPARED_STEPS
+from controller.limits.limits import MAX_JSON_DEPTH, nesting_depth, value_count
 from controller.models import Experiment, Schedule
 from controller.overrides import MAX_OVERRIDES, MAX_SWEEP_VALUES, OverrideError, check_path, parse_overrides, parse_sweep_values
-from controller.quotas import QuotaExceeded, check_config
+from controller.limits.quotas import QuotaExceeded, check_config
 from controller.server_paths import check_server_paths
 
 # A config from a user: the largest in configs/ is ~2,600 characters and ~150 values. Text over
@@ -244,7 +244,7 @@ class ComparisonForm(forms.Form):
 
     def check_swept_field(self, field: str) -> None:
         """A swept field the config does not have is named before anything is counted (each value
-        is still validated on the merged config at launch, controller/launching.py)."""
+        is still validated on the merged config at launch, controller/supervision/launching.py)."""
         if "sweep_field" not in self.errors and not config_has_field(field):
             self.add_error("sweep_field", f"{field}: unknown field")
 

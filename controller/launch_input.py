@@ -1,11 +1,11 @@
 """A launch's inputs beyond the form: which input a refusal is about, and the sweep asked for.
-Shared by the pages (controller/views.py) and the API (controller/api.py)."""
+Shared by the pages (controller/views.py) and the API (controller/jsonapi/api.py)."""
 
 from learner.config import ConfigError
 
 from controller.config_merge import LaunchOverrideError
-from controller.launching import Sweep
-from controller.quotas import LAUNCH_FIELDS
+from controller.supervision.launching import Sweep
+from controller.limits.quotas import LAUNCH_FIELDS
 from controller.sandbox_hosts import SandboxRefused
 
 

@@ -14,9 +14,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 
 from controller.forms import ExperimentForm, ScheduleForm
 from controller.models import Experiment, Run, Schedule, Span
-from controller.quotas import QuotaExceeded, check_stored
-from controller.runlog import run_dir
-from controller.decorators import form_post
+from controller.limits.quotas import QuotaExceeded, check_stored
+from controller.supervision.runlog import run_dir
+from controller.jsonapi.decorators import form_post
 
 
 def owned_experiment(request, experiment_id: int) -> Experiment:

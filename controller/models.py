@@ -118,7 +118,7 @@ def join_tags(tags: list[str]) -> str:
 class Comparison(models.Model):
     """Runs launched together to compare schedules: the experiment's config and one step count,
     one run per schedule preset and round; the runs of a round share a seed, round k trains the
-    launch's seed + k (controller/launching.py, launch_comparison)."""
+    launch's seed + k (controller/supervision/launching.py, launch_comparison)."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="comparisons")
     name = models.CharField(max_length=200, blank=True)
@@ -130,7 +130,7 @@ class Comparison(models.Model):
     sweep_field = models.CharField(max_length=200, blank=True)
     sweep_values = models.JSONField(default=list, blank=True)
     # runs per schedule (and sweep value), launched in alternating rounds and run one at a time
-    # (controller/dispatch.py), so the machine's drift spreads over every schedule; the summary pools them
+    # (controller/supervision/dispatch.py), so the machine's drift spreads over every schedule; the summary pools them
     repeats = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
@@ -184,7 +184,7 @@ class Run(models.Model):
     supervisor = models.CharField(max_length=200, blank=True)
     heartbeat = models.DateTimeField(null=True, blank=True)
     enqueued = models.DateTimeField(null=True, blank=True)  # when its task message was last sent
-    attempt = models.PositiveIntegerField(default=0)  # resumes from a checkpoint so far (controller/resuming.py)
+    attempt = models.PositiveIntegerField(default=0)  # resumes from a checkpoint so far (controller/supervision/resuming.py)
     # the Celery task (message) whose delivery claimed the run: with fair dispatch a message
     # may start another user's run, so a redelivery adopts exactly this run (controller/tasks.py)
     start_task_id = models.CharField(max_length=64, blank=True, db_index=True)
@@ -200,7 +200,7 @@ class Run(models.Model):
         return self.name or f"run {self.pk}"
 
     def round_seed(self) -> int | None:
-        """The seed its comparison's round gave it (controller/launching.py, round_seeds), or None
+        """The seed its comparison's round gave it (controller/supervision/launching.py, round_seeds), or None
         when the seed is the config's own, an override of one run or a sweep's value."""
         c = self.comparison
         seed = self.overrides.get("seed") if isinstance(self.overrides, dict) else None
@@ -289,7 +289,7 @@ class Checkpoint(models.Model):
 
 
 class UserQuota(models.Model):
-    """Per-user limits (controller/quotas.py); an empty field means the site default from
+    """Per-user limits (controller/limits/quotas.py); an empty field means the site default from
     ``THUNDERSYNC_QUOTA_DEFAULTS``. Adjusted in the admin."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quota")
@@ -343,7 +343,7 @@ class RunNode(models.Model):
 
 
 class WorkerNode(models.Model):
-    """A node that a live Celery worker serves (controller/nodes.py, the node registry): each
+    """A node that a live Celery worker serves (controller/supervision/nodes.py, the node registry): each
     worker stamps its own node (THUNDERSYNC_NODE) and every ``runs.<node>`` queue it consumes at
     start and on every reaper pass. A launch whose ``learner.nodes`` names a node not stamped
     within THUNDERSYNC_NODE_TTL_S is refused before anything is sent."""

@@ -21,7 +21,7 @@ MAX_SWEEP_VALUES = 4  # a few values; with schedules and repeats at most compare
 PATH = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 # Top-level fields an override or a sweep may set by their bare name (every other field lives in
 # a section: train.lr). The seed is an axis of every RL result: swept, or varied by a comparison's
-# repeats (controller/launching.py).
+# repeats (controller/supervision/launching.py).
 TOP_LEVEL = ("seed",)
 # Fields a launch sets through its own inputs, not through an override.
 OWN_FIELDS = {"train.schedule": "the schedule sets it: pick another schedule",

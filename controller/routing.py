@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controller.consumers import RunConsumer
+from controller.live.consumers import RunConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),

@@ -14,15 +14,15 @@ from learner.config import SCHEDULES
 
 from controller.forms import NoteForm
 from controller.models import Comparison, Run, join_tags
-from controller.run_table import (COLUMNS, GROUPS, OVERRIDES_COLUMN, ListQuery, config_column, config_path, grouped, read_query,
+from controller.comparisons.run_table import (COLUMNS, GROUPS, OVERRIDES_COLUMN, ListQuery, config_column, config_path, grouped, read_query,
                         shown, sorted_runs, with_columns, with_table_figures)
-from controller.runlog import run_dir
+from controller.supervision.runlog import run_dir
 from controller.views import owned_runs
-from controller.decorators import form_post
+from controller.jsonapi.decorators import form_post
 from controller.templatetags.notes import SESSION_KEY as NOTES_DRAFT
 
 RUNS_PER_PAGE = 25
-# the sort menu's choices (every column header sorts too, either way: controller/run_table.py)
+# the sort menu's choices (every column header sorts too, either way: controller/comparisons/run_table.py)
 SORT_CHOICES = {"-created": "newest", "created": "oldest", "name": "name", "-steps": "most steps", "status": "status",
                 "experiment": "experiment", "step_s": "fastest median step", "-final_reward": "highest final reward",
                 "-speedup": "highest speedup vs sync"}

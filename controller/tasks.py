@@ -9,19 +9,19 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.utils import timezone
 
-from controller import live
-from controller import nodes
-from controller import ownership
-from controller import priority
+from controller.live import broadcast as live
+from controller.supervision import nodes
+from controller.supervision import ownership
+from controller.supervision import priority
 from controller import sandbox_hosts
-from controller import warm
+from controller.supervision import warm
 from controller.broker import hand_to_node
-from controller.dispatch import claim_next_run, top_up
-from controller.ingestion import finish_run
+from controller.supervision.dispatch import claim_next_run, top_up
+from controller.ingest.ingestion import finish_run
 from controller.models import Run
-from controller.frames import status_frame
-from controller.processes import me
-from controller.supervisor import supervise
+from controller.live.frames import status_frame
+from controller.supervision.processes import me
+from controller.supervision.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,10 @@ def run_training(self, slot_run_id: int) -> str:
     """Claim the fairest queued run (queued -> starting, atomically) and supervise the learner.
 
     A message is a slot, not a run: the run launched with it may wait while another user's
-    starts (controller/dispatch.py, round robin by user). The atomic claim makes a second
+    starts (controller/supervision/dispatch.py, round robin by user). The atomic claim makes a second
     delivery (acks_late after a lost worker, a broker redelivery) start at most one more
     run, never the same one twice; a redelivery whose run lost its supervisor ends that run
-    first (controller/ownership.py).
+    first (controller/supervision/ownership.py).
     """
     adopted = adopt(self.request.id)
     run_id = claim_next_run(self.request.id)
@@ -82,7 +82,7 @@ def supervise_and_finish(run: Run) -> str:
 def supervise_on_node(self, run_id: int) -> str:
     """Rank 0 of a run that spans nodes, on its first node (queue runs.<node>): take the run
     over from the worker that claimed it (this task's id becomes the run's starting task, for
-    adoption after a lost worker), and supervise it as any run (controller/nodes.py)."""
+    adoption after a lost worker), and supervise it as any run (controller/supervision/nodes.py)."""
     if adopt(self.request.id):
         return "adopted"
     handed = ownership.HANDED_OFF + nodes.queue_of(settings.THUNDERSYNC_NODE)
@@ -95,7 +95,7 @@ def supervise_on_node(self, run_id: int) -> str:
 @shared_task(name="controller.tasks.run_rank", acks_late=False)
 def run_rank(run_id: int, rank: int, node: str, control: str, key: str) -> str:
     """One learner rank of a run that spans nodes, on this worker's node (queue runs.<node>);
-    not redelivered if its worker is lost: the run has failed by then (controller/nodes.py)."""
+    not redelivered if its worker is lost: the run has failed by then (controller/supervision/nodes.py)."""
     return nodes.run_rank_on_this_node(run_id, rank, node, control, key)
 
 
@@ -110,7 +110,7 @@ def start_reaping(sender=None, **_):
     nodes.stamp_quietly(queues)  # before the worker says it is ready: a launch may name its nodes from then on
     _reaper["stop"] = ownership.start_reaper(each_pass=partial(nodes.stamp_quietly, queues))
     sandbox_hosts.report()  # can this host confine the python-sandbox tool (launches read it)
-    warm.start()  # runs fork from it (controller/warm.py)
+    warm.start()  # runs fork from it (controller/supervision/warm.py)
     _reaper["restore_priority"] = priority.lower_session()  # runs lead sessions of their own: they come first
 
 

@@ -8,9 +8,9 @@ import math
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 
-from controller.api_errors import ApiError
-from controller.decorators import api_view, int_param
-from controller.limits import INT32_MAX
+from controller.jsonapi.api_errors import ApiError
+from controller.jsonapi.decorators import api_view, int_param
+from controller.limits.limits import INT32_MAX
 from controller.models import Run, TrajectoryRecord
 
 ROLES = ("prompt", "turn", "observation")

@@ -6,15 +6,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic.base import RedirectView
 
-from controller import api
+from controller.jsonapi import api
 from controller import manage_views
 from controller import runs_views
 from controller import trajectories
 from controller import views
-from controller.login_throttle import ThrottledLoginView, admin_login
+from controller.limits.login_throttle import ThrottledLoginView, admin_login
 
-handler404 = "controller.api_errors.not_found"
-handler500 = "controller.outages.server_error"
+handler404 = "controller.jsonapi.api_errors.not_found"
+handler500 = "controller.limits.outages.server_error"
 
 api_urlpatterns = [
     path("api/openapi.json", api.openapi, name="api-openapi"),

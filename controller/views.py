@@ -17,16 +17,16 @@ from django.utils import timezone
 from learner.config import ConfigError
 
 from controller.config_merge import flatten
-from controller.compare import CompareError, parse_run_ids, run_table_figures, step_rows
-from controller.fairness import comparable_latest, config_diff
+from controller.comparisons.compare import CompareError, parse_run_ids, run_table_figures, step_rows
+from controller.comparisons.fairness import comparable_latest, config_diff
 from controller.forms import ComparisonForm, ExperimentForm, LaunchForm
 from controller.launch_input import launch_error, sweep_of
-from controller.launching import launch_comparison, launch_run, request_cancel
-from controller.resuming import ResumeRefused, request_resume
+from controller.supervision.launching import launch_comparison, launch_run, request_cancel
+from controller.supervision.resuming import ResumeRefused, request_resume
 from controller.models import Comparison, Experiment, Run, Schedule
-from controller.quotas import QuotaExceeded, check_stored
-from controller.runlog import log_path, readable_log
-from controller.decorators import form_post
+from controller.limits.quotas import QuotaExceeded, check_stored
+from controller.supervision.runlog import log_path, readable_log
+from controller.jsonapi.decorators import form_post
 
 
 def owned_runs(user):

@@ -41,7 +41,7 @@ import requests
 import yaml
 
 from bench.load_report import finish
-from controller.processes import proc_stats
+from controller.supervision.processes import proc_stats
 from tests.harness.web_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 The embedded default as ``./run demo`` runs it: SQLite (a temporary file), the in-memory channel
 layer, Celery's in-memory broker and its worker thread in this process (``EmbeddedWorker``), which
-starts the warm runner (controller/warm.py). ``launch_run`` (as the form and the API call it)
+starts the warm runner (controller/supervision/warm.py). ``launch_run`` (as the form and the API call it)
 enqueues each run; the bench watches the database and the learner's log for each phase. Repeats
 alternate cold (``THUNDERSYNC_WARM_RUNNER`` off for that launch: ``thundersync`` started as a new
 process) and warm (forked by the runner), after one untimed run that builds the model cache and
@@ -36,9 +36,9 @@ def log_line_time(path: Path, prefixes: tuple[str, ...], seen: dict, name: str) 
 def one_launch(experiment, schedule, warm: bool, timeout: float = 600.0) -> dict[str, float]:
     from django.conf import settings
 
-    from controller.launching import launch_run
+    from controller.supervision.launching import launch_run
     from controller.models import Run, Span
-    from controller.runlog import log_path
+    from controller.supervision.runlog import log_path
 
     settings.THUNDERSYNC_WARM_RUNNER = warm
     t0 = time.monotonic()
@@ -71,7 +71,7 @@ def one_launch(experiment, schedule, warm: bool, timeout: float = 600.0) -> dict
 
 
 def wait_for_runner(timeout: float = 300.0) -> float:
-    from controller import warm
+    from controller.supervision import warm
 
     t0 = time.monotonic()
     while not warm.socket_path(os.getpid()).exists():
@@ -97,7 +97,7 @@ def main() -> int:
         from django.core.management import call_command
 
         from controller.celery import app
-        from controller.embedded_worker import EmbeddedWorker
+        from controller.supervision.embedded_worker import EmbeddedWorker
         from controller.models import Experiment, Schedule
 
         call_command("migrate", interactive=False, verbosity=0)

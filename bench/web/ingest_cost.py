@@ -1,5 +1,5 @@
 """What the app spends ingesting a run's events: CPU seconds of ``RunIngestor`` (parse, validate,
-write, publish) over the event stream of a real run, the array inserts of controller/bulk_writes.py
+write, publish) over the event stream of a real run, the array inserts of controller/ingest/bulk_writes.py
 against Django's ``bulk_create`` (the path SQLite takes), alternating, on a fresh PostgreSQL
 database and Redis index (the production shape's services).
 
@@ -44,7 +44,7 @@ def event_lines(steps: int, tmp: Path) -> list[str]:
 
 def ingest(lines: list[str], run_id: int) -> float:
     """CPU seconds to ingest ``lines`` as the supervisor does (a flush check every 50 lines)."""
-    from controller.ingestion import RunIngestor
+    from controller.ingest.ingestion import RunIngestor
 
     ing = RunIngestor(run_id, flush_s=0.25, flush_spans=500)
     t0 = time.process_time()
@@ -69,7 +69,7 @@ def measure(steps: int, repeats: int, tmp: Path) -> dict:
         django.setup()
         from django.contrib.auth.models import User
 
-        from controller import bulk_writes
+        from controller.ingest import bulk_writes
         from controller.models import Experiment, Run, Schedule
 
         experiment = Experiment.objects.create(owner=User.objects.create(username="bench"), name="ingest", config={})

@@ -76,7 +76,7 @@ class Probe:
     """Times each span where the ingestor reads it and where it is handed to the channel layer."""
 
     def __init__(self):
-        from controller import ingestion
+        from controller.ingest import ingestion
 
         self.origin_epoch: float | None = None
         self.read: dict[int, float] = {}
@@ -170,7 +170,7 @@ def cpu_seconds() -> dict[str, float]:
 
 def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, workers: int) -> dict:
     from controller.models import Run, Span, StepMetric
-    from controller.supervisor import supervise
+    from controller.supervision.supervisor import supervise
 
     run, cookie = make_run(steps, prompts, group_size, workers)
     probe = Probe()
@@ -237,7 +237,7 @@ def measure(url: str, viewers: int, steps: int, prompts: int, group_size: int, w
 
 
 def per_call_loop(layer, group: str, message: dict) -> None:
-    """How ``controller.live`` published before it kept one event loop: a new loop (and so a
+    """How ``controller.live.broadcast`` published before it kept one event loop: a new loop (and so a
     new Redis connection) per frame. Only for ``--compare-publish``."""
     from asgiref.sync import async_to_sync
 
@@ -246,10 +246,10 @@ def per_call_loop(layer, group: str, message: dict) -> None:
 
 def start_warm_runner() -> None:
     """Runs fork from a warm runner, as on the embedded default and the Celery workers
-    (controller/warm.py): a run starts in ~2 s instead of ~40 s at this load, so more rounds fit."""
+    (controller/supervision/warm.py): a run starts in ~2 s instead of ~40 s at this load, so more rounds fit."""
     from django.conf import settings
 
-    from controller import warm
+    from controller.supervision import warm
 
     settings.THUNDERSYNC_WARM_RUNNER = True
     runner = warm.start()
@@ -304,7 +304,8 @@ def main() -> int:
     with bench_database(), tempfile.TemporaryDirectory() as run_dir:
         from django.conf import settings
 
-        from controller import live, warm
+        from controller.live import broadcast as live
+        from controller.supervision import warm
 
         settings.THUNDERSYNC_RUN_DIR = Path(run_dir)
         kept = live._group_send

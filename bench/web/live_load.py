@@ -2,7 +2,7 @@
 
 The production shape on one machine: daphne on ``controller.settings.production`` (pooled
 PostgreSQL, Redis channel layer) and a worker-like process on the same settings whose real
-supervisors (``controller.supervisor.supervise``, one thread per run, as many as a worker with
+supervisors (``controller.supervision.supervisor.supervise``, one thread per run, as many as a worker with
 that many run slots) read the JSONL events of stand-in learners (``emit`` below: spans shaped
 like a multi-turn agent's rollouts, metrics per step, then ``run finished``), store them and
 publish them. Against it: websocket viewers that ack as the run page does and reconnect with
@@ -72,7 +72,7 @@ def supervise_runs(run_ids: list[int], seconds: float, spans_per_s: float) -> No
     from django.conf import settings
 
     from controller.models import Run
-    from controller.supervisor import supervise
+    from controller.supervision.supervisor import supervise
 
     settings.THUNDERSYNC_LEARNER_COMMAND = [sys.executable, "-m", "bench.web.live_load", "emit", "--seconds",
                                             str(seconds), "--rate", str(spans_per_s)]

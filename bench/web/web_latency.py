@@ -1,6 +1,6 @@
 """Span-to-browser latency at a sustained span rate (default 2,000 spans/s).
 
-Spans go through the real path: JSONL lines into controller.ingestion.RunIngestor (as the
+Spans go through the real path: JSONL lines into controller.ingest.ingestion.RunIngestor (as the
 supervisor feeds them), bulk insert into PostgreSQL, frames through the Redis channel layer,
 the websocket consumer in a separate daphne process, and a headless chromium run page that
 stamps each frame when its handler runs. Latency of a span = page receive time - the
@@ -28,7 +28,7 @@ TARGET_P95_MS = 250.0
 
 def record_publish_times(published: dict[int, float]) -> None:
     """Wrap the ingestor's publish so each span's hand-off to the channel layer is timed too."""
-    from controller import ingestion
+    from controller.ingest import ingestion
 
     publish = ingestion.live.publish
 
@@ -46,7 +46,7 @@ def feed_at_rate(run_id: int, events: list[dict], rate: float, flush_s: float, f
     """Feed span lines to a RunIngestor at ``rate`` per second; returns seq -> feed time (epoch ms)."""
     from django.db import connections
 
-    from controller import ingestion
+    from controller.ingest import ingestion
 
     ingestor = ingestion.RunIngestor(run_id, flush_s, flush_spans)
     sent: dict[int, float] = {}

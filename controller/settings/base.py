@@ -35,12 +35,12 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "controller.outages.OutageMiddleware",  # innermost: it sees what views raise (503, not 500)
+    "controller.limits.outages.OutageMiddleware",  # innermost: it sees what views raise (503, not 500)
 ]
 
 ROOT_URLCONF = "controller.urls"
 ASGI_APPLICATION = "controller.asgi.application"
-CSRF_FAILURE_VIEW = "controller.api_errors.csrf_failure"
+CSRF_FAILURE_VIEW = "controller.jsonapi.api_errors.csrf_failure"
 
 TEMPLATES = [
     {
@@ -98,7 +98,7 @@ THUNDERSYNC_LEARNER_COMMAND = DEFAULT_LEARNER_COMMAND = (
     [str(_console_script)] if _console_script.exists() else [sys.executable, "-m", "learner.cli"]
 )
 # Runs of the default learner command are forked from a warm runner process that has torch and
-# the trainer imported (controller/warm.py; docs/processes.md "Warm runner"); a run asked for
+# the trainer imported (controller/supervision/warm.py; docs/processes.md "Warm runner"); a run asked for
 # while it still imports waits for it up to THUNDERSYNC_WARM_WAIT_S, then starts cold.
 THUNDERSYNC_WARM_RUNNER = os.environ.get("THUNDERSYNC_WARM_RUNNER", "1") == "1"
 THUNDERSYNC_WARM_WAIT_S = 60.0
@@ -113,7 +113,7 @@ THUNDERSYNC_CANCEL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this many second
 THUNDERSYNC_INGEST_FLUSH_S = 0.1  # batch DB writes and websocket frames at most this long (span-to-page p95 <= 250 ms needs <= 0.1, bench/web/web_latency.py)
 THUNDERSYNC_INGEST_FLUSH_SPANS = 500  # ... or this many spans, whichever comes first
 # The app's per-run threads (the learner's output readers, the live publisher) run at this nice
-# value, so the CPU they take while a run trains is the run's idle time (controller/priority.py).
+# value, so the CPU they take while a run trains is the run's idle time (controller/supervision/priority.py).
 THUNDERSYNC_APP_NICE = os.environ.get("THUNDERSYNC_APP_NICE", "10")
 if not THUNDERSYNC_APP_NICE.isdigit() or int(THUNDERSYNC_APP_NICE) > 19:
     raise SystemExit(f"THUNDERSYNC_APP_NICE: expected a nice value 0-19, got {THUNDERSYNC_APP_NICE!r}")
@@ -121,9 +121,9 @@ THUNDERSYNC_APP_NICE = int(THUNDERSYNC_APP_NICE)
 THUNDERSYNC_CANCEL_POLL_S = 0.5  # how often the supervisor re-reads the cancel flag
 THUNDERSYNC_STDERR_TAIL_LINES = 20  # kept for the error text of a failed run
 # A viewer with more unacknowledged websocket bytes than this is closed (4408) and resumes with
-# ?after; the replay keeps at most half of it in flight (controller/consumers.py).
+# ?after; the replay keeps at most half of it in flight (controller/live/consumers.py).
 THUNDERSYNC_WS_BACKLOG_BYTES = int(os.environ.get("THUNDERSYNC_WS_BACKLOG_BYTES", 4 * 2**20))
-# Live frames wait in a socket's own inbox while it sends the previous ones (controller/fanout.py);
+# Live frames wait in a socket's own inbox while it sends the previous ones (controller/live/fanout.py);
 # one holding this many is too slow for its run's frames: closed 4408, it resumes from the database.
 THUNDERSYNC_WS_INBOX_FRAMES = 2000
 # Websockets one user may hold open in one server process; the next is accepted and closed 4429.
@@ -139,7 +139,7 @@ THUNDERSYNC_STALE_S = 20.0
 # runs.<node>) and the address other nodes reach it at (rank 0's rendezvous and control port).
 THUNDERSYNC_NODE = os.environ.get("THUNDERSYNC_NODE", "local")
 THUNDERSYNC_NODE_ADDR = os.environ.get("THUNDERSYNC_NODE_ADDR", "127.0.0.1")
-# The node registry (controller/nodes.py): a launch may name in learner.nodes only a node some
+# The node registry (controller/supervision/nodes.py): a launch may name in learner.nodes only a node some
 # worker stamped (at its start, then every REAP_INTERVAL_S) within this many seconds.
 THUNDERSYNC_NODE_TTL_S = float(os.environ.get("THUNDERSYNC_NODE_TTL_S", "60"))
 if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to (a container's own)
@@ -147,7 +147,7 @@ if THUNDERSYNC_NODE_ADDR == "auto":  # the address this host's name resolves to 
 
     THUNDERSYNC_NODE_ADDR = socket.gethostbyname(socket.gethostname())
 THUNDERSYNC_REAP_INTERVAL_S = 10.0
-# Request bodies are refused with 413 past this many bytes while they arrive (controller/body_limit.py).
+# Request bodies are refused with 413 past this many bytes while they arrive (controller/limits/body_limit.py).
 THUNDERSYNC_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # The web process (controller/asgi.py) reaps too, so a run whose worker died is resumed or
 # failed even while no worker is up. Production turns it on; the embedded demo has its own.
@@ -160,32 +160,32 @@ THUNDERSYNC_PROGRESS_TIMEOUT_S = 600.0
 THUNDERSYNC_DB_RETRY_MAX_S = 5.0  # backoff ceiling while the database is unreachable
 THUNDERSYNC_DB_OUTAGE_LIMIT_S = 600.0  # past this the supervisor gives up (the reaper ends the run)
 
-# Per-user quotas (controller/quotas.py); a UserQuota row in the admin overrides them per user.
+# Per-user quotas (controller/limits/quotas.py); a UserQuota row in the admin overrides them per user.
 THUNDERSYNC_QUOTA_DEFAULTS = {
     "trajectories_per_step": 1024,  # train.prompts_per_step × train.group_size
     "steps": 10_000,  # train.steps of one run
-    "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/dispatch.py)
+    "concurrent_runs": 2,  # more wait queued; the dispatcher interleaves users (controller/supervision/dispatch.py)
     "queued_runs": 10,
-    # processes and generated items of one run (controller/quotas.py RESOURCE_LIMITS)
+    # processes and generated items of one run (controller/limits/quotas.py RESOURCE_LIMITS)
     "rollout_workers": 8,  # rollout.workers, and rollout.replicas (vLLM)
     "learner_world_size": 4,  # learner.world_size
     "task_size": 100_000,  # task.size (reasoning-gym items per split)
-    # cost (controller/run_cost.py): rollout processes + learner ranks; sampled tokens of a step
+    # cost (controller/limits/run_cost.py): rollout processes + learner ranks; sampled tokens of a step
     # (trajectories × (prompt + max_new_tokens × max_turns)); any number in a reasoning-gym
     # dataset's options; checkpoints kept (train.keep_checkpoints)
     "processes": 12,
     "tokens_per_step": 4_194_304,
     "generator_setting": 100,
     "keep_checkpoints": 10,
-    "disk_mb": 50_000,  # what a user's run directories hold (controller/disk_quota.py)
+    "disk_mb": 50_000,  # what a user's run directories hold (controller/limits/disk_quota.py)
 }
-# Objects a user may keep stored (controller/quotas.py check_stored): past either, creating
+# Objects a user may keep stored (controller/limits/quotas.py check_stored): past either, creating
 # another is refused (409) naming the limit.
 THUNDERSYNC_MAX_EXPERIMENTS_PER_USER = int(os.environ.get("THUNDERSYNC_MAX_EXPERIMENTS_PER_USER", "500"))
 THUNDERSYNC_MAX_RUNS_PER_USER = int(os.environ.get("THUNDERSYNC_MAX_RUNS_PER_USER", "5000"))
 THUNDERSYNC_DISK_CHECK_S = 30.0  # how often a run's supervisor measures its owner's disk use
 
-# Login throttling (controller/login_throttle.py): failures counted per (account, address)
+# Login throttling (controller/limits/login_throttle.py): failures counted per (account, address)
 # and per address; past a limit each attempt waits a cool-down after the last failure.
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ACCOUNT = 5
 THUNDERSYNC_LOGIN_MAX_FAILURES_PER_ADDRESS = 20
@@ -221,7 +221,7 @@ THUNDERSYNC_DB_RECONNECT_S = float(os.environ.get("THUNDERSYNC_DB_RECONNECT_S", 
 THUNDERSYNC_DB_CONNECT_TIMEOUT_S = int(os.environ.get("THUNDERSYNC_DB_CONNECT_TIMEOUT_S", "2"))
 # A server process checks this often that the channel layer still holds it in each run's group it
 # feeds sockets from (a Redis restart forgets every group) and asks their pages to reconnect from
-# their last seq if not (controller/fanout.py).
+# their last seq if not (controller/live/fanout.py).
 THUNDERSYNC_WS_GROUP_CHECK_S = 5.0
 # Redis clients (channel layer, cache): a connect to a Redis that is down or unreachable fails
 # within this many seconds instead of the system's minutes; idle connections are PINGed before
@@ -261,10 +261,10 @@ def redis_channel_layers(url: str, prefix: str = "asgi") -> dict:
     ``capacity`` messages: at the default 100, a busy daphne with a few dozen viewers lost a
     run's last frames (its final status), so the inbox may hold far more; a viewer that falls
     behind is closed by its own byte limit instead (THUNDERSYNC_WS_BACKLOG_BYTES). The layer's
-    backup-queue cleanup says an outage in one line, not a traceback (controller/channel_layer.py)."""
+    backup-queue cleanup says an outage in one line, not a traceback (controller/live/channel_layer.py)."""
     return {
         "default": {
-            "BACKEND": "controller.channel_layer.QuietCleanupRedisChannelLayer",
+            "BACKEND": "controller.live.channel_layer.QuietCleanupRedisChannelLayer",
             "CONFIG": {"hosts": [{"address": url, "socket_timeout": 30, **redis_options()}], "prefix": prefix,
                        "capacity": 10_000},
         }

@@ -22,7 +22,7 @@ DATABASES = {
     }
 }
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "controller.embedded_layer.EmbeddedChannelLayer"}}
+CHANNEL_LAYERS = {"default": {"BACKEND": "controller.live.embedded_layer.EmbeddedChannelLayer"}}
 
 CELERY_BROKER_URL = "memory://"
 # The in-memory transport polls its queues; at the default 1 s a launched run waited ~1 s to be

@@ -1,7 +1,7 @@
 """Start a run through the warm runner (learner/warm/server.py) and watch it like a child process.
 
 Standard library only: the controller's supervisor imports it without torch. ``WarmProcess``
-answers what ``controller/supervisor.py`` asks of a ``subprocess.Popen``: ``pid`` (the run's
+answers what ``controller/supervision/supervisor.py`` asks of a ``subprocess.Popen``: ``pid`` (the run's
 process, leader of its own process group), ``stdout``/``stderr`` (pipes this process made and
 handed over), ``poll()``, ``wait(timeout)`` and ``returncode``.
 """

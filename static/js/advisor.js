@@ -1,5 +1,5 @@
 // Run page: the schedule advisor and the drain's decisions (GET /api/runs/<id>/advice/;
-// controller/advisor.py, controller/drain.py; docs/pages-run.md "Schedule advisor"). Fetched once the
+// controller/comparisons/advisor.py, controller/comparisons/drain.py; docs/pages-run.md "Schedule advisor"). Fetched once the
 // run has finished (live.js keeps #run-app's data-status current); every text is set as text.
 import { getJSON } from "./api.js";
 

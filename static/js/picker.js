@@ -1,5 +1,5 @@
 // Run pickers (the compare page's, the runs list's ticks): the checked runs become
-// ``?runs=1,2,3`` (2 to 12 of them, controller/compare.py MIN_COMPARED/MAX_COMPARED). A box may sit outside its form (``form="..."``, the runs
+// ``?runs=1,2,3`` (2 to 12 of them, controller/comparisons/compare.py MIN_COMPARED/MAX_COMPARED). A box may sit outside its form (``form="..."``, the runs
 // list's rows): form.elements holds it either way.
 const MIN_RUNS = 2, MAX_RUNS = 12;
 

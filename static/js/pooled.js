@@ -1,5 +1,5 @@
 // Compare page, per schedule: a comparison's repeats pooled, from the summary's ``pooled`` rows
-// (controller/pooled.py; docs/pages-compare.md, "Pooled over repeats"), and the trained-distribution
+// (controller/comparisons/pooled.py; docs/pages-compare.md, "Pooled over repeats"), and the trained-distribution
 // warnings. Every cell keeps the API's number in data-value; the text is it formatted.
 
 const dash = "—";

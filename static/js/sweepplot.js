@@ -1,5 +1,5 @@
 // A sweep's plot (compare page of a comparison with a swept field): a chosen figure of the
-// summary (GET /api/compare/, controller/compare.py) against the swept value, one line per
+// summary (GET /api/compare/, controller/comparisons/compare.py) against the swept value, one line per
 // schedule. Bars: where a value and schedule have several runs (repeats), their min to max
 // around the mean; with one run, the figure's own spread where the summary has one (the step
 // time's p10-p90 over the steps, the speedup's from it).

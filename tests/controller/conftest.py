@@ -133,7 +133,7 @@ def wait_for_status(run_id: int, statuses, timeout: float) -> Run:
 def celery_worker(transactional_db, settings, tmp_path):
     """A real Celery worker (solo pool, thread of this process) on the Redis broker, queue 'runs'."""
     from controller.celery import app
-    from controller.embedded_worker import EmbeddedWorker
+    from controller.supervision.embedded_worker import EmbeddedWorker
 
     settings.THUNDERSYNC_RUN_DIR = tmp_path / "runs"
     with app.connection_for_write() as conn:  # a clean queue: nothing left from an earlier test run

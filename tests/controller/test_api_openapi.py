@@ -41,7 +41,7 @@ def test_documented_methods_match_the_views(alice_client):
 
 def test_every_steps_input_is_bounded_by_the_users_quota_as_the_server_is(alice_client, alice_experiment):
     from controller.models import Schedule
-    from controller.quotas import quota_for
+    from controller.limits.quotas import quota_for
 
     from .conftest import post_json
 

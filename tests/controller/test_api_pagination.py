@@ -1,12 +1,12 @@
-"""Every list of the API a page at a time (controller/pagination.py), per-user caps on stored
-experiments and runs (controller/quotas.py check_stored), and the pages' bounded lists."""
+"""Every list of the API a page at a time (controller/jsonapi/pagination.py), per-user caps on stored
+experiments and runs (controller/limits/quotas.py check_stored), and the pages' bounded lists."""
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from controller.models import Comparison, Experiment, Run, Schedule, StepMetric
-from controller.pagination import DEFAULT_PAGE, MAX_PAGE
+from controller.jsonapi.pagination import DEFAULT_PAGE, MAX_PAGE
 from controller.urls import api_urlpatterns
 
 from .conftest import QUICKSTART, make_run, post_json, store_spans

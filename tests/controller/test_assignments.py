@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from controller.ingestion import RunIngestor
+from controller.ingest.ingestion import RunIngestor
 from controller.models import Span
 
 from .test_ingestion import span_line

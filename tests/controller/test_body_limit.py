@@ -1,7 +1,7 @@
 """Oversize request bodies keep the web process's memory flat: a 1 GiB chunked body sent to
 daphne on the production settings, anonymous and logged in, is answered 413 after
 THUNDERSYNC_MAX_REQUEST_BYTES and its connection closed, while daphne's resident set grows
-by less than 20 MB (controller/body_limit.py)."""
+by less than 20 MB (controller/limits/body_limit.py)."""
 
 import socket
 import threading

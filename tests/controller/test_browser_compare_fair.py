@@ -6,7 +6,7 @@ level, draws staleness over every step, and answers unknown run ids with a style
 import pytest
 from tests.harness.web_harness import browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
-from controller.compare import smoothed
+from controller.comparisons.compare import smoothed
 from controller.models import Run, StepMetric
 
 from .conftest import make_run

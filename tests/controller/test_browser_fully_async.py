@@ -10,7 +10,7 @@ import random
 import pytest
 from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
-from controller.ingestion import RunIngestor
+from controller.ingest.ingestion import RunIngestor
 from controller.models import Run, Schedule, Span, StepMetric
 
 from .conftest import make_run

@@ -12,7 +12,7 @@ import time
 import pytest
 from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
-from controller import ingestion
+from controller.ingest import ingestion
 from controller.models import Run
 
 from .conftest import make_run

@@ -11,9 +11,9 @@ import time
 import pytest
 from django.utils import timezone
 from tests.harness.web_harness import agent_run_events, browser_page, live_url, log_in  # noqa: F401 (fixtures)
-from controller import ingestion
+from controller.ingest import ingestion
 from controller.models import Run, Span
-from controller.runlog import log_path
+from controller.supervision.runlog import log_path
 
 from .conftest import launch_from_page, make_run, wait_for_status
 

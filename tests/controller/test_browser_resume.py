@@ -9,7 +9,7 @@ import time
 
 import pytest
 from tests.harness.web_harness import browser_page, live_url, log_in  # noqa: F401 (fixtures)
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Checkpoint, Experiment, Run, Span, StepMetric
 
 from .conftest import QUICKSTART, wait_for_status

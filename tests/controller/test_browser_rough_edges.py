@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 from tests.harness.web_harness import browser_page, live_url, log_in  # noqa: F401 (fixtures)
 
-from controller import ingestion
+from controller.ingest import ingestion
 from controller.models import Run, Span, StepMetric
 
 from .conftest import make_run

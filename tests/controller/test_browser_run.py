@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from tests.harness.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Run, Span, StepMetric
 
 from .conftest import launch_from_page, wait_for_status

@@ -10,9 +10,9 @@ from django.test import Client
 from django.utils import timezone
 from tests.harness.web_harness import browser_page, live_url, log_in, screenshot  # noqa: F401 (fixtures)
 
-from controller import ingestion
+from controller.ingest import ingestion
 from controller.models import Comparison, Experiment, Run, StepMetric
-from controller.run_table import COLUMNS
+from controller.comparisons.run_table import COLUMNS
 
 from .conftest import QUICKSTART, make_run
 from .test_browser_rough_edges import in_thread

@@ -11,7 +11,7 @@ import json
 import pytest
 from tests.harness.web_harness import browser_page, live_url, pick_metrics, screenshot  # noqa: F401 (fixtures)
 
-from controller.ingestion import RunIngestor, finish_run
+from controller.ingest.ingestion import RunIngestor, finish_run
 from controller.models import Run, Span, StepMetric, SystemSample, TrajectoryRecord
 from learner.config import load_config
 from learner.driver.loop import train

@@ -1,5 +1,5 @@
 """Processes a run starts get the worker's environment without its secrets
-(controller/child_env.py): the learner (cold or from the warm runner) and the runner itself."""
+(controller/supervision/child_env.py): the learner (cold or from the warm runner) and the runner itself."""
 
 import sys
 import time
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import warm
-from controller.child_env import is_secret, run_environment
-from controller.supervisor import LearnerProcess
+from controller.supervision import warm
+from controller.supervision.child_env import is_secret, run_environment
+from controller.supervision.supervisor import LearnerProcess
 
 SECRETS = {"DJANGO_SECRET_KEY": "k-123", "DATABASE_URL": "postgres://app:pw@db/app", "REDIS_URL": "redis://r:6379/0",
            "PGPASSWORD": "pw", "CELERY_BROKER_URL": "redis://r", "AWS_SECRET_ACCESS_KEY": "a", "HF_TOKEN": "t"}

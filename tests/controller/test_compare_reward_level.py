@@ -3,7 +3,7 @@ none (said), never the first step's reward of a run whose reward falls."""
 
 import pytest
 
-from controller.compare import default_reward_level, default_reward_levels, smoothed
+from controller.comparisons.compare import default_reward_level, default_reward_levels, smoothed
 
 from .conftest import make_run
 from .test_api_compare import store_steps

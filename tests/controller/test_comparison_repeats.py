@@ -4,7 +4,7 @@ time while other runs still start beside them."""
 
 import pytest
 
-from controller.dispatch import claim_next_run
+from controller.supervision.dispatch import claim_next_run
 from controller.models import Comparison, Run, Schedule
 
 from .conftest import make_run, post_json
@@ -83,9 +83,9 @@ def test_repeats_train_one_seed_per_round_shared_by_the_rounds_runs(alice_client
         ("sync", 7), ("async", 7), ("async", 8), ("sync", 8), ("sync", 9), ("async", 9)]
     assert comparison.round_seeds() == [7, 8, 9]
     # the rounds' seeds do not split a schedule's repeats: one pooled group per schedule
-    from controller.pooled import group_key, label
+    from controller.comparisons.pooled import group_key, label
     assert len({group_key(r) for r in runs}) == 2 and {label(r) for r in runs} == {"sync", "async"}
-    from controller.fairness import shared_schedule
+    from controller.comparisons.fairness import shared_schedule
     assert not shared_schedule(runs)
     page = alice_client.get(f"/comparisons/{comparison.pk}/").content.decode()
     assert "seeds 7, 8, 9, one per round" in page
@@ -113,7 +113,7 @@ def test_the_seed_is_an_override_and_a_sweep_axis(alice_client, alice_experiment
 def test_a_comparison_of_any_size_summarises_every_run_pooled_per_schedule(alice_client, alice_experiment, presets):
     """4 schedules x 3 repeats = 12 runs: the comparison's own summary holds all of them, pooled per
     schedule (an ad-hoc overlay of hand-picked runs stays bounded, at 12)."""
-    from controller.compare import MAX_COMPARED
+    from controller.comparisons.compare import MAX_COMPARED
 
     from .test_api_compare import store_steps
 

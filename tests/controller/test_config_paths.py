@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from controller import server_paths
 from controller.models import Run
-from controller.runlog import run_dir
-from controller.supervisor import supervise
+from controller.supervision.runlog import run_dir
+from controller.supervision.supervisor import supervise
 from learner.config import RunConfig
 
 from .conftest import ROOT, post_json

@@ -6,9 +6,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from controller.asgi import application
-from controller.live import publish
+from controller.live.broadcast import publish
 from controller.models import Span, SystemSample
-from controller.serializers import spans_json
+from controller.jsonapi.serializers import spans_json
 
 from .conftest import store_metrics, store_spans
 
@@ -145,7 +145,7 @@ async def test_a_client_gone_mid_replay_ends_the_replay_without_a_traceback(alic
     its tab while thousands of spans replay): the consumer stops sending and reading, quietly."""
     from channels.generic.websocket import AsyncWebsocketConsumer
 
-    from controller import consumers
+    from controller.live import consumers
 
     await database_sync_to_async(store_spans)(alice_run, 2500)  # two replay batches
     real_send, sent = AsyncWebsocketConsumer.send, []

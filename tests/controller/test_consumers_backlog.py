@@ -6,9 +6,9 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 
-from controller import consumers
-from controller.consumers import CLOSE_TOO_SLOW
-from controller.live import publish
+from controller.live import consumers
+from controller.live.consumers import CLOSE_TOO_SLOW
+from controller.live.broadcast import publish
 
 from .test_consumers import connect, receive_until_replay_done, span_dicts, span_seqs, store_spans_range
 

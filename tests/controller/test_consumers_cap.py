@@ -6,7 +6,8 @@ import weakref
 
 import pytest
 
-from controller import consumers, fanout
+from controller.live import consumers
+from controller.live import fanout
 
 from .test_consumers import close_code, connect, receive_until_replay_done
 

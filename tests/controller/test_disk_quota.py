@@ -1,4 +1,4 @@
-"""Disk per user (controller/disk_quota.py): a launch that would pass the quota is refused
+"""Disk per user (controller/limits/disk_quota.py): a launch that would pass the quota is refused
 with what is used and what the run may write; a run that outgrows it is stopped, saying so."""
 
 import json
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from controller.models import Run, UserQuota
-from controller.runlog import run_dir
-from controller.supervisor import supervise
+from controller.supervision.runlog import run_dir
+from controller.supervision.supervisor import supervise
 
 from .conftest import make_run, post_json
 

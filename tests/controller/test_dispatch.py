@@ -3,7 +3,7 @@
 import pytest
 
 from controller.celery import app
-from controller.dispatch import claim_next_run
+from controller.supervision.dispatch import claim_next_run
 from controller.models import Experiment, Run, UserQuota
 from controller.tasks import run_training
 
@@ -103,11 +103,11 @@ def test_a_slot_starts_the_fairest_run_and_tops_up_after_it(alice_experiment, bo
 
 
 def cancel_during(monkeypatch, name: str, run: Run) -> list[int]:
-    """Wrap ``controller.dispatch.<name>`` so that ``run`` is cancelled (as the cancel button
+    """Wrap ``controller.supervision.dispatch.<name>`` so that ``run`` is cancelled (as the cancel button
     does, launching.request_cancel) right after it was called: a cancel that lands inside the
     claim, deterministically. Returns the list of cancels done (one per call of the hook)."""
-    import controller.dispatch as dispatch
-    from controller.launching import request_cancel
+    import controller.supervision.dispatch as dispatch
+    from controller.supervision.launching import request_cancel
 
     real, done = getattr(dispatch, name), []
 

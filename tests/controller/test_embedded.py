@@ -8,8 +8,8 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth import authenticate
 from django.core.management import call_command
 
-from controller.embedded_layer import EmbeddedChannelLayer
-from controller.embedded_worker import EmbeddedWorker
+from controller.live.embedded_layer import EmbeddedChannelLayer
+from controller.supervision.embedded_worker import EmbeddedWorker
 from controller.management.commands.demo import DEMO_STEPS, DEMOS
 from controller.models import Experiment, Run, Schedule
 
@@ -48,7 +48,7 @@ def test_the_demo_experiments_load_their_config_files_and_compare_the_four_sched
     form's defaults tick the four schedules and launch a comparison the compare page holds whole."""
     import yaml
 
-    from controller.compare import MAX_LAUNCHED
+    from controller.comparisons.compare import MAX_LAUNCHED
     from controller.forms import DEFAULT_REPEATS, ComparisonForm
 
     call_command("demo", "--setup-only")

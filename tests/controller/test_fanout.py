@@ -1,5 +1,5 @@
 """A server process joins a run's channel-layer group once, whatever the number of its viewers of
-that run, and hands each frame to each of them in-process (controller/fanout.py); a viewer too
+that run, and hands each frame to each of them in-process (controller/live/fanout.py); a viewer too
 slow for the frames is closed 4408 without holding up the others (docs/controller-faults.md,
 "Connections")."""
 
@@ -8,9 +8,10 @@ import asyncio
 import pytest
 from channels.layers import get_channel_layer
 
-from controller import fanout, live
-from controller.consumers import CLOSE_TOO_SLOW, RunConsumer
-from controller.live import group_name, publish
+from controller.live import fanout
+from controller.live import broadcast as live
+from controller.live.consumers import CLOSE_TOO_SLOW, RunConsumer
+from controller.live.broadcast import group_name, publish
 
 from .test_consumers import connect, receive_until_replay_done
 

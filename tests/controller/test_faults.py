@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from controller.celery import app
 from controller.broker import enqueue
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Experiment, Run, Span, StepMetric
 
 from .conftest import QUICKSTART
@@ -193,7 +193,7 @@ def test_terminated_database_connections_do_not_kill_a_healthy_run(worker, alice
 def test_a_flapping_database_never_reaps_a_live_supervisor(worker, alice_experiment, sync_preset, settings):
     """Every backend terminated every 50 ms for three times THUNDERSYNC_STALE_S: the worker's
     reaper sees the run's heartbeat go stale, but its supervisor keeps touching its run
-    directory (controller/liveness.py), so the run trains on and ends with every step."""
+    directory (controller/supervision/liveness.py), so the run trains on and ends with every step."""
     run_id = launch(alice_experiment, sync_preset, 60)
     wait_running_with_spans(run_id, 20)
     with BackendTerminator(0.05) as terminator:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from controller import ingestion
-from controller.ingestion import RunIngestor, finish_run, span_from_event
+from controller.ingest import ingestion
+from controller.ingest.ingestion import RunIngestor, finish_run, span_from_event
 from controller.models import Checkpoint, Run, Span, StepMetric, SystemSample
 
 from .conftest import make_run, store_metrics
@@ -76,7 +76,7 @@ def test_it_waits_for_the_interval_before_a_small_flush(alice_run):
 
 def test_a_drained_burst_is_flushed_without_waiting_for_the_interval(alice_run, monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr("controller.ingestion.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("controller.ingest.ingestion.time.monotonic", lambda: clock[0])
     ing = ingestor(alice_run, flush_spans=100)
     for seq in range(3):  # one write of the learner: three lines, then nothing waiting
         ing.feed(span_line(seq))
@@ -151,7 +151,7 @@ def test_span_from_event_keeps_every_field():
 def test_both_span_writes_store_every_field_and_skip_a_stored_seq(alice_run, vendor, monkeypatch):
     """The PostgreSQL array insert and the bulk_create elsewhere store the same rows; a seq stored
     already keeps its first row (a re-ingested line is harmless)."""
-    from controller import bulk_writes
+    from controller.ingest import bulk_writes
 
     if vendor == "sqlite":  # the test database is PostgreSQL: take the other branch on it
         monkeypatch.setattr(bulk_writes.connection, "vendor", "sqlite")
@@ -169,7 +169,7 @@ def test_a_lost_connection_during_the_array_insert_is_djangos_operational_error(
     import psycopg
     from django.db import OperationalError, connection
 
-    from controller import bulk_writes
+    from controller.ingest import bulk_writes
 
     connection.ensure_connection()
     backend = connection.connection.info.backend_pid

@@ -1,4 +1,4 @@
-"""A websocket outlives a Redis that forgot its group (its process's membership, controller/fanout.py),
+"""A websocket outlives a Redis that forgot its group (its process's membership, controller/live/fanout.py),
 and a publisher that dropped frames: the page is asked to reconnect (4503) and replays what it missed from the database
 (docs/controller-faults.md, "Connections"). The group is forgotten by deleting its key, as a restart
 without persistence does, while every connection stays open, so the consumer's receive loop
@@ -11,9 +11,9 @@ import time
 import pytest
 from channels.layers import get_channel_layer
 
-from controller import live
-from controller.consumers import CLOSE_TRY_AGAIN_LATER
-from controller.live import group_name, publish
+from controller.live import broadcast as live
+from controller.live.consumers import CLOSE_TRY_AGAIN_LATER
+from controller.live.broadcast import group_name, publish
 
 from .test_consumers import close_code, connect, receive_until_replay_done
 
@@ -71,7 +71,7 @@ async def test_pages_of_a_run_whose_frames_were_dropped_resume_once_the_layer_is
 
 
 async def test_a_socket_whose_probes_never_come_back_is_asked_to_resume(alice_run, alice, quick_checks, monkeypatch):
-    from controller.fanout import RunFeed
+    from controller.live.fanout import RunFeed
 
     def lost(self, message):  # the layer's receive path delivers nothing more to this process
         return None

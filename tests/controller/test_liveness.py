@@ -1,4 +1,4 @@
-"""Liveness from the process, not from the database (controller/liveness.py): a supervisor
+"""Liveness from the process, not from the database (controller/supervision/liveness.py): a supervisor
 that only lost the database keeps its run; one that stopped touching its run directory is
 reaped, and the reaper kills its run's whole process group whatever its command line, then
 checks it is gone. Real processes; PostgreSQL."""
@@ -14,9 +14,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controller import liveness, ownership, processes
+from controller.supervision import liveness
+from controller.supervision import ownership
+from controller.supervision import processes
 from controller.models import Run
-from controller.runlog import run_dir
+from controller.supervision.runlog import run_dir
 
 from .conftest import make_run
 from .test_ownership import dead_local_supervisor

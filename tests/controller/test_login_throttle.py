@@ -8,7 +8,7 @@ import pytest
 from django.core.cache import cache
 from django.test import Client
 
-from controller import login_throttle
+from controller.limits import login_throttle
 
 pytestmark = pytest.mark.django_db
 LOGIN = "/accounts/login/"
@@ -104,7 +104,7 @@ def test_logins_work_while_redis_is_down(alice, settings, caplog):
     throttle fails open with a warning, the right password logs in, a wrong one is a 200 form."""
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                    "LOCATION": "redis://127.0.0.1:9/0"}}
-    with caplog.at_level(logging.WARNING, logger="controller.login_throttle"):
+    with caplog.at_level(logging.WARNING, logger="controller.limits.login_throttle"):
         assert attempt(Client(), "alice", "wrong").status_code == 200
         assert attempt(Client(), "alice", "alice-password").status_code == 302
     assert "the cache is unreachable" in caplog.text

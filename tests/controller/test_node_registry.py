@@ -1,4 +1,4 @@
-"""The node registry (controller/nodes.py): a launch may name in ``learner.nodes`` only nodes a
+"""The node registry (controller/supervision/nodes.py): a launch may name in ``learner.nodes`` only nodes a
 live worker serves, so a made-up name never creates a queue; a node queue that a run's
 messages created is deleted when the run ends if no worker serves that node. Real PostgreSQL
 and the real Redis broker (this test run's key prefix)."""
@@ -10,9 +10,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from controller import nodes, ownership
+from controller.supervision import nodes
+from controller.supervision import ownership
 from controller.broker import forget_queue
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Checkpoint, Experiment, Run, WorkerNode
 from controller.tasks import run_training
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from controller.config_merge import run_config
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Experiment, Run, RunNode, Span, StepMetric
 
 from tests.harness.web_harness import browser_page, live_url  # noqa: F401 (fixtures)

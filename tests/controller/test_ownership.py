@@ -1,4 +1,4 @@
-"""No run without an owner (controller/ownership.py): claims, adoption by a redelivered
+"""No run without an owner (controller/supervision/ownership.py): claims, adoption by a redelivered
 task, the reaper, cancel of an unsupervised run, re-sending a message the broker lost.
 Real PostgreSQL and Redis; supervisors are stood in for by real processes that exit."""
 
@@ -8,9 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controller import broker, ownership, processes
+from controller import broker
+from controller.supervision import ownership
+from controller.supervision import processes
 from controller.celery import app
-from controller.launching import request_cancel
+from controller.supervision.launching import request_cancel
 from controller.models import Run
 from controller.tasks import run_training
 
@@ -60,7 +62,7 @@ def test_a_redelivered_message_adopts_exactly_the_run_it_started(alice_experimen
 
 
 def test_a_claim_records_the_message_that_made_it(alice_experiment, sync_preset):
-    from controller.dispatch import claim_next_run
+    from controller.supervision.dispatch import claim_next_run
 
     run = make_run(alice_experiment, sync_preset, status=Run.Status.QUEUED)
     assert claim_next_run("message-7") == run.pk
@@ -98,7 +100,7 @@ def test_the_reaper_waits_two_passes_for_a_remote_owner_with_a_stale_heartbeat(
 
 
 def test_a_run_handed_to_a_node_nobody_serves_fails_naming_the_queue(alice_experiment, sync_preset, settings):
-    # a run that spans nodes, handed to its first node's queue (controller/nodes.py), never taken
+    # a run that spans nodes, handed to its first node's queue (controller/supervision/nodes.py), never taken
     run = running(alice_experiment, sync_preset, ownership.HANDED_OFF + "runs.a",
                   heartbeat_age_s=settings.THUNDERSYNC_STALE_S + 5)
     ownership.reap()

@@ -3,7 +3,7 @@
 import pytest
 
 from controller.models import Experiment, Run, Schedule, Span, StepMetric
-from controller.runlog import run_dir
+from controller.supervision.runlog import run_dir
 
 from .conftest import make_run, store_metrics, store_spans
 

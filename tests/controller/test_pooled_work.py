@@ -1,11 +1,11 @@
 """The compare page's pooled rows hold each schedule's equal-work step and its share of sync's
-slowest decile, from the stored spans and metrics (controller/trained_work.py, controller/pooled.py)."""
+slowest decile, from the stored spans and metrics (controller/comparisons/trained_work.py, controller/comparisons/pooled.py)."""
 
 import pytest
 
 from controller.models import Schedule, Span, StepMetric
-from controller.pooled import pooled_summary
-from controller.trained_work import trained_tokens, window_counts
+from controller.comparisons.pooled import pooled_summary
+from controller.comparisons.trained_work import trained_tokens, window_counts
 
 from .conftest import make_run
 

@@ -1,4 +1,4 @@
-"""The app's per-run threads yield the CPU to the run (controller/priority.py); the learner it
+"""The app's per-run threads yield the CPU to the run (controller/supervision/priority.py); the learner it
 starts keeps the priority of the app's supervisor, never the lowered one."""
 
 import os
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from controller.priority import yield_to_runs
-from controller.supervisor import LearnerProcess
+from controller.supervision.priority import yield_to_runs
+from controller.supervision.supervisor import LearnerProcess
 
 
 def thread_nice() -> int:
@@ -62,7 +62,7 @@ LOWER_SESSION = """
 import subprocess, sys
 from django.conf import settings
 settings.configure(THUNDERSYNC_APP_NICE=11)
-from controller.priority import AUTOGROUP, lower_session
+from controller.supervision.priority import AUTOGROUP, lower_session
 restore = lower_session()
 print(AUTOGROUP.read_text().split()[-1])
 run = [sys.executable, "-c", "print(open('/proc/self/autogroup').read().split()[-1])"]
@@ -85,10 +85,13 @@ def test_the_apps_session_is_lowered_and_restored_while_a_run_session_starts_at_
 def test_a_celery_worker_lowers_its_session_when_ready_and_restores_it_at_shutdown(monkeypatch):
     """The worker_ready handler starts the reaper and the warm runner, then lowers the session;
     worker_shutdown restores it (the handlers run inside Celery, which only logs what they raise)."""
-    from controller import ownership, priority, tasks, warm
+    from controller.supervision import ownership
+    from controller.supervision import priority
+    from controller import tasks
+    from controller.supervision import warm
 
     calls = []
-    from controller import nodes
+    from controller.supervision import nodes
 
     monkeypatch.setattr(ownership, "start_reaper", lambda each_pass=None: threading.Event())
     monkeypatch.setattr(nodes, "stamp_quietly", lambda queues: calls.append("stamped"))

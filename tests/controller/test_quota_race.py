@@ -1,15 +1,15 @@
 """The queued-runs quota holds under concurrency: 30 launches of one user at once, each in
 its own thread and PostgreSQL connection, never queue more than the quota (the count and the
-insert share a transaction holding a lock on the user's row, controller/quotas.py)."""
+insert share a transaction holding a lock on the user's row, controller/limits/quotas.py)."""
 
 import threading
 
 import pytest
 from django.db import connection
 
-from controller.launching import launch_run
+from controller.supervision.launching import launch_run
 from controller.models import Run, UserQuota
-from controller.quotas import QuotaExceeded
+from controller.limits.quotas import QuotaExceeded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LAUNCHES, QUOTA = 30, 10

@@ -1,4 +1,4 @@
-"""Resume a failed or cancelled run from its checkpoint (controller/resuming.py): the API,
+"""Resume a failed or cancelled run from its checkpoint (controller/supervision/resuming.py): the API,
 the page's button, the learner arguments of the new attempt, the reaper's auto-resume."""
 
 import json
@@ -7,11 +7,11 @@ import pytest
 import torch
 from django.utils import timezone
 
-from controller import ownership
+from controller.supervision import ownership
 from learner.checkpoint import RunState, save_checkpoint
 from controller.models import Checkpoint, Run
-from controller.resuming import commit_point, resume_arguments
-from controller.supervisor import supervise
+from controller.supervision.resuming import commit_point, resume_arguments
+from controller.supervision.supervisor import supervise
 from learner.checkpoint_integrity import newest_intact
 
 from .conftest import make_run, store_spans

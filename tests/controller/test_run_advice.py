@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from controller.advisor import MAX_REPLAYED, advice, run_events, sentence
-from controller.drain import drain_notes, step_note
+from controller.comparisons.advisor import MAX_REPLAYED, advice, run_events, sentence
+from controller.comparisons.drain import drain_notes, step_note
 from controller.models import Run, StepMetric
 from learner.config import SCHEDULES
 from learner.sim.results import simulate_all

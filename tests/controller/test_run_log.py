@@ -2,7 +2,7 @@
 
 import pytest
 
-from controller.runlog import log_path, log_tail
+from controller.supervision.runlog import log_path, log_tail
 
 from .test_consumers import connect, receive_until_replay_done
 

@@ -79,7 +79,7 @@ def test_a_run_started_where_bwrap_is_missing_fails_at_start_with_one_line(
 ):
     """The controller believed a worker could confine (it reported before its bwrap went
     missing, or it never reported): the run's own start refuses, before any rollout worker."""
-    from controller.launching import launch_run
+    from controller.supervision.launching import launch_run
 
     cache.delete(sandbox_hosts.KEY)  # the embedded worker reported this host's working bwrap at its start
     run = launch_run(sandbox_experiment, sync_preset, steps=2)

@@ -31,7 +31,7 @@ def test_the_default_is_embedded():
     out = probe({})
     settings = json.loads(out.stdout.splitlines()[-1])
     assert settings["db"] == "django.db.backends.sqlite3"
-    assert settings["layer"] == "controller.embedded_layer.EmbeddedChannelLayer"
+    assert settings["layer"] == "controller.live.embedded_layer.EmbeddedChannelLayer"
     assert settings["broker"] == "memory://"
     assert (settings["queue"], settings["prefetch"], settings["acks_late"]) == ("runs", 1, True)
 
@@ -42,7 +42,7 @@ def test_production_reads_postgres_and_redis_from_the_environment():
     settings = json.loads(out.stdout.splitlines()[-1])
     # Django's PostgreSQL backend, its pool answering at once while the database is down (controller/postgres/)
     assert (settings["db"], settings["name"], settings["host"]) == ("controller.postgres", "lab", "db.internal")
-    assert settings["layer"] == "controller.channel_layer.QuietCleanupRedisChannelLayer"
+    assert settings["layer"] == "controller.live.channel_layer.QuietCleanupRedisChannelLayer"
     assert settings["broker"] == "redis://cache:6379/1"
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from controller.models import Run
-from controller.supervisor import supervise
+from controller.supervision.supervisor import supervise
 
 from .conftest import make_run
 
@@ -84,7 +84,7 @@ def test_log_lines_go_live_numbered_as_in_the_file_and_the_error_says_it_once(
     shell_learner, alice_experiment, sync_preset, tmp_path, monkeypatch
 ):
     frames = []
-    monkeypatch.setattr("controller.ingestion.live.publish", lambda run_id, frame: frames.append(frame))
+    monkeypatch.setattr("controller.ingest.ingestion.live.publish", lambda run_id, frame: frames.append(frame))
     failed = json.dumps({"type": "run", "status": "failed", "error": "RuntimeError: boom"})
     shell_learner(f"echo 'boot: starting 1 rollout worker(s)' >&2; echo '{STARTED}'; echo '{failed}'; "
                   "printf 'Traceback (most recent call last):\\nRuntimeError: boom\\n' >&2; exit 1")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from controller.ingestion import RunIngestor
+from controller.ingest.ingestion import RunIngestor
 from controller.models import TrajectoryRecord
 
 pytestmark = pytest.mark.django_db
@@ -66,7 +66,7 @@ def test_a_bad_record_is_refused_naming_its_field(alice_run, bad, field):
 def test_both_record_writes_store_every_field_and_replace_a_stored_trajectory(alice_run, vendor, monkeypatch):
     """The PostgreSQL array upsert and the bulk_create elsewhere store the same records (JSON,
     nulls, booleans and text with quotes included); a record sent again replaces the first."""
-    from controller import bulk_writes
+    from controller.ingest import bulk_writes
     from controller.trajectories import record_from_event
 
     if vendor == "sqlite":  # the test database is PostgreSQL: take the other branch on it

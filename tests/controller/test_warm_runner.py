@@ -1,4 +1,4 @@
-"""The warm runner (learner/warm/server.py, controller/warm.py): runs launched on the embedded
+"""The warm runner (learner/warm/server.py, controller/supervision/warm.py): runs launched on the embedded
 default are forked from it, and every way a run ends leaves nothing behind, as a cold run's."""
 
 import os
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import ownership, warm
-from controller.embedded_worker import EmbeddedWorker
+from controller.supervision import ownership
+from controller.supervision import warm
+from controller.supervision.embedded_worker import EmbeddedWorker
 from controller.models import Run
 from controller.tasks import run_training
 from learner.warm.client import WarmProcess

@@ -166,17 +166,17 @@ class Command(BaseCommand):
 
         from controller.asgi import application
         from controller.celery import app
-        from controller.embedded_worker import EmbeddedWorker
+        from controller.supervision.embedded_worker import EmbeddedWorker
 
-        from controller.nodes import stamp_quietly
-        from controller.ownership import start_reaper
+        from controller.supervision.nodes import stamp_quietly
+        from controller.supervision.ownership import start_reaper
 
-        from controller.priority import lower_session
+        from controller.supervision.priority import lower_session
 
         worker = EmbeddedWorker(app, queues=["runs"]).start()
-        restore_priority = lower_session()  # the runs (sessions of their own) come first (controller/priority.py)
+        restore_priority = lower_session()  # the runs (sessions of their own) come first (controller/supervision/priority.py)
         requeued = recover_runs()
-        # no run without an owner, here too (controller/ownership.py); the worker's node in the registry
+        # no run without an owner, here too (controller/supervision/ownership.py); the worker's node in the registry
         stop_reaper = start_reaper(each_pass=partial(stamp_quietly, ["runs"]))
         self.stdout.write(f"embedded Celery worker started (queue 'runs', {requeued} run(s) re-queued); "
                           "serving, Ctrl-C to stop")

@@ -1,0 +1,1 @@
+"""The JSON API: its views, errors, OpenAPI schema, serializers and pagination (docs/controller-api.md)."""

@@ -1,0 +1,1 @@
+"""Running runs: launching, dispatch, the supervisor and its liveness, resume, nodes, the warm runner."""
