@@ -310,6 +310,8 @@ class UserQuota(models.Model):
         null=True, blank=True, help_text="any number in a reasoning-gym dataset's options")
     keep_checkpoints = models.PositiveIntegerField(null=True, blank=True, help_text="train.keep_checkpoints of one run")
     disk_mb = models.PositiveIntegerField(null=True, blank=True, help_text="MB all of the user's run directories hold")
+    gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPUs of one run: the GPUs its placement names on each node, or one per learner rank")
 
     def __str__(self):
         return f"quota of {self.user}"

@@ -1,4 +1,4 @@
-"""Per-user quotas: trajectories and tokens per step, steps per run, processes per run,
+"""Per-user quotas: trajectories and tokens per step, steps per run, processes and GPUs per run,
 generator sizes, checkpoints kept, disk per user, runs at once, runs waiting.
 
 Site defaults are ``THUNDERSYNC_QUOTA_DEFAULTS``; a ``UserQuota`` row (admin) overrides
@@ -23,7 +23,7 @@ from controller.models import Run, UserQuota
 
 LIMITS = ("trajectories_per_step", "steps", "concurrent_runs", "queued_runs", "rollout_workers",
           "learner_world_size", "task_size", "processes", "tokens_per_step", "generator_setting",
-          "keep_checkpoints", "disk_mb")
+          "keep_checkpoints", "disk_mb", "gpus")
 # Per-run resources: config path -> the quota that bounds it (processes, generated items, disk).
 RESOURCE_LIMITS = {"rollout.workers": "rollout_workers", "rollout.replicas": "rollout_workers",
                    "learner.world_size": "learner_world_size", "task.size": "task_size",
@@ -48,6 +48,7 @@ class Quota:
     generator_setting: int
     keep_checkpoints: int
     disk_mb: int
+    gpus: int
 
 
 class QuotaExceeded(Exception):
@@ -101,6 +102,7 @@ def check_cost(quota: Quota, config: dict) -> None:
     """What the run costs beyond counts (controller/limits/run_cost.py): its processes, the tokens of
     a step, its evaluations' samples per step, the sizes its task generator is asked for."""
     for cost, bound, what in ((run_cost.processes(config), quota.processes, "processes per run"),
+                              (run_cost.gpus(config), quota.gpus, "GPUs per run"),
                               (run_cost.tokens_per_step(config), quota.tokens_per_step, "tokens per step")):
         if cost.value > bound:
             raise QuotaExceeded(cost.inputs[0], f"{cost.formula}, over your quota of {bound} {what}",

@@ -4,6 +4,7 @@ and fair use")."""
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+
 from learner.registries.engines import process_count, rollout_engine
 
 # A reasoning-gym dataset's own options that are not sizes of one generated item: its seed,
@@ -31,6 +32,28 @@ def processes(config: dict) -> Cost:
     where = f" × {fleets} nodes" if fleets > 1 else ""
     return Cost(value, (field, "learner.world_size"),
                 f"{field}{where} + learner.world_size = {per_node}{where} + {learner['world_size']} = {value} processes")
+
+
+def gpus(config: dict) -> Cost:
+    """GPUs the run holds: none on ``model.device: cpu``; with ``placement``, the distinct GPU
+    indices it names on a node (learner ranks, rollout GPUs, the teacher's) on each of its nodes
+    (``cluster.nodes``, or ``learner.nodes``); on CUDA without placement, one per learner rank
+    (the rollout engines share them)."""
+    model, learner, placement = config["model"], config["learner"], config.get("placement")
+    cluster = config.get("cluster") or {}
+    nodes = cluster.get("nodes") or len(learner.get("nodes") or []) or 1
+    if not str(model.get("device", "cpu")).startswith("cuda"):
+        return Cost(0, ("model.device",), f"model.device {model.get('device', 'cpu')}: 0 GPUs")
+    if not placement:
+        value = learner["world_size"]
+        return Cost(value, ("learner.world_size",), f"learner.world_size = {value} GPUs (one per rank)")
+    ids = {*placement["learner"], *placement["rollout"]}
+    if placement.get("teacher") is not None:
+        ids.add(placement["teacher"])
+    value = len(ids) * nodes
+    where = f" × {nodes} nodes" if nodes > 1 else ""
+    return Cost(value, ("placement.learner", "placement.rollout", "placement.teacher"),
+                f"the GPUs placement names on a node{where} = {len(ids)}{where} = {value} GPUs")
 
 
 def prompt_chars(task: dict) -> int:

@@ -178,6 +178,7 @@ THUNDERSYNC_QUOTA_DEFAULTS = {
     "generator_setting": 100,
     "keep_checkpoints": 10,
     "disk_mb": 50_000,  # what a user's run directories hold (controller/limits/disk_quota.py)
+    "gpus": 8,  # GPUs of one run (controller/limits/run_cost.py gpus): one 8-GPU node
 }
 # Objects a user may keep stored (controller/limits/quotas.py check_stored): past either, creating
 # another is refused (409) naming the limit.

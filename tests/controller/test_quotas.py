@@ -196,3 +196,36 @@ def test_a_sweep_that_does_not_fit_the_queue_counts_what_was_queued_before_it(al
     assert response.json()["errors"]["quota"].startswith(
         "you already have 8 queued runs and this launch adds 4, your quota is 10")
     assert Run.objects.filter(status=Run.Status.QUEUED).count() == 8
+
+
+@pytest.mark.parametrize("config, gpus", [
+    ({}, 0),  # model.device cpu
+    ({"model": {"device": "cuda"}, "learner": {"world_size": 2}}, 2),  # one per rank
+    ({"model": {"device": "cuda"}, "learner": {"world_size": 2}, "rollout": {"workers": 4},
+      "placement": {"learner": [0, 1], "rollout": [2, 3], "workers_per_gpu": 2}}, 4),
+    ({"model": {"device": "cuda"}, "learner": {"world_size": 4}, "rollout": {"workers": 2},
+      "placement": {"learner": [0, 1], "rollout": [2, 3], "gpus_per_node": 4}, "cluster": {"nodes": 2}}, 8),
+])
+def test_a_runs_gpus_are_what_its_placement_names_on_each_node(config, gpus):
+    from learner.config import RunConfig
+
+    from controller.limits import run_cost
+
+    full = RunConfig.model_validate(config).model_dump()
+    assert run_cost.gpus(full).value == gpus
+
+
+def test_a_run_over_the_gpu_quota_is_refused_naming_placement(alice):
+    from learner.config import RunConfig
+
+    from controller.limits.quotas import QuotaExceeded, check_config
+
+    UserQuota.objects.create(user=alice, gpus=4, learner_world_size=8)
+    config = RunConfig.model_validate({
+        "model": {"device": "cuda"}, "learner": {"world_size": 4}, "rollout": {"workers": 2},
+        "placement": {"learner": [0, 1], "rollout": [2, 3], "gpus_per_node": 4}, "cluster": {"nodes": 2}}).model_dump()
+    with pytest.raises(QuotaExceeded) as err:
+        check_config(alice, config)
+    assert err.value.field == "placement.learner"
+    assert err.value.message == ("the GPUs placement names on a node × 2 nodes = 4 × 2 nodes = 8 GPUs, "
+                                 "over your quota of 4 GPUs per run")
