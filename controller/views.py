@@ -17,7 +17,7 @@ from django.utils import timezone
 from learner.config import ConfigError
 
 from controller.config_merge import flatten
-from controller.comparisons.compare import CompareError, parse_run_ids, run_table_figures, step_rows
+from controller.comparisons.compare import CompareError, parse_run_ids, step_figures, step_rows
 from controller.comparisons.fairness import comparable_latest, config_diff
 from controller.forms import ComparisonForm, ExperimentForm, LaunchForm
 from controller.launch_input import launch_error, sweep_of
@@ -72,7 +72,7 @@ def with_figures(runs: list[Run]) -> list[Run]:
     rows = step_rows([r.pk for r in runs])
     now = timezone.now()
     for r in runs:
-        r.figures = run_table_figures(rows[r.pk])
+        r.figures = step_figures(rows[r.pk])
         r.duration_s = ((r.finished or now) - r.started).total_seconds() if r.started else None
     return runs
 

@@ -135,11 +135,19 @@ def step_rows(run_ids: list[int]) -> dict[int, list[dict]]:
     return rows
 
 
-def run_table_figures(rows: list[dict]) -> dict:
-    """What the runs table shows besides status: steps done, final reward, median step time."""
+def mean_of(rows: list[dict], key: str) -> float | None:
+    found = present(rows, key)
+    return statistics.fmean(found) if found else None
+
+
+def step_figures(rows: list[dict]) -> dict:
+    """A run's figures from its step metrics (``rows``, in step order): the runs lists' columns,
+    and the compare summary's steps done, final reward and median step."""
     rewards = present(rows, Metric.REWARD_MEAN)
-    return {"steps_done": len(rows), "final_reward": rewards[-1] if rewards else None,
-            "step_s": median_of(rows, Metric.STEP_S)}
+    ema = smoothed_rewards(rows, DEFAULT_SMOOTHING)
+    return {"steps_done": len(rows), "step_s": median_of(rows, Metric.STEP_S),
+            "final_reward": rewards[-1] if rewards else None, "reward_ema": ema[-1][1] if ema else None,
+            "learner_idle": mean_of(rows, Metric.TRAINER_IDLE), "staleness": mean_of(rows, Metric.STALENESS_MEAN)}
 
 
 def training_window(rows: list[dict]) -> tuple[float, float] | None:
@@ -282,7 +290,7 @@ def run_figures(run: Run, rows: list[dict], level: float | None, weight: float) 
     return {
         "id": run.pk, "name": str(run), "status": run.status,
         "schedule": run.config.get("train", {}).get("schedule", run.schedule.kind),
-        **run_table_figures(rows),
+        **{k: v for k, v in step_figures(rows).items() if k in ("steps_done", "final_reward", "step_s")},
         "step_p10_s": p10, "step_p90_s": p90,
         **idle_over(run.pk, window),
         "training_s": window[1] - window[0] if window else None,

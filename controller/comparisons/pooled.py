@@ -24,8 +24,9 @@ from learner.timeline import Metric
 
 from controller.models import Run
 from controller.comparisons.trained_work import trained_tokens, window_counts
+from learner.registries.schedules import BASELINE
 
-REFERENCE_SCHEDULE = "sync"
+REFERENCE_SCHEDULE = BASELINE  # the registry's baseline schedule (sync)
 
 
 def group_key(run: Run) -> tuple:

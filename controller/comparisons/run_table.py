@@ -17,9 +17,9 @@ from learner.config import SCHEDULES
 from learner.timeline import Metric
 
 from controller.config_merge import config_has_field
-from controller.comparisons.compare import DEFAULT_SMOOTHING, median_of, present, smoothed_rewards, step_rows
+from controller.comparisons.compare import DEFAULT_SMOOTHING, median_of, step_figures, step_rows
 from controller.models import Run
-from learner.registries.schedules import schedule_kind
+from learner.registries.schedules import BASELINE, schedule_kind
 
 # ?sort=<key> (ascending) or -<key>: key -> (header, the database field; None: computed from the
 # step metrics, sorted in Python over every run the filters keep)
@@ -157,20 +157,6 @@ def read_query(params, experiment_ids: set[int]) -> ListQuery:
     return query
 
 
-def mean_of(rows: list[dict], key: str) -> float | None:
-    found = present(rows, key)
-    return statistics.fmean(found) if found else None
-
-
-def step_figures(rows: list[dict]) -> dict:
-    """A run's figures from its step metrics (``rows``, in step order)."""
-    rewards = present(rows, Metric.REWARD_MEAN)
-    ema = smoothed_rewards(rows, DEFAULT_SMOOTHING)
-    return {"steps_done": len(rows), "step_s": median_of(rows, Metric.STEP_S),
-            "final_reward": rewards[-1] if rewards else None, "reward_ema": ema[-1][1] if ema else None,
-            "learner_idle": mean_of(rows, Metric.TRAINER_IDLE), "staleness": mean_of(rows, Metric.STALENESS_MEAN)}
-
-
 def sync_references(run: Run, syncs: list[Run]) -> list[Run]:
     """The sync runs of ``run``'s comparison it is measured against: in a sweep, those launched
     with the same swept value (several with repeats)."""
@@ -184,7 +170,7 @@ def with_table_figures(runs: list[Run]) -> list[Run]:
     step over its own, the median of the sync runs' with repeats; None outside a comparison with a
     sync run)."""
     comparisons = {r.comparison_id for r in runs if r.comparison_id}
-    syncs = list(Run.objects.filter(comparison_id__in=comparisons, schedule__kind="sync").order_by("id"))
+    syncs = list(Run.objects.filter(comparison_id__in=comparisons, schedule__kind=BASELINE).order_by("id"))
     rows = step_rows(sorted({r.pk for r in runs} | {s.pk for s in syncs}))
     sync_step = {s.pk: median_of(rows[s.pk], Metric.STEP_S) for s in syncs}
     for r in runs:

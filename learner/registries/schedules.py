@@ -52,4 +52,5 @@ FULLY_ASYNC = register(ScheduleKind("fully-async", "workers never wait; groups u
 STREAMING = register(ScheduleKind("streaming", "learn each trajectory as it arrives; one exact step per batch",
                                   True, True, 0, best_learner_path="adaptive"))
 NAMES: tuple[str, ...] = tuple(SCHEDULE_KINDS)
+BASELINE: str = next(k.name for k in SCHEDULE_KINDS.values() if k.baseline)  # what speedups are measured against
 ON_POLICY: tuple[str, ...] = tuple(k.name for k in SCHEDULE_KINDS.values() if k.on_policy)
