@@ -21,7 +21,7 @@ from controller.comparisons.pooled import REFERENCE_SCHEDULE, pooled_summary
 
 # Hand-picked runs (/compare/?runs=, /api/compare/): an overlay of 2-12 runs. A comparison's own
 # page and /api/comparisons/<id>/ hold every run it launched (schedules x sweep values x repeats,
-# at most MAX_LAUNCHED); the per-run charts draw at most static/js/compare.js's CHART_RUNS of them.
+# at most MAX_LAUNCHED); the per-run charts draw at most static/js/comparepage.js's CHART_RUNS of them.
 MIN_COMPARED, MAX_COMPARED = 2, 12
 MAX_LAUNCHED = 24
 MAX_ID = 2**31 - 1

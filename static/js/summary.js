@@ -1,6 +1,6 @@
 // Compare page summary table: GET /api/compare/ (docs/pages-compare.md, "Compare summary"). Every cell
 // keeps the API's raw number in data-value; the text is that number formatted.
-import { getJSON } from "./api.js";
+import { getJSON } from "./fetchjson.js";
 
 const dash = "—";
 const fixed = (digits, unit = "") => (v) => `${v.toFixed(digits)}${unit}`;

@@ -2,7 +2,7 @@
 // prompt, turns, tool calls and observations, reward, advantage; docs/pages-run.md, "One trajectory"),
 // read from GET <api>/trajectories/?step= (a step's, for the table) and <api>/trajectories/<traj>/
 // (one, with its text) and drawn into #traj-text.
-import { getJSON } from "./api.js";
+import { getJSON } from "./fetchjson.js";
 
 export class TrajectoryRecords {
   /** onStep(step): a step's records arrived (redraw what shows them). */

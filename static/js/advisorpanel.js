@@ -1,7 +1,7 @@
 // Run page: the schedule advisor and the drain's decisions (GET /api/runs/<id>/advice/;
 // controller/comparisons/advisor.py, controller/comparisons/drain.py; docs/pages-run.md "Schedule advisor"). Fetched once the
 // run has finished (live.js keeps #run-app's data-status current); every text is set as text.
-import { getJSON } from "./api.js";
+import { getJSON } from "./fetchjson.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const app = document.getElementById("run-app");

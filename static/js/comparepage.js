@@ -4,7 +4,7 @@
 import { SpanStore, orderLanes } from "./spans.js";
 import { GanttChart, storeBarriers, mergeBars } from "./gantt.js";
 import { drawFigure, metricSeries, seriesFigure } from "./plots.js";
-import { fetchSpans, getJSON } from "./api.js";
+import { fetchSpans, getJSON } from "./fetchjson.js";
 import { drawSummary } from "./summary.js";
 import { drawPooled } from "./pooled.js";
 import { MetricPanel, metricPoints } from "./metricpanel.js";
