@@ -35,7 +35,8 @@ from . import liveness, nodes, ownership, runlog, warm
 from .child_env import run_environment
 from .disk_quota import DiskWatch
 from .processes import die_with_parent, me
-from .ingestion import Parsed, RunIngestor, finish_run
+from .ingestion import RunIngestor, finish_run
+from .run_events import Parsed
 from .priority import yield_to_runs
 from .runlog import LOG_NAME, count_lines
 from .models import Run

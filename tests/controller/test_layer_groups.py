@@ -12,7 +12,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from controller import live
-from controller.consumers import CLOSE_TRY_AGAIN_LATER
+from controller.socket_admission import CLOSE_TRY_AGAIN_LATER
 from controller.live import group_name, publish
 
 from .test_consumers import close_code, connect, receive_until_replay_done
