@@ -28,7 +28,7 @@ TARGET_S = 1.5
 
 
 def store_run(run, spans, metrics) -> None:
-    from controller.ingest.ingestion import span_from_event
+    from controller.ingest.run_events import span_from_event
     from controller.models import Span, StepMetric
 
     Span.objects.bulk_create([span_from_event(run.pk, e) for e in spans], batch_size=5000)

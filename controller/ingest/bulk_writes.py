@@ -1,4 +1,5 @@
-"""The hot writes of a live run: its spans (hundreds a step) and trajectory records (one per
+"""The writes of a live run's flush (``write_batch``: everything it reported since the last one),
+and the hot ones among them: its spans (hundreds a step) and trajectory records (one per
 trajectory, with its text), as one statement per flush.
 
 On PostgreSQL one ``INSERT ... SELECT FROM unnest(one array per column) ON CONFLICT ...`` carries a
@@ -17,7 +18,7 @@ import json
 import psycopg
 from django.db import connection
 
-from controller.models import Span, TrajectoryRecord
+from controller.models import Checkpoint, Run, Span, StepMetric, SystemSample, TrajectoryRecord
 from controller.jsonapi.serializers import SPAN_FIELDS
 
 # Columns after run_id with the PostgreSQL type each column's array is sent as; jsonb goes as
@@ -88,3 +89,19 @@ def write_trajectories(records: list[TrajectoryRecord]) -> None:
     conflict = f"ON CONFLICT ({quote(columns['run'])}, {quote(columns['traj'])}) DO UPDATE SET {updates}"
     for run_id, rows in by_run.items():
         _insert(TrajectoryRecord, run_id, rows, TRAJECTORY_TYPES, conflict)
+
+
+def write_batch(run_id: int, batch) -> None:
+    """Store a ``run_events.Batch`` of one run, in the caller's transaction: spans and checkpoints
+    already stored are kept, a step's metrics and a trajectory's record are replaced, and a run
+    that said "started" goes from STARTING to RUNNING."""
+    write_spans(run_id, batch.spans)
+    StepMetric.objects.bulk_create(
+        [StepMetric(run_id=run_id, step=step, values=values) for step, values in batch.metrics.items()],
+        update_conflicts=True, unique_fields=["run", "step"], update_fields=["values"],
+    )
+    Checkpoint.objects.bulk_create(batch.checkpoints, ignore_conflicts=True)
+    SystemSample.objects.bulk_create([SystemSample(run_id=run_id, **x) for x in batch.system])
+    write_trajectories(batch.trajectories)
+    if batch.became_running:
+        Run.objects.filter(pk=run_id, status=Run.Status.STARTING).update(status=Run.Status.RUNNING)

@@ -7,29 +7,27 @@ received, which paces the replay and bounds what a slow viewer can leave buffere
 span is delivered exactly once: the consumer joins the run's group before it reads the
 database, remembers the highest seq it sent, drops live spans at or below it, and reads a
 gap (a dropped live frame) back from the database, which the ingestor always writes before
-it publishes.
+it publishes. Who may open such a socket, and the close codes of those turned away:
+controller/live/socket_admission.py.
 """
 
 import asyncio
 import json
-import logging
-import weakref
 from collections import deque
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 
 from controller.live import fanout
 from controller.live import layer_groups
 from controller.models import Run, Span
-from controller.limits.outages import OUTAGE_ERRORS
 from controller.supervision.runlog import log_tail
 from controller.live.frames import log_frame, metrics_frame, replay_done_frame, spans_frame, status_frame, system_frame
 from controller.jsonapi.serializers import metrics_json, spans_json, system_json
+from controller.live.socket_admission import CLOSE_BAD_REQUEST, CLOSE_NOT_FOUND, CLOSE_TOO_SLOW, AdmittedSocket
 
 try:  # daphne's websocket protocol (autobahn) raises this on a send after the client went away
     from autobahn.exception import Disconnected as ClientGone
@@ -38,28 +36,7 @@ except ImportError:  # another ASGI server: nothing of this kind to catch
         pass
 
 REPLAY_BATCH = 2000
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_NOT_FOUND = 4404
-CLOSE_BAD_REQUEST = 4400
-CLOSE_TOO_SLOW = 4408  # the viewer fell THUNDERSYNC_WS_BACKLOG_BYTES behind: reconnect with ?after
-# An infrastructure outage (database, channel layer): "try again later". Not the standard 1013:
-# daphne's websocket library sends only 1000 and 3000-4999 (a 1013 reached the client as 1011).
-CLOSE_TRY_AGAIN_LATER = 4503
-# The user has THUNDERSYNC_WS_PER_USER sockets open in this server process already: final (the page
-# does not reconnect; it asks to close other views and reload).
-CLOSE_TOO_MANY = 4429
 MAX_CLIENT_FRAME_CHARS = 200  # {"type": "ack", "frames": n} is ~40 characters
-log = logging.getLogger(__name__)
-
-
-# Open sockets per user, per event loop (daphne has one per process; each test its own): the
-# consumers' ids, a user's entry removed with their last socket.
-_open: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, set[int]]]" = weakref.WeakKeyDictionary()
-
-
-def open_sockets() -> dict[int, set[int]]:
-    """This process's open sockets by user id (the cap's count; tests and the load bench read it)."""
-    return _open.setdefault(asyncio.get_running_loop(), {})
 
 
 @database_sync_to_async
@@ -106,41 +83,20 @@ def parse_ack(text: str | None) -> int | None:
     return frames if type(frames) is int and frames >= 0 else None
 
 
-class RunConsumer(AsyncWebsocketConsumer):
-    """One viewer of one run. Frames go out as text encoded once by the publisher
-    (``live.publish``); every frame sent is counted, and the client acknowledges how many it has
-    received (``{"type": "ack", "frames": n}``), so the server knows each socket's backlog:
-    the replay is paced by it (it sends while less than half the limit is unacknowledged),
-    and a viewer whose live backlog passes ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with
-    ``CLOSE_TOO_SLOW``; the page then reconnects with ``?after`` and reads the rest from the
-    database (docs/controller-api.md, "Websocket")."""
+class RunConsumer(AdmittedSocket):
+    """One viewer of one run, let in by ``AdmittedSocket`` (controller/live/socket_admission.py). Frames
+    go out as text encoded once by the publisher (``live.publish``); every frame sent is counted,
+    and the client acknowledges how many it has received (``{"type": "ack", "frames": n}``), so
+    the server knows each socket's backlog: the replay is paced by it (it sends while less than
+    half the limit is unacknowledged), and a viewer whose live backlog passes
+    ``THUNDERSYNC_WS_BACKLOG_BYTES`` is closed with ``CLOSE_TOO_SLOW``; the page then reconnects
+    with ``?after`` and reads the rest from the database (docs/controller-api.md, "Websocket")."""
 
-    accepted = False
-    replaying = closing = False
+    replaying = False
     live_error: Exception | None = None
     feed: "fanout.RunFeed | None" = None
 
-    async def refuse(self, code: int) -> None:
-        """Accept, then close with ``code``: a close before accept would reach the browser as
-        a bare HTTP 403, and the page could not tell an expired session from a network drop."""
-        await self.accept()
-        await self.close(code=code)
-
-    async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.refuse(CLOSE_UNAUTHENTICATED)
-            return
-        mine = open_sockets().setdefault(user.pk, set())
-        if len(mine) >= settings.THUNDERSYNC_WS_PER_USER:
-            if not mine:
-                del open_sockets()[user.pk]
-            await self.accept()
-            await self.close(code=CLOSE_TOO_MANY, reason=(
-                f"{len(mine)} live views open, the limit is {settings.THUNDERSYNC_WS_PER_USER} per user"))
-            return
-        mine.add(id(self))
-        self.user_id = user.pk
+    async def admitted(self, user) -> None:
         after = after_param(self.scope.get("query_string", b""))
         if after is None:
             await self.refuse(CLOSE_BAD_REQUEST)
@@ -166,41 +122,8 @@ class RunConsumer(AsyncWebsocketConsumer):
         async with self.turn:
             await self.continue_replay()
 
-    async def refuse_for_now(self, what: str, err: Exception) -> None:
-        """Close with CLOSE_TRY_AGAIN_LATER: the page reconnects from its last seq."""
-        log.warning("websocket: the %s is unreachable (%s); asking the client to reconnect", what, err)
-        self.closing = True
-        if self.accepted:
-            await self.close(code=CLOSE_TRY_AGAIN_LATER)
-        else:
-            await self.refuse(CLOSE_TRY_AGAIN_LATER)
-
-    async def accept(self, subprotocol=None, headers=None):
-        self.accepted = True
-        await super().accept(subprotocol, headers)
-
-    async def __call__(self, scope, receive, send):
-        """The channel layer failing inside the dispatch loop (its receive is part of the loop)
-        closes the socket with CLOSE_TRY_AGAIN_LATER, not 1011 with a traceback."""
-        try:
-            await super().__call__(scope, receive, send)
-        except (*OUTAGE_ERRORS, OSError) as err:
-            log.warning("websocket: the channel layer is unreachable (%s); closing with %s", err, CLOSE_TRY_AGAIN_LATER)
-            if not self.closing:
-                self.closing = True
-                try:
-                    await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER})
-                except Exception:  # noqa: BLE001 (the connection went with it: nothing left to tell)
-                    pass
-
     async def disconnect(self, code):
-        self.closing = True
-        user_id = getattr(self, "user_id", None)
-        if user_id is not None:  # counted against the user's cap until now
-            mine = open_sockets().get(user_id, set())
-            mine.discard(id(self))
-            if not mine:
-                open_sockets().pop(user_id, None)
+        await super().disconnect(code)
         if self.feed is not None:
             await fanout.unsubscribe(self, self.feed)
 

@@ -30,6 +30,8 @@ from controller.live.broadcast import group_name
 from controller.limits.outages import OUTAGE_ERRORS
 
 log = logging.getLogger(__name__)
+END_TASKS_S = 10.0  # how long a feed that stops waits for its tasks to end (end_tasks)
+RECANCEL_S = 0.1
 
 
 class Viewer(Protocol):
@@ -127,14 +129,38 @@ class RunFeed:
 
     async def _stop(self) -> None:
         current = asyncio.current_task()
-        for task in self.tasks:
-            if task is not current:
-                task.cancel()
+        await end_tasks([task for task in self.tasks if task is not current])
         if self.channel_name:
             try:
                 await self.channel_layer.group_discard(self.group, self.channel_name)
             except (*OUTAGE_ERRORS, OSError) as err:  # its membership expires in the layer
                 log.warning("websocket: could not leave %s (%s)", self.group, err)
+
+
+async def end_tasks(tasks, timeout_s: float = END_TASKS_S) -> list[asyncio.Future]:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again every ``RECANCEL_S`` while
+    one runs on; the ones still running after ``timeout_s`` are logged and returned.
+
+    One cancellation is not always enough: Python 3.11's ``asyncio.wait_for``, which redis-py
+    wraps around every command it sends, drops a cancellation that arrives once the send is done
+    but before the waiting task resumes (3.12's does not), and channels-redis's ``receive`` then
+    pops again and again, 5 s at a time, until a message comes. A feed's receive is cancelled just
+    as it takes over the layer's shared receive from a closing socket, often mid-handshake on a new
+    connection, and most such cancellations were lost: the receive ran on for as long as its
+    process (and an event loop's close, which cancels once more, sometimes waited for it forever)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            log.warning("websocket: %d task(s) still running after %.0f s of cancelling: %s", len(pending),
+                        timeout_s, ", ".join(repr(task) for task in pending))
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_S, left))
+    return list(pending)
 
 
 # Feeds per event loop (daphne has one; each test has its own), per (layer, run).

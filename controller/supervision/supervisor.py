@@ -39,7 +39,8 @@ from controller.supervision import warm
 from controller.supervision.child_env import run_environment
 from controller.limits.disk_quota import DiskWatch
 from controller.supervision.processes import die_with_parent, me
-from controller.ingest.ingestion import Parsed, RunIngestor, finish_run
+from controller.ingest.ingestion import RunIngestor, finish_run
+from controller.ingest.run_events import Parsed
 from controller.supervision.priority import yield_to_runs
 from controller.supervision.runlog import LOG_NAME, count_lines
 from controller.models import Run

@@ -3,6 +3,8 @@
 Settings: controller.settings.test (PostgreSQL and Redis on 127.0.0.1, see pyproject.toml).
 """
 
+import asyncio
+import inspect
 import json
 import time
 from pathlib import Path
@@ -29,6 +31,31 @@ def fresh_channel_layer():
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture(autouse=True)
+def bounded_loop_teardown(request):
+    """An async test's leftover tasks are ended here, by ``fanout.end_tasks`` (cancelled again
+    while one runs on, at most 10 s), before pytest-asyncio closes the test's event loop, which
+    cancels each once and waits for them without a limit. A cancellation can be lost (Python 3.11's
+    ``asyncio.wait_for`` inside redis-py), and a channels-redis receive that lost it pops on until
+    a message comes: such a task held an event loop's close for the whole 600 s test timeout.
+    A task that still runs after that is unregistered, so the close goes on, and the test fails."""
+    if inspect.iscoroutinefunction(getattr(request.node, "function", None)):
+        request.getfixturevalue("leftover_tasks_ended")
+    yield
+
+
+@pytest.fixture
+async def leftover_tasks_ended():
+    yield
+    from controller.live.fanout import end_tasks
+
+    leftover = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    stuck = await end_tasks(leftover, timeout_s=10.0)
+    for task in stuck:
+        asyncio.tasks._unregister_task(task)
+    assert not stuck, f"tasks that did not end when cancelled for 10 s: {stuck}"
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from tests.harness.web_harness import browser_page, live_url, log_in, pick_metrics  # noqa: F401 (fixtures)
 
-from controller.ingest.ingestion import finite_or_none
+from controller.ingest.run_events import finite_or_none
 from controller.models import StepMetric
 
 from .conftest import ROOT, make_run

@@ -34,8 +34,9 @@ async def connect(run, user=None, after=None, origin=b"http://testserver", schem
     communicator.scope["scheme"] = scheme
     connected, code = await communicator.connect(timeout=5)
     if not connected:
-        # a refused consumer still waits on its channel layer: end it here, not in the
-        # event loop's teardown, where cancelling a blocked channels-redis receive can hang
+        # a refused consumer still waits on its channel layer: end it here, not in the event
+        # loop's teardown (a cancelled channels-redis receive can lose its cancellation and pop
+        # on: see conftest.bounded_loop_teardown)
         await communicator.disconnect()
     return communicator, connected, code
 

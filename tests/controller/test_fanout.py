@@ -4,6 +4,8 @@ slow for the frames is closed 4408 without holding up the others (docs/controlle
 "Connections")."""
 
 import asyncio
+import sys
+import time
 
 import pytest
 from channels.layers import get_channel_layer
@@ -76,3 +78,45 @@ async def test_a_viewer_too_slow_for_the_frames_is_closed_and_the_others_get_the
     assert outputs[-1]["code"] == CLOSE_TOO_SLOW  # its page resumes from the database
     assert len(outputs) <= 2  # at most the frame it was sending when its inbox filled up
     await fast.disconnect()
+
+
+async def test_a_task_whose_cancellation_was_lost_is_cancelled_again_until_it_ends():
+    """What a feed's stop does with its receive (fanout.end_tasks): on Python 3.11,
+    ``asyncio.wait_for`` (redis-py's send of each command) drops a cancellation that arrives after
+    the send is done and before the task resumes, and channels-redis's receive loop pops on."""
+    async def send():
+        return None
+
+    async def receive():  # channels-redis: pop until a message comes, each command sent through wait_for
+        while True:
+            await asyncio.wait_for(send(), timeout=30)
+            await asyncio.sleep(0.05)
+
+    task = asyncio.ensure_future(receive())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # its send is done; the task has not resumed yet
+    task.cancel()
+    await asyncio.sleep(0.2)
+    assert task.done() == (sys.version_info >= (3, 12))  # 3.11 lost that cancellation
+    started = time.monotonic()
+    assert await fanout.end_tasks([task], timeout_s=5.0) == [] and task.cancelled()
+    assert time.monotonic() - started < 1.0
+
+
+async def test_waiting_for_a_task_that_will_not_end_is_bounded():
+    stop = asyncio.Event()
+
+    async def stubborn():
+        while not stop.is_set():
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                pass
+
+    task = asyncio.ensure_future(stubborn())
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    assert await fanout.end_tasks([task], timeout_s=0.3) == [task]
+    assert 0.3 <= time.monotonic() - started < 2.0
+    stop.set()
+    assert await fanout.end_tasks([task]) == [] and task.done()

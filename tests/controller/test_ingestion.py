@@ -5,7 +5,8 @@ import json
 import pytest
 
 from controller.ingest import ingestion
-from controller.ingest.ingestion import RunIngestor, finish_run, span_from_event
+from controller.ingest.ingestion import RunIngestor, finish_run
+from controller.ingest.run_events import span_from_event
 from controller.models import Checkpoint, Run, Span, StepMetric, SystemSample
 
 from .conftest import make_run, store_metrics

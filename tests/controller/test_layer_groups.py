@@ -12,7 +12,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from controller.live import broadcast as live
-from controller.live.consumers import CLOSE_TRY_AGAIN_LATER
+from controller.live.socket_admission import CLOSE_TRY_AGAIN_LATER
 from controller.live.broadcast import group_name, publish
 
 from .test_consumers import close_code, connect, receive_until_replay_done

@@ -11,7 +11,7 @@ import time
 import pytest
 import websockets
 
-from controller.live.consumers import CLOSE_TRY_AGAIN_LATER
+from controller.live.socket_admission import CLOSE_TRY_AGAIN_LATER
 from controller.models import Run
 
 from django.db import connection
