@@ -59,10 +59,8 @@ def module_map() -> str:
         modules = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
         if not modules:
             continue
-        out += [f"#### `{rel}/`", ""]
         about = first_sentence(docstring(folder / "__init__.py"))
-        if about:
-            out += [about, ""]
+        out += [f"#### `{rel}/`" + (f": {about}" if about else ""), ""]
         out += ["| module | what it is |", "| --- | --- |"]
         out += [f"| `{p.name}` | {first_sentence(docstring(p))} |" for p in modules]
         out.append("")
