@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 from learner.timeline import Metric
-from learner.registries.schedules import schedule_kind
+from learner.registries.schedules import BASELINE  # a row is named after its schedule (+ a variant)
 
 # the acceptance is 5 minutes; the plan keeps a margin for the VM's drift during the runs
 QUICK_BUDGET_S = 270.0
@@ -75,4 +75,4 @@ def step_estimates(schedules: list[str], sync_step_s: float, rollout_s: float, l
     """Planning estimates: sync as measured by the calibration run; the others at their bound
     max(R, L) over PLAN_EFFICIENCY."""
     overlapped = max(rollout_s, learner_s) / PLAN_EFFICIENCY
-    return {name: sync_step_s if schedule_kind(name).baseline else overlapped for name in schedules}
+    return {name: sync_step_s if name == BASELINE else overlapped for name in schedules}

@@ -8,7 +8,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
-from learner.registries.schedules import schedule_kind
+from learner.registries.schedules import BASELINE  # a row is named after its schedule (+ a variant)
 
 COLORS = {"sync": "#7f7f7f", "sync-per-trajectory": "#c7c7c7", "async": "#1f77b4", "fully-async": "#9467bd",
           "streaming": "#d62728", "sync+spec": "#8c564b", "streaming+spec": "#ff7f0e"}
@@ -104,7 +104,7 @@ def _sweep_figure(points: list[dict[str, Any]]) -> go.Figure:
     grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
     fig.add_trace(go.Scatter(x=grid, y=[(1 + x) / max(1.0, x) for x in grid], mode="lines", name="ideal (R+L)/max(R,L)",
                              line={"dash": "dash", "color": "#aaa"}))
-    names = sorted({n for p in points for n in p["measured"] if not schedule_kind(n).baseline},
+    names = sorted({n for p in points for n in p["measured"] if n != BASELINE},
                    key=lambda n: list(COLORS).index(n))
     for name in names:
         have = [p for p in points if name in p["measured"]]

@@ -16,7 +16,7 @@ from typing import Any
 
 from learner.bench.intervals import ratio_interval
 from learner.timeline import Kind, Metric
-from learner.registries.schedules import schedule_kind
+from learner.registries.schedules import BASELINE  # a row is named after its schedule (+ a variant)
 
 TOLERANCE = 0.05  # a 5% difference in mean response length is worth a word, once it is beyond noise
 LENGTH = Metric.RESPONSE_LENGTH + "mean"
@@ -39,7 +39,7 @@ def trained_figures(steps: list[dict[str, float]], step_mean_s: float) -> dict[s
 def trained_against_sync(name: str, row: dict[str, Any], sync: dict[str, Any]) -> dict[str, Any]:
     """The row's mean response length over sync's with its interval, and the warning, if any."""
     mine, ref = row.get("response_length_all") or [], sync.get("response_length_all") or []
-    if schedule_kind(name).baseline or not mine or not ref:
+    if name == BASELINE or not mine or not ref:
         return {"response_length_vs_sync": None, "response_length_vs_sync_ci90": None, "trained_warning": None}
     ratio = statistics.median(mine) / statistics.median(ref)
     ci = ratio_interval(mine, ref)  # (row / sync): the same resampling, the other way round
