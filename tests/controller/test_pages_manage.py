@@ -98,7 +98,10 @@ def test_the_runs_table_has_steps_duration_step_time_and_final_reward(alice_clie
     store_metrics(alice_run)  # timing_s/step 1.0, 2.0; reward/mean 0.0, 0.25
     page = alice_client.get(f"/experiments/{alice_run.experiment_id}/")
     run = page.context["runs"][0]
-    assert run.figures == {"steps_done": 2, "final_reward": 0.25, "step_s": 1.5}
+    # the same figures as the runs list's (compare.step_figures): these three show here
+    assert {k: run.figures[k] for k in ("steps_done", "final_reward", "step_s")} == {
+        "steps_done": 2, "final_reward": 0.25, "step_s": 1.5}
+    assert set(run.figures) == {"steps_done", "final_reward", "step_s", "reward_ema", "learner_idle", "staleness"}
     html = page.content.decode()
     assert "2 / 2" in html and "1.500 s" in html and "0.250" in html
 
