@@ -371,12 +371,12 @@ def test_a_non_root_worker_under_dockers_masked_proc_confines_without_proc(secre
     pid, secret = secret_process
     with tempfile.TemporaryDirectory() as root:
         os.chmod(root, 0o755)
-        package = Path(root) / "learner" / "rollout"
+        package = Path(root) / "learner" / "tasks"
         package.mkdir(parents=True)
         source = Path(__file__).resolve().parents[2] / "learner"
         shutil.copy(source / "__init__.py", package.parent)
         for name in ("__init__.py", "sandbox.py", "sandbox_bwrap.py"):  # they need nothing beyond the stdlib
-            shutil.copy(source / "rollout" / name, package)
+            shutil.copy(source / "tasks" / name, package)
         for path in [package.parent, package, *package.parent.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         worker = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i", f"PYTHONPATH={root}",
